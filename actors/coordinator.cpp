@@ -1,0 +1,403 @@
+#include "actors/coordinator.hpp"
+
+#include "actors/peer_watcher.hpp"
+#include "runtime/agreement.hpp"
+#include "runtime/events.hpp"
+#include "runtime/membership.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/system_messages.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <map>
+#include <set>
+
+namespace grace {
+
+namespace {
+
+using kv_promise = caf::typed_response_promise<msg<proto::KvReply>>;
+using barrier_promise = caf::typed_response_promise<msg<proto::BarrierReply>>;
+
+struct pending_get {
+  std::string key;
+  kv_promise rp;
+};
+
+struct barrier_state {
+  uint32_t count = 0;
+  std::set<uint32_t> arrived;
+  std::vector<barrier_promise> waiters;
+};
+
+struct coordinator_state {
+  static inline const char* name = "coordinator";
+  coordinator_config cfg;
+  std::unique_ptr<agreement> agree;
+  std::unique_ptr<membership> members;
+  std::map<uint32_t, peer_watcher_actor> workers;
+  std::map<caf::actor_addr, uint32_t> ranks;
+  std::set<uint32_t> left;
+  std::map<std::string, std::vector<uint8_t>> kv;
+  std::map<uint64_t, pending_get> gets;
+  uint64_t next_get = 0;
+  std::map<std::string, barrier_state> barriers;
+  std::shared_ptr<spdlog::logger> log;
+};
+
+using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
+
+msg<proto::KvReply> kv_reply(bool ok, const std::vector<uint8_t>* value, const std::string& err) {
+  return make<proto::KvReply>([&](auto b) {
+    b.setOk(ok);
+    if (value) b.setValue(data(*value));
+    b.setError(err);
+  });
+}
+
+msg<proto::BarrierReply> barrier_reply(bool ok, const std::string& err) {
+  return make<proto::BarrierReply>([&](auto b) { b.setOk(ok); b.setError(err); });
+}
+
+msg<proto::Welcome> refuse(const std::string& reason) {
+  return make<proto::Welcome>([&](auto b) { b.setAccepted(false); b.setReason(reason); });
+}
+
+proto::CheckpointKind wire_kind(ckpt_kind k) {
+  switch (k) {
+    case ckpt_kind::initial: return proto::CheckpointKind::INITIAL;
+    case ckpt_kind::final: return proto::CheckpointKind::FINAL;
+    case ckpt_kind::jit: return proto::CheckpointKind::JIT;
+    case ckpt_kind::periodic: return proto::CheckpointKind::PERIODIC;
+  }
+  return proto::CheckpointKind::INITIAL;
+}
+
+void reset_incarnation(self_ptr self, uint32_t incarnation) {
+  auto& st = self->state;
+  st.cfg.incarnation = incarnation;
+  st.agree = std::make_unique<agreement>(st.cfg.world_size);
+  membership_config mc;
+  mc.dead_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.dead_after).count();
+  mc.hung_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.hung_after).count();
+  st.members = std::make_unique<membership>(mc);
+  for (auto& [rank, w] : st.workers) self->demonitor(w.address());
+  st.workers.clear();
+  st.ranks.clear();
+  st.left.clear();
+  for (auto& [name, b] : st.barriers)
+    for (auto& w : b.waiters) w.deliver(barrier_reply(false, "the group restarted (new incarnation)"));
+  st.barriers.clear();
+  set_event_identity(launcher_rank, incarnation);
+}
+
+/// Carries out the state machine's actions; returns the claim reply if any.
+std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& acts) {
+  auto& st = self->state;
+  std::optional<msg<proto::ClaimReply>> reply;
+  auto to_all = [&](auto m) {
+    for (auto r : st.agree->live()) {
+      auto it = st.workers.find(r);
+      if (it != st.workers.end()) self->send(it->second, m);
+    }
+  };
+  for (auto& a : acts) {
+    using ty = agreement_action::type;
+    switch (a.what) {
+      case ty::claim_reply:
+        reply = make<proto::ClaimReply>([&](auto b) {
+          b.setWon(a.won); b.setHolder(a.holder); b.setAgreementId(a.id);
+        });
+        break;
+      case ty::propose:
+      case ty::agreed: {
+        bool agreed = a.what == ty::agreed;
+        st.log->info("{} {} checkpoint #{} at step {}{}", agreed ? "agreed" : "proposing",
+                     to_string(a.kind), a.id, a.step,
+                     agreed ? fmt::format(" (saver rank {}, {})", a.saver,
+                                          a.exit_after ? "then exit" : "then keep training")
+                            : std::string(" or later"));
+        emit_event(agreed ? "agreed" : "proposed",
+                   {{"id", a.id}, {"step", a.step}, {"kind", to_string(a.kind)}, {"saver", a.saver}});
+        to_all(make<proto::CheckpointAt>([&](auto b) {
+          b.setAgreementId(a.id); b.setStep(a.step); b.setKind(wire_kind(a.kind));
+          b.setAgreed(agreed); b.setSaver(a.saver); b.setDeadlineNs(a.deadline_ns);
+          b.setExitAfter(a.exit_after);
+        }));
+        break;
+      }
+      case ty::committed:
+        st.log->info("checkpoint #{} at step {} committed{}", a.id, a.step,
+                     a.exit_after ? ": workers exit for restart" : ": training continues");
+        emit_event("committed", {{"id", a.id}, {"step", a.step}});
+        to_all(make<proto::Committed>([&](auto b) {
+          b.setAgreementId(a.id); b.setStep(a.step); b.setExitAfter(a.exit_after);
+        }));
+        break;
+      case ty::peer_lost:
+        st.log->warn("rank {} lost at step {}: {}", a.rank, a.step, a.message);
+        emit_event("peer_lost", {{"lost_rank", a.rank}, {"step", a.step}, {"why", a.message}});
+        to_all(make<proto::PeerLost>([&](auto b) {
+          b.setRank(a.rank); b.setLastStep(a.step); b.setDetail(a.message);
+          b.setReason(a.message.rfind("hung", 0) == 0 ? proto::LossReason::HUNG : proto::LossReason::DEAD);
+        }));
+        break;
+      case ty::cluster_error:
+        st.log->error("cluster error from rank {} at step {}: {}", a.rank, a.step, a.message);
+        emit_event("cluster_error", {{"origin", a.rank}, {"step", a.step}, {"message", a.message}});
+        to_all(make<proto::ClusterError>([&](auto b) {
+          b.setOriginRank(a.rank); b.setStep(a.step); b.setMessage(a.message);
+          b.setKind(proto::ErrorKind::FAILED);
+        }));
+        break;
+      case ty::deadline_update: {
+        auto it = st.workers.find(a.rank);
+        if (it != st.workers.end())
+          self->send(it->second, make<proto::DeadlineUpdate>([&](auto b) {
+            b.setAgreementId(a.id); b.setDeadlineNs(a.deadline_ns);
+          }));
+        break;
+      }
+    }
+  }
+  return reply;
+}
+
+void member_lost(self_ptr self, uint32_t rank, const std::string& why) {
+  auto& st = self->state;
+  if (st.left.count(rank)) return;
+  uint64_t completed = st.members->completed(rank);
+  st.members->remove(rank);
+  dispatch(self, st.agree->on_member_lost(rank, completed, why));
+}
+
+} // namespace
+
+coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg) {
+  return sys.spawn([cfg](self_ptr self) -> coordinator_actor::behavior_type {
+    auto& st = self->state;
+    st.cfg = cfg;
+    st.log = cfg.log ? cfg.log : spdlog::default_logger();
+    reset_incarnation(self, cfg.incarnation);
+    self->set_down_handler([self](caf::down_msg& dm) {
+      auto& st = self->state;
+      auto it = st.ranks.find(dm.source);
+      if (it == st.ranks.end()) return;
+      auto rank = it->second;
+      st.ranks.erase(it);
+      member_lost(self, rank, "dead: connection lost (" + self->system().render(dm.reason) + ")");
+    });
+    self->send(self, tick_atom::value);
+    return {
+      [self](msg<proto::Join>& m) -> msg<proto::Welcome> {
+        auto& st = self->state;
+        auto r = decode(m);
+        if (!r) return refuse(r.err().message);
+        auto j = r->get();
+        if (j.getProtocolVersion() != proto::PROTOCOL_VERSION)
+          return refuse("protocol version " + std::to_string(j.getProtocolVersion()) +
+                        " != coordinator's " + std::to_string(proto::PROTOCOL_VERSION));
+        if (str(j.getToken()) != st.cfg.token) return refuse("wrong job token");
+        if (j.getWorldSize() != st.cfg.world_size)
+          return refuse("world size " + std::to_string(j.getWorldSize()) + " != job's " +
+                        std::to_string(st.cfg.world_size));
+        if (j.getRank() >= st.cfg.world_size)
+          return refuse("rank " + std::to_string(j.getRank()) + " out of range");
+        if (str(j.getRunId()) != st.cfg.run_id)
+          return refuse("run id '" + str(j.getRunId()) + "' != job's '" + st.cfg.run_id + "'");
+        // Launchers on other nodes restart their groups on their own: the
+        // first join of a newer incarnation, once the old group is gone,
+        // advances it.
+        if (j.getIncarnation() > st.cfg.incarnation && st.agree->live().empty()) {
+          st.log->info("advancing to incarnation {} (first join of the new group)", j.getIncarnation());
+          reset_incarnation(self, j.getIncarnation());
+        }
+        if (j.getIncarnation() != st.cfg.incarnation)
+          return refuse("incarnation " + std::to_string(j.getIncarnation()) + " != current " +
+                        std::to_string(st.cfg.incarnation) + " (a worker of an old group)");
+        auto rank = j.getRank();
+        if (st.workers.count(rank) || st.left.count(rank))
+          return refuse("duplicate rank " + std::to_string(rank) + " in incarnation " +
+                        std::to_string(st.cfg.incarnation));
+        auto sender = self->current_sender();
+        if (!sender) return refuse("join without a sender to reply to");
+        auto handle = caf::actor_cast<peer_watcher_actor>(sender);
+        st.workers.emplace(rank, handle);
+        st.ranks.emplace(caf::actor_cast<caf::actor_addr>(sender), rank);
+        self->monitor(handle);
+        st.members->add(rank, mono_ns(), j.getCompletedStep());
+        st.log->info("rank {} joined (pid {} on {}, step {}), {}/{} members", rank, j.getPid(),
+                     str(j.getHost()), j.getCompletedStep(), st.workers.size(), st.cfg.world_size);
+        auto prefix = st.cfg.run_id + "/" + std::to_string(st.cfg.incarnation) + "/";
+        auto welcome = make<proto::Welcome>([&](auto b) {
+          b.setAccepted(true); b.setRank(rank); b.setWorldSize(st.cfg.world_size);
+          b.setRunId(st.cfg.run_id); b.setIncarnation(st.cfg.incarnation);
+          b.setRendezvousPrefix(prefix);
+        });
+        dispatch(self, st.agree->on_join(rank, j.getCompletedStep()));
+        return welcome;
+      },
+      [self](msg<proto::Claim>& m) -> msg<proto::ClaimReply> {
+        auto& st = self->state;
+        auto r = decode(m);
+        if (!r)
+          return make<proto::ClaimReply>([&](auto b) { b.setWon(false); b.setHolder(launcher_rank); });
+        auto n = r->get().getNotice();
+        emit_event("claim", {{"by", n.getRank()}, {"source", static_cast<int>(n.getSource())},
+                             {"deadline_ns", n.getDeadlineNs()}, {"detail", str(n.getDetail())}});
+        auto reply = dispatch(self, st.agree->on_claim(n.getRank(), r->get().getStartedStep(),
+                                                       n.getDeadlineNs()));
+        auto& rep = *reply;
+        auto rr = decode(rep);
+        if (rr && rr->get().getWon())
+          st.log->info("notice from {} ({}) claimed: {}", n.getRank() == launcher_rank ? std::string("launcher")
+                                                               : "rank " + std::to_string(n.getRank()),
+                       str(n.getDetail()), n.getDeadlineNs() ? "with a deadline" : "no grace period");
+        else
+          st.log->info("notice from rank {} deferred to the holder", n.getRank());
+        return rep;
+      },
+      [self](msg<proto::KvSet>& m) -> msg<proto::KvReply> {
+        auto& st = self->state;
+        auto r = decode(m);
+        if (!r) return kv_reply(false, nullptr, r.err().message);
+        auto key = str(r->get().getKey());
+        if (st.kv.count(key)) return kv_reply(false, nullptr, "already exists: " + key);
+        auto& v = st.kv[key] = bytes(r->get().getValue());
+        for (auto it = st.gets.begin(); it != st.gets.end();) {
+          if (it->second.key == key) {
+            it->second.rp.deliver(kv_reply(true, &v, ""));
+            it = st.gets.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        return kv_reply(true, nullptr, "");
+      },
+      [self](msg<proto::KvGet>& m) -> caf::result<msg<proto::KvReply>> {
+        auto& st = self->state;
+        auto r = decode(m);
+        if (!r) return kv_reply(false, nullptr, r.err().message);
+        auto key = str(r->get().getKey());
+        auto it = st.kv.find(key);
+        if (it != st.kv.end()) return kv_reply(true, &it->second, "");
+        auto timeout = r->get().getTimeoutMs();
+        if (timeout == 0) return kv_reply(false, nullptr, "not found: " + key);
+        auto id = st.next_get++;
+        auto rp = self->make_response_promise<msg<proto::KvReply>>();
+        st.gets.emplace(id, pending_get{key, rp});
+        self->delayed_send(self, std::chrono::milliseconds(timeout), kv_timeout_atom::value, id);
+        return rp;
+      },
+      [self](kv_timeout_atom, uint64_t id) {
+        auto& st = self->state;
+        auto it = st.gets.find(id);
+        if (it == st.gets.end()) return;
+        it->second.rp.deliver(kv_reply(false, nullptr, "timeout waiting for key " + it->second.key));
+        st.gets.erase(it);
+      },
+      [self](msg<proto::Barrier>& m) -> caf::result<msg<proto::BarrierReply>> {
+        auto& st = self->state;
+        auto r = decode(m);
+        if (!r) return barrier_reply(false, r.err().message);
+        auto name = str(r->get().getName());
+        auto& b = st.barriers[name];
+        if (b.count == 0) b.count = r->get().getCount();
+        if (b.count != r->get().getCount())
+          return barrier_reply(false, "barrier '" + name + "' count mismatch");
+        b.arrived.insert(r->get().getRank());
+        auto rp = self->make_response_promise<msg<proto::BarrierReply>>();
+        b.waiters.push_back(rp);
+        if (b.arrived.size() >= b.count) {
+          for (auto& w : b.waiters) w.deliver(barrier_reply(true, ""));
+          st.barriers.erase(name);
+        }
+        return rp;
+      },
+      [self](msg<proto::Ack>& m) {
+        auto r = decode(m);
+        if (!r) return;
+        auto a = r->get();
+        dispatch(self, self->state.agree->on_ack(a.getRank(), a.getAgreementId(), a.getEarliestStep()));
+      },
+      [self](msg<proto::Heartbeat>& m) {
+        auto r = decode(m);
+        if (!r) return;
+        auto h = r->get();
+        if (h.getIncarnation() != self->state.cfg.incarnation) return;
+        self->state.members->heartbeat(h.getRank(), mono_ns(), h.getCompletedStep(), h.getLastStepNs());
+      },
+      [self](msg<proto::CheckpointSaved>& m) {
+        auto r = decode(m);
+        if (!r) return;
+        auto s = r->get();
+        emit_event("saved", {{"by", s.getRank()}, {"step", s.getStep()}, {"ok", s.getOk()},
+                             {"bytes", s.getBytes()}, {"snapshot_ns", s.getSnapshotNs()},
+                             {"write_ns", s.getWriteNs()}, {"commit_ns", s.getCommitNs()}});
+        dispatch(self, self->state.agree->on_saved(s.getRank(), s.getAgreementId(), s.getStep(), s.getOk(),
+                                                   str(s.getError())));
+      },
+      [self](msg<proto::ProposeFinal>& m) {
+        auto r = decode(m);
+        if (!r) return;
+        dispatch(self, self->state.agree->on_propose_final(r->get().getRank(), r->get().getStartedStep()));
+      },
+      [self](msg<proto::ErrorReport>& m) {
+        auto r = decode(m);
+        if (!r) return;
+        auto e = r->get();
+        dispatch(self, self->state.agree->on_error(e.getRank(), e.getStep(),
+                                                   "rank " + std::to_string(e.getRank()) + " at step " +
+                                                       std::to_string(e.getStep()) + ": " + str(e.getMessage())));
+      },
+      [self](msg<proto::Leave>& m) {
+        auto& st = self->state;
+        auto r = decode(m);
+        if (!r) return;
+        auto rank = r->get().getRank();
+        if (!st.workers.count(rank)) return;
+        st.left.insert(rank);
+        st.members->remove(rank);
+        dispatch(self, st.agree->on_leave(rank));
+      },
+      [self](incarnation_atom, uint32_t incarnation) -> uint32_t {
+        if (incarnation == self->state.cfg.incarnation && !self->state.workers.empty())
+          return incarnation; // already advanced by an early join
+        self->state.log->info("new incarnation {}", incarnation);
+        reset_incarnation(self, incarnation);
+        return incarnation;
+      },
+      [self](status_atom) -> std::string {
+        auto& st = self->state;
+        return fmt::format("incarnation {}, {} members, phase {}", st.cfg.incarnation, st.workers.size(),
+                           to_string(st.agree->phase()));
+      },
+      [self](tick_atom) {
+        auto& st = self->state;
+        for (auto& v : st.members->check(mono_ns())) {
+          if (v.what == verdict::slow) {
+            st.log->warn("rank {} is slow: {}", v.rank, v.detail);
+            emit_event("slow", {{"slow_rank", v.rank}, {"detail", v.detail}});
+            continue;
+          }
+          std::string why = std::string(to_string(v.what)) + ": " + v.detail;
+          auto it = st.workers.find(v.rank);
+          if (it != st.workers.end()) {
+            st.ranks.erase(caf::actor_cast<caf::actor_addr>(it->second));
+            self->demonitor(it->second.address());
+          }
+          dispatch(self, st.agree->on_member_lost(v.rank, v.completed, why));
+        }
+        self->delayed_send(self, st.cfg.heartbeat_check, tick_atom::value);
+      },
+    };
+  });
+}
+
+} // namespace grace

@@ -1,0 +1,51 @@
+#pragma once
+/// The coordination service: membership, key-value store, barriers, the
+/// preemption claim, step agreement, error broadcast and failure verdicts.
+/// One per job; reachable across nodes through CAF's io middleman.
+/// The logic lives in runtime/agreement and runtime/membership.
+
+#include "messages/caf_types.hpp"
+
+#include <caf/fwd.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace spdlog { class logger; }
+
+namespace grace {
+
+using coordinator_actor = caf::typed_actor<
+  caf::replies_to<msg<proto::Join>>::with<msg<proto::Welcome>>,
+  caf::replies_to<msg<proto::Claim>>::with<msg<proto::ClaimReply>>,
+  caf::replies_to<msg<proto::KvSet>>::with<msg<proto::KvReply>>,
+  caf::replies_to<msg<proto::KvGet>>::with<msg<proto::KvReply>>,
+  caf::replies_to<msg<proto::Barrier>>::with<msg<proto::BarrierReply>>,
+  caf::reacts_to<msg<proto::Ack>>,
+  caf::reacts_to<msg<proto::Heartbeat>>,
+  caf::reacts_to<msg<proto::CheckpointSaved>>,
+  caf::reacts_to<msg<proto::ProposeFinal>>,
+  caf::reacts_to<msg<proto::ErrorReport>>,
+  caf::reacts_to<msg<proto::Leave>>,
+  caf::replies_to<incarnation_atom, uint32_t>::with<uint32_t>,
+  caf::replies_to<status_atom>::with<std::string>,
+  caf::reacts_to<tick_atom>,
+  caf::reacts_to<kv_timeout_atom, uint64_t>>;
+
+struct coordinator_config {
+  uint32_t world_size = 1;
+  std::string run_id = "local";
+  std::string token;
+  uint32_t incarnation = 0;
+  std::chrono::milliseconds heartbeat_check{250};
+  std::chrono::milliseconds dead_after{5000};
+  std::chrono::milliseconds hung_after{0};
+  std::shared_ptr<spdlog::logger> log;
+};
+
+coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg);
+
+} // namespace grace

@@ -1,0 +1,206 @@
+#include "actors/peer_watcher.hpp"
+
+#include "runtime/control.hpp"
+#include "runtime/events.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/system_messages.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace grace {
+
+namespace {
+
+struct peer_watcher_state {
+  static inline const char* name = "peer_watcher";
+  coordinator_actor coord;
+  std::shared_ptr<control_block> ctl;
+  peer_watcher_config cfg;
+  std::shared_ptr<spdlog::logger> log;
+  bool joined = false;
+};
+
+using self_ptr = peer_watcher_actor::stateful_pointer<peer_watcher_state>;
+
+ckpt_kind from_wire(proto::CheckpointKind k) {
+  switch (k) {
+    case proto::CheckpointKind::INITIAL: return ckpt_kind::initial;
+    case proto::CheckpointKind::FINAL: return ckpt_kind::final;
+    case proto::CheckpointKind::JIT: return ckpt_kind::jit;
+    case proto::CheckpointKind::PERIODIC: return ckpt_kind::periodic;
+  }
+  return ckpt_kind::initial;
+}
+
+void lose(self_ptr self, const std::string& why) {
+  auto& st = self->state;
+  {
+    std::lock_guard<std::mutex> g(st.ctl->m);
+    if (!st.ctl->lost) st.ctl->lost = why;
+    st.ctl->raise_locked();
+  }
+  st.ctl->abort();
+}
+
+} // namespace
+
+peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor coord,
+                                      std::shared_ptr<control_block> control, peer_watcher_config cfg) {
+  return sys.spawn([=](self_ptr self) -> peer_watcher_actor::behavior_type {
+    auto& st = self->state;
+    st.coord = coord;
+    st.ctl = control;
+    st.cfg = cfg;
+    st.log = cfg.log ? cfg.log : spdlog::default_logger();
+    self->monitor(coord);
+    self->set_down_handler([self](caf::down_msg& dm) {
+      self->state.log->error("coordination service lost ({}): stopping", self->system().render(dm.reason));
+      emit_event("coordinator_lost", {});
+      lose(self, "coordination service lost");
+    });
+    return {
+      [self](join_atom, msg<proto::Join>& m) -> caf::result<msg<proto::Welcome>> {
+        auto& st = self->state;
+        auto rp = self->make_response_promise<msg<proto::Welcome>>();
+        self->request(st.coord, st.cfg.request_timeout, std::move(m))
+          .then(
+            [self, rp](msg<proto::Welcome>& w) mutable {
+              auto r = decode(w);
+              if (r && r->get().getAccepted() && !self->state.joined) {
+                self->state.joined = true;
+                self->send(self, tick_atom::value);
+              }
+              rp.deliver(std::move(w));
+            },
+            [self, rp](caf::error& e) mutable {
+              auto why = "join failed: " + self->system().render(e);
+              rp.deliver(make<proto::Welcome>([&](auto b) { b.setAccepted(false); b.setReason(why); }));
+            });
+        return rp;
+      },
+      [self](msg<proto::Notice>& m) {
+        auto& st = self->state;
+        auto r = decode(m);
+        if (!r) return;
+        auto n = r->get();
+        uint64_t started = st.ctl->started.load();
+        st.log->info("termination notice ({}): claiming at step {}", str(n.getDetail()), started);
+        emit_event("notice", {{"source", static_cast<int>(n.getSource())}, {"detail", str(n.getDetail())},
+                              {"deadline_ns", n.getDeadlineNs()}, {"step", started}});
+        auto claim = make<proto::Claim>([&](auto b) {
+          b.setNotice(n);
+          b.setStartedStep(started);
+        });
+        self->request(st.coord, st.cfg.request_timeout, std::move(claim))
+          .then(
+            [self](msg<proto::ClaimReply>& rep) {
+              auto r = decode(rep);
+              if (!r) return;
+              if (r->get().getWon())
+                self->state.log->info("claim won (agreement #{})", r->get().getAgreementId());
+              else
+                self->state.log->info("claim taken by {}: deferring", r->get().getHolder());
+            },
+            [self](caf::error& e) {
+              self->state.log->error("claim failed: {}", self->system().render(e));
+              lose(self, "coordination service unreachable while claiming a notice");
+            });
+      },
+      [self](msg<proto::CheckpointAt>& m) {
+        auto& st = self->state;
+        auto r = decode(m);
+        if (!r) return;
+        auto c = r->get();
+        checkpoint_order o{c.getAgreementId(), c.getStep(), from_wire(c.getKind()), c.getAgreed(),
+                           c.getSaver(), c.getExitAfter(), c.getDeadlineNs()};
+        uint64_t started = 0;
+        {
+          std::lock_guard<std::mutex> g(st.ctl->m);
+          st.ctl->order = o;
+          if (o.deadline_ns) st.ctl->deadline_ns = o.deadline_ns;
+          st.ctl->raise_locked();
+          // Dekker: the flag is visible before we read `started`, so the
+          // trainer starts no step beyond max(o.step, started).
+          started = st.ctl->started.load(std::memory_order_seq_cst);
+        }
+        if (o.kind == ckpt_kind::jit) {
+          // A peer is gone: unblock the collective; the trainer acknowledges
+          // with its completed step once it has stopped.
+          if (!o.agreed) st.ctl->abort();
+          return;
+        }
+        if (!o.agreed) {
+          auto earliest = std::max(o.step, started);
+          self->send(st.coord, make<proto::Ack>([&](auto b) {
+            b.setAgreementId(o.id); b.setRank(st.cfg.rank); b.setEarliestStep(earliest);
+          }));
+        }
+      },
+      [self](msg<proto::Committed>& m) {
+        auto& st = self->state;
+        auto r = decode(m);
+        if (!r) return;
+        std::lock_guard<std::mutex> g(st.ctl->m);
+        st.ctl->committed_id = r->get().getAgreementId();
+        st.ctl->committed_step = r->get().getStep();
+        st.ctl->committed_exit = r->get().getExitAfter();
+        st.ctl->raise_locked();
+      },
+      [self](msg<proto::PeerLost>& m) {
+        auto r = decode(m);
+        if (!r) return;
+        auto p = r->get();
+        lose(self, "rank " + std::to_string(p.getRank()) + " lost: " + str(p.getDetail()));
+      },
+      [self](msg<proto::ClusterError>& m) {
+        auto& st = self->state;
+        auto r = decode(m);
+        if (!r) return;
+        auto e = r->get();
+        {
+          std::lock_guard<std::mutex> g(st.ctl->m);
+          st.ctl->failure = cluster_failure{e.getOriginRank(), e.getStep(), "failed", str(e.getMessage())};
+          st.ctl->raise_locked();
+        }
+        st.ctl->abort();
+      },
+      [self](msg<proto::DeadlineUpdate>& m) {
+        auto& st = self->state;
+        auto r = decode(m);
+        if (!r) return;
+        std::lock_guard<std::mutex> g(st.ctl->m);
+        st.ctl->deadline_ns = r->get().getDeadlineNs();
+        st.ctl->raise_locked();
+      },
+      [self](msg<proto::Shutdown>& m) {
+        auto& st = self->state;
+        auto r = decode(m);
+        if (!r) return;
+        {
+          std::lock_guard<std::mutex> g(st.ctl->m);
+          st.ctl->shutdown_code = r->get().getExitCode();
+          st.ctl->raise_locked();
+        }
+        st.ctl->abort();
+      },
+      [self](tick_atom) {
+        auto& st = self->state;
+        self->send(st.coord, make<proto::Heartbeat>([&](auto b) {
+          b.setRank(st.cfg.rank); b.setIncarnation(st.cfg.incarnation);
+          b.setCompletedStep(st.ctl->completed.load(std::memory_order_relaxed));
+          b.setSentNs(wall_ns()); b.setLastStepNs(st.ctl->last_step_ns.load(std::memory_order_relaxed));
+        }));
+        self->delayed_send(self, st.cfg.heartbeat, tick_atom::value);
+      },
+    };
+  });
+}
+
+} // namespace grace

@@ -1,0 +1,40 @@
+#pragma once
+/// A worker's link to the coordination service: forwards claims, receives
+/// checkpoint orders, commits, lost peers and cluster errors and hands them to
+/// the trainer through the control block (one atomic flag on the fast path);
+/// acknowledges proposals without involving the trainer; sends heartbeats.
+
+#include "actors/coordinator.hpp"
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include <memory>
+
+namespace grace {
+
+class control_block;
+
+using peer_watcher_actor = caf::typed_actor<
+  caf::reacts_to<msg<proto::CheckpointAt>>,
+  caf::reacts_to<msg<proto::Committed>>,
+  caf::reacts_to<msg<proto::PeerLost>>,
+  caf::reacts_to<msg<proto::ClusterError>>,
+  caf::reacts_to<msg<proto::DeadlineUpdate>>,
+  caf::reacts_to<msg<proto::Shutdown>>,
+  caf::reacts_to<msg<proto::Notice>>,
+  caf::replies_to<join_atom, msg<proto::Join>>::with<msg<proto::Welcome>>,
+  caf::reacts_to<tick_atom>>;
+
+struct peer_watcher_config {
+  uint32_t rank = 0;
+  uint32_t incarnation = 0;
+  std::chrono::milliseconds heartbeat{200};
+  std::chrono::milliseconds request_timeout{10000};
+  std::shared_ptr<spdlog::logger> log;
+};
+
+peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor coord,
+                                      std::shared_ptr<control_block> control, peer_watcher_config cfg);
+
+} // namespace grace

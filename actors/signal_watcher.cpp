@@ -1,0 +1,128 @@
+#include "actors/signal_watcher.hpp"
+
+#include "runtime/events.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <ctime>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace grace {
+
+namespace {
+// Threads started before main (OpenBLAS starts its pool in a constructor)
+// do not have the signals blocked; a signal delivered to one of them runs
+// this handler, which only writes the signal number to a pipe.
+int signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  int saved = errno;
+  unsigned char b = static_cast<unsigned char>(sig);
+  ssize_t n = ::write(signal_pipe[1], &b, 1);
+  (void)n;
+  errno = saved;
+}
+
+void install_handlers() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  if (::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+} // namespace
+
+void block_termination_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+signal_watcher::signal_watcher(signal_watcher_config cfg, sink out)
+    : cfg_(std::move(cfg)), out_(std::move(out)) {
+  block_termination_signals();
+  install_handlers();
+  thread_ = std::thread([this] { loop(); });
+}
+
+signal_watcher::~signal_watcher() { stop(); }
+
+void signal_watcher::stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void signal_watcher::loop() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  bool sent_signal = false, sent_file = false, sent_command = false, sent_callback = false;
+  bool polling = !cfg_.notice_file.empty() || !cfg_.notice_command.empty() || cfg_.callback;
+  auto next_poll = std::chrono::steady_clock::now();
+  auto notify = [&](notice_source src, std::string detail) {
+    notice_info n{src, std::move(detail), wall_ns(), 0};
+    if (cfg_.grace_period.count() > 0)
+      n.deadline_ns = n.received_ns + std::chrono::duration_cast<std::chrono::nanoseconds>(cfg_.grace_period).count();
+    out_(n);
+  };
+  while (!stop_) {
+    // Short waits keep stop() prompt; the signal itself wakes us at once.
+    pollfd pfd{signal_pipe[0], POLLIN, 0};
+    int sig = 0;
+    if (::poll(&pfd, 1, 50) > 0) {
+      unsigned char b = 0;
+      if (::read(signal_pipe[0], &b, 1) == 1) sig = b;
+    }
+    if (sig == 0) {
+      timespec zero{0, 0};
+      sig = sigtimedwait(&set, nullptr, &zero);
+    }
+    if (sig == SIGTERM || sig == SIGINT) {
+      if (!sent_signal) {
+        sent_signal = true;
+        notify(notice_source::signal, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      } else {
+        spdlog::warn("{} again: the notice is already being handled", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      }
+    }
+    if (!polling || std::chrono::steady_clock::now() < next_poll) continue;
+    next_poll = std::chrono::steady_clock::now() + cfg_.poll_interval;
+    struct stat sb;
+    if (!sent_file && !cfg_.notice_file.empty() && ::stat(cfg_.notice_file.c_str(), &sb) == 0) {
+      sent_file = true;
+      notify(notice_source::file, "notice file " + cfg_.notice_file);
+    }
+    if (!sent_command && !cfg_.notice_command.empty() && std::system(cfg_.notice_command.c_str()) == 0) {
+      sent_command = true;
+      notify(notice_source::command, "notice command exited 0: " + cfg_.notice_command);
+    }
+    if (!sent_callback && cfg_.callback) {
+      bool fire = false;
+      try {
+        fire = cfg_.callback();
+      } catch (const std::exception& e) {
+        spdlog::warn("notice callback threw: {}", e.what());
+      }
+      if (fire) {
+        sent_callback = true;
+        notify(notice_source::callback, "notice callback");
+      }
+    }
+  }
+}
+
+} // namespace grace

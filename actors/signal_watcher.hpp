@@ -1,0 +1,55 @@
+#pragma once
+/// Watches for termination notices on one dedicated thread: SIGTERM/SIGINT
+/// (blocked in every thread, read here with sigtimedwait), and optional
+/// watchers polled on an interval: a notice file appearing, a command that
+/// exits 0, a user callback (the hook for cloud maintenance-event queries).
+/// Each notice goes to the sink (the peer watcher) once per source.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+
+namespace grace {
+
+enum class notice_source : uint8_t { signal = 0, file = 1, command = 2, callback = 3, launcher = 4, test = 5 };
+
+struct notice_info {
+  notice_source source;
+  std::string detail;
+  int64_t received_ns = 0;
+  int64_t deadline_ns = 0; ///< 0: no grace period
+};
+
+struct signal_watcher_config {
+  std::string notice_file;
+  std::string notice_command;
+  std::function<bool()> callback;
+  std::chrono::milliseconds poll_interval{1000};
+  std::chrono::milliseconds grace_period{0}; ///< deadline = notice + grace period (0: none)
+};
+
+/// Blocks SIGTERM and SIGINT in the calling thread (and threads it starts
+/// later). Call first thing in `main`, before any thread exists.
+void block_termination_signals();
+
+class signal_watcher {
+public:
+  using sink = std::function<void(const notice_info&)>;
+  signal_watcher(signal_watcher_config cfg, sink out);
+  ~signal_watcher();
+  signal_watcher(const signal_watcher&) = delete;
+  signal_watcher& operator=(const signal_watcher&) = delete;
+  void stop();
+
+private:
+  void loop();
+  signal_watcher_config cfg_;
+  sink out_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+} // namespace grace

@@ -1,0 +1,271 @@
+/// grace-ckpt: inspect and verify Grace checkpoint directories.
+///
+///   grace-ckpt list DIR [--json]            every checkpoint with a quick validity check
+///   grace-ckpt verify DIR [--step N]        re-check every checksum (exit 0 ok, 1 invalid, 2 usage)
+///   grace-ckpt show DIR [--step N] [--json] manifest and tensor table
+///
+/// DIR is the checkpoint directory (holding step-* dirs); `verify` and `show`
+/// also accept a single step directory.
+
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "runtime/checkpoint.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace grace;
+
+namespace {
+
+constexpr int exit_ok = 0;
+constexpr int exit_invalid = 1;
+constexpr int exit_usage = 2;
+
+int fail(int code, const std::string& msg) {
+  std::cerr << "grace-ckpt: " << msg << "\n";
+  return code;
+}
+
+std::string human(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) { v /= 1024; ++u; }
+  char buf[32];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%" PRIu64 " B", b);
+  else std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+/// True when `p` is one checkpoint rather than a directory of them.
+bool is_step_dir(const fs::path& p) {
+  std::error_code ec;
+  auto name = p.lexically_normal().filename();
+  if (name.empty()) name = p.lexically_normal().parent_path().filename();
+  return fs::exists(p / "grace-manifest.json", ec) || name.string().rfind("step-", 0) == 0;
+}
+
+/// Checks DIR exists and is a directory; an error message otherwise.
+std::optional<std::string> check_dir(const fs::path& dir) {
+  std::error_code ec;
+  auto st = fs::status(dir, ec);
+  if (!fs::exists(st)) return dir.string() + ": no such directory";
+  if (!fs::is_directory(st)) return dir.string() + ": not a directory";
+  return std::nullopt;
+}
+
+json info_json(const checkpoint_info& c) {
+  return {{"step", c.step},           {"path", c.path.string()}, {"kind", c.kind},
+          {"total_bytes", c.total_bytes}, {"valid", c.valid},     {"reason", c.reason},
+          {"temporary", c.temporary}, {"set_aside", c.set_aside}};
+}
+
+int cmd_list(const fs::path& dir, bool as_json) {
+  if (auto e = check_dir(dir)) return fail(exit_usage, *e);
+  checkpoint_store store(dir);
+  auto all = store.try_list();
+  if (!all) return fail(exit_usage, all.err().message);
+  if (as_json) {
+    json out = json::array();
+    for (auto& c : *all) out.push_back(info_json(c));
+    std::cout << out.dump(2) << "\n";
+    return exit_ok;
+  }
+  if (all->empty()) {
+    std::cout << "no checkpoints in " << dir.string() << "\n";
+    return exit_ok;
+  }
+  std::printf("%-12s %-9s %12s  %s\n", "STEP", "KIND", "SIZE", "STATUS");
+  for (auto& c : *all) {
+    std::string st;
+    if (c.temporary) st = "temporary: " + c.reason;
+    else if (c.set_aside) st = "set aside: " + c.path.filename().string();
+    else if (c.valid) st = "valid";
+    else st = "INVALID: " + c.reason;
+    std::printf("%-12" PRIu64 " %-9s %12s  %s\n", c.step, c.kind.empty() ? "-" : c.kind.c_str(),
+                human(c.total_bytes).c_str(), st.c_str());
+  }
+  return exit_ok;
+}
+
+int cmd_verify(const fs::path& dir, std::optional<uint64_t> step) {
+  if (auto e = check_dir(dir)) return fail(exit_usage, *e);
+  checkpoint_store store(dir);
+  if (!step && is_step_dir(dir)) {
+    // A single step directory.
+    auto v = store.verify(dir);
+    if (v) std::cout << dir.string() << ": OK\n";
+    else std::cout << dir.string() << ": INVALID: " << v.err().message << "\n";
+    return v ? exit_ok : exit_invalid;
+  }
+  if (step) {
+    auto p = store.step_path(*step);
+    if (!fs::exists(p)) return fail(exit_invalid, p.string() + ": no checkpoint for step " + std::to_string(*step));
+    auto v = store.verify(p);
+    if (v) std::cout << "step " << *step << ": OK\n";
+    else std::cout << "step " << *step << ": INVALID: " << v.err().message << "\n";
+    return v ? exit_ok : exit_invalid;
+  }
+  auto all = store.try_list();
+  if (!all) return fail(exit_usage, all.err().message);
+  int checked = 0, bad = 0;
+  for (auto& c : *all) {
+    if (c.temporary) {
+      std::cout << "step " << c.step << ": note: " << c.path.filename().string() << " is a " << c.reason << "\n";
+      continue;
+    }
+    if (c.set_aside) {
+      std::cout << "step " << c.step << ": note: " << c.path.filename().string()
+                << " was set aside as corrupt (not checked)\n";
+      continue;
+    }
+    ++checked;
+    auto v = store.verify(c.path);
+    if (v) {
+      std::cout << "step " << c.step << ": OK\n";
+    } else {
+      ++bad;
+      std::cout << "step " << c.step << ": INVALID: " << v.err().message << "\n";
+    }
+  }
+  if (checked == 0) return fail(exit_invalid, "no checkpoints in " + dir.string());
+  std::cout << checked << " checked, " << bad << " invalid\n";
+  return bad ? exit_invalid : exit_ok;
+}
+
+int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
+  if (auto e = check_dir(dir)) return fail(exit_usage, *e);
+  checkpoint_store store(dir);
+  fs::path target;
+  if (step) {
+    target = store.step_path(*step);
+    if (!fs::exists(target)) return fail(exit_invalid, target.string() + ": no checkpoint for step " + std::to_string(*step));
+  } else if (is_step_dir(dir)) {
+    target = dir;
+  } else {
+    auto all = store.try_list();
+    if (!all) return fail(exit_usage, all.err().message);
+    for (auto it = all->rbegin(); it != all->rend(); ++it)
+      if (!it->temporary && !it->set_aside) { target = it->path; break; }
+    if (target.empty()) return fail(exit_invalid, "no checkpoints in " + dir.string());
+  }
+  auto m = store.read_manifest(target);
+  if (!m) return fail(exit_invalid, m.err().message);
+  auto tensors = store.read_tensors(target);
+
+  if (as_json) {
+    json files = json::array();
+    for (auto& f : m->files) files.push_back({{"name", f.name}, {"size", f.size}, {"xxh3", f.xxh3}});
+    json out = {{"path", target.string()},
+                {"format_version", m->format_version},
+                {"step", m->step},
+                {"world_size", m->world_size},
+                {"run_id", m->run_id},
+                {"incarnation", m->incarnation},
+                {"kind", to_string(m->kind)},
+                {"wall_time", m->wall_time},
+                {"counters", m->counters},
+                {"metadata", m->metadata},
+                {"files", files},
+                {"total_bytes", m->total_bytes()}};
+    if (tensors) {
+      json ts = json::array();
+      for (auto& t : *tensors)
+        ts.push_back({{"name", t.name}, {"dtype", dtype_name(t.type)}, {"shape", t.shape},
+                      {"bytes", t.bytes}, {"file", t.file}});
+      out["tensors"] = ts;
+    } else {
+      out["tensors_error"] = tensors.err().message;
+    }
+    std::cout << out.dump(2) << "\n";
+    return tensors ? exit_ok : exit_invalid;
+  }
+
+  std::time_t t = static_cast<std::time_t>(m->wall_time);
+  char when[64];
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
+  std::cout << "path:        " << target.string() << "\n"
+            << "step:        " << m->step << "\n"
+            << "kind:        " << to_string(m->kind) << "\n"
+            << "run_id:      " << m->run_id << "\n"
+            << "incarnation: " << m->incarnation << "\n"
+            << "world_size:  " << m->world_size << "\n"
+            << "written:     " << when << "\n"
+            << "format:      " << m->format_version << "\n"
+            << "size:        " << human(m->total_bytes()) << " in " << m->files.size() << " files\n";
+  if (!m->counters.empty()) {
+    std::cout << "counters:\n";
+    for (auto& [k, v] : m->counters) std::cout << "  " << k << " = " << v << "\n";
+  }
+  if (!m->metadata.empty()) {
+    std::cout << "metadata:\n";
+    for (auto& [k, v] : m->metadata) std::cout << "  " << k << " = " << v << "\n";
+  }
+  std::cout << "files:\n";
+  for (auto& f : m->files) std::printf("  %-40s %12s  xxh3 %s\n", f.name.c_str(), human(f.size).c_str(), f.xxh3.c_str());
+  if (!tensors) return fail(exit_invalid, tensors.err().message);
+  size_t w = 4;
+  for (auto& x : *tensors) w = std::max(w, x.name.size());
+  std::cout << "tensors (" << tensors->size() << "):\n";
+  std::printf("  %-*s %-5s %-20s %12s  %s\n", int(w), "NAME", "DTYPE", "SHAPE", "BYTES", "FILE");
+  for (auto& x : *tensors)
+    std::printf("  %-*s %-5s %-20s %12" PRIu64 "  %s\n", int(w), x.name.c_str(), dtype_name(x.type),
+                shape_str(x.shape).c_str(), x.bytes, x.file.c_str());
+  return exit_ok;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_level(spdlog::level::err); // the tool prints its own findings
+  CLI::App app{"Inspect and verify Grace checkpoint directories"};
+  app.require_subcommand(1);
+
+  std::string dir;
+  bool as_json = false;
+  uint64_t step = 0;
+
+  auto* list = app.add_subcommand("list", "List checkpoints with a quick validity check");
+  list->add_option("DIR", dir, "checkpoint directory")->required();
+  list->add_flag("--json", as_json, "machine-readable output");
+
+  auto* verify = app.add_subcommand("verify", "Re-check every checksum (exit 0: all valid, 1: any invalid)");
+  verify->add_option("DIR", dir, "checkpoint directory or one step directory")->required();
+  auto* verify_step = verify->add_option("--step", step, "only this step");
+
+  auto* show = app.add_subcommand("show", "Show a checkpoint's manifest and tensors (default: newest)");
+  show->add_option("DIR", dir, "checkpoint directory or one step directory")->required();
+  auto* show_step = show->add_option("--step", step, "this step");
+  show->add_flag("--json", as_json, "machine-readable output");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return exit_usage;
+  }
+
+  if (*list) return cmd_list(dir, as_json);
+  if (*verify) return cmd_verify(dir, verify_step->count() ? std::optional<uint64_t>(step) : std::nullopt);
+  if (*show) return cmd_show(dir, show_step->count() ? std::optional<uint64_t>(step) : std::nullopt, as_json);
+  return exit_usage;
+}

@@ -1,0 +1,187 @@
+// grace-train: the reference synchronous data-parallel trainer. Built only
+// on Grace's public API (runtime/grace.hpp) plus the MLP and the Gloo
+// communicator, so it doubles as the example a research trainer copies.
+#include "runtime/gloo_comm.hpp"
+#include "runtime/grace.hpp"
+#include "runtime/mlp.hpp"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+#include <unistd.h>
+
+int main(int argc, char** argv) {
+  // Before any thread: SIGTERM/SIGINT are read by Grace's signal watcher.
+  grace::session* current = nullptr;
+  (void)current;
+  CLI::App app{"grace-train: data-parallel MLP training that survives preemption.\n"
+               "  grace-launch --nproc 4 -- grace-train --steps 400"};
+  grace::mlp_config mc;
+  uint64_t steps = 200;
+  std::string checkpoint_dir = std::getenv("GRACE_CHECKPOINT_DIR") ? std::getenv("GRACE_CHECKPOINT_DIR")
+                                                                   : "grace-checkpoints";
+  std::string workers, output, device = "auto", notice_file, notice_command;
+  int index = -1, keep = 3, restart_code = 42, step_delay_ms = 0, grace_ms = 0;
+  uint64_t save_every = 0, fail_at = 0;
+  int fail_rank = 0;
+  double save_every_seconds = 0;
+  bool skip_optimizer_restore = false, keep_checkpoints = false;
+  if (const char* rc = std::getenv("GRACE_RESTART_CODE")) restart_code = std::atoi(rc);
+  app.add_option("--steps", steps, "total training steps")->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
+  app.add_option("--input-dim", mc.input_dim, "features per sample")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--hidden", mc.hidden, "hidden layer widths, e.g. --hidden 256 256")->delimiter(',');
+  app.add_option("--classes", mc.classes, "classes")->check(CLI::Range(2, 1 << 20));
+  app.add_option("--batch", mc.global_batch, "global batch (split evenly over workers)")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--lr", mc.lr, "learning rate");
+  app.add_option("--momentum", mc.momentum, "SGD momentum");
+  app.add_option("--seed", mc.seed, "data and initialisation seed");
+  app.add_option("--checkpoint-dir", checkpoint_dir, "checkpoint directory (default $GRACE_CHECKPOINT_DIR)");
+  app.add_option("--keep", keep, "checkpoints to keep")->check(CLI::Range(1, 1000));
+  app.add_option("--save-every", save_every, "periodic checkpoint every N steps (0: off)");
+  app.add_option("--save-every-seconds", save_every_seconds, "periodic checkpoint every T seconds (0: off)");
+  app.add_flag("--keep-checkpoints", keep_checkpoints, "keep backups after a successful finish");
+  app.add_option("--grace-period-ms", grace_ms, "time from a notice to the kill (0: exit after the first save)");
+  app.add_option("--notice-file", notice_file, "a file whose appearance is a preemption notice");
+  app.add_option("--notice-command", notice_command, "a command whose exit 0 is a preemption notice");
+  app.add_option("--restart-code", restart_code, "exit code after a preemption save");
+  app.add_option("--workers", workers, "host:port,... of every worker (without grace-launch)");
+  app.add_option("--index", index, "this worker's index in --workers");
+  app.add_option("--device", device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--output", output, "write a JSON summary (steps, loss, weights checksum) here");
+  app.add_option("--step-delay-ms", step_delay_ms, "sleep in every step (demos and tests)");
+  app.add_option("--fail-at-step", fail_at, "raise an error in this step (tests)");
+  app.add_option("--fail-rank", fail_rank, "rank that raises the error");
+  app.add_flag("--skip-optimizer-restore", skip_optimizer_restore,
+               "BROKEN ON PURPOSE: do not restore the optimizer state (proves the harness catches lost state)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : grace::exit_code::usage;
+  }
+
+  if (device == "cuda") {
+    spdlog::error("--device cuda: this build has no usable CUDA device (no GPU or no CUDA backend); use --device cpu");
+    return grace::exit_code::usage;
+  }
+
+  grace::options opts;
+  opts.checkpoint_dir = checkpoint_dir;
+  opts.keep_last = keep;
+  opts.restart_exit_code = restart_code;
+  opts.save_every_steps = save_every;
+  opts.save_every_seconds = save_every_seconds;
+  opts.keep_checkpoints_on_success = keep_checkpoints;
+  opts.notice_file = notice_file;
+  opts.notice_command = notice_command;
+  opts.grace_period = std::chrono::milliseconds(grace_ms);
+  if (!workers.empty()) {
+    auto c = grace::cluster_from_workers(workers, index);
+    if (!c) {
+      spdlog::error("{}", c.err().message);
+      return grace::exit_code::usage;
+    }
+    opts.cluster = *c;
+  }
+  grace::session g(opts);  // blocks SIGTERM/SIGINT for every later thread
+
+  auto world_hint = opts.cluster ? opts.cluster->world_size
+                                 : (std::getenv("GRACE_WORLD_SIZE") ? std::atoi(std::getenv("GRACE_WORLD_SIZE")) : 1);
+  if (auto st = grace::validate(mc, world_hint); !st) {
+    spdlog::error("{}", st.err().message);
+    return grace::exit_code::usage;
+  }
+  grace::mlp model(mc);
+  int64_t steps_done = 0, step_index_sum = 0;
+  auto tensors = model.tensors();
+  std::vector<grace::tensor_ref> momentum_backup;
+  for (auto& t : tensors) g.register_tensor(t);
+  g.register_counter("steps_done", &steps_done);
+  g.register_counter("step_index_sum", &step_index_sum);
+
+  std::vector<std::vector<char>> saved_momentum;
+  auto start = g.attach();
+  if (!start) {
+    spdlog::error("{}", start.err().message);
+    return start.err().code == grace::errc::invalid_input ? grace::exit_code::usage : grace::exit_code::restart;
+  }
+  spdlog::info("device: cpu ({})", device == "auto" ? "auto: this build has no CUDA backend in use" : "requested");
+  if (skip_optimizer_restore && *start > 0) {
+    for (auto& t : tensors)
+      if (t.name.rfind("optimizer.", 0) == 0) std::memset(t.data, 0, t.bytes());
+    spdlog::warn("--skip-optimizer-restore: optimizer state zeroed after restore (broken on purpose)");
+  }
+  const int rank = static_cast<int>(g.rank()), world = static_cast<int>(g.world_size());
+
+  std::unique_ptr<grace::gloo_comm> comm;
+  if (world > 1) {
+    auto c = grace::gloo_comm::connect(g.rendezvous_store(), g.rendezvous_prefix() + "gloo", rank, world,
+                                       std::chrono::seconds(30));
+    if (!c) {
+      spdlog::error("gloo rendezvous failed: {}", c.err().message);
+      return restart_code;
+    }
+    comm = std::move(c.value());
+    auto* raw = comm.get();
+    g.set_abort_handler([raw] { raw->abort(); });
+  }
+
+  const bool tty = ::isatty(STDERR_FILENO) && rank == 0;
+  auto t_start = std::chrono::steady_clock::now();
+  auto last_print = t_start;
+  uint64_t first = *start + 1;
+  float loss = 0;
+  for (uint64_t s = first; s <= steps; ++s) {
+    auto r = g.run([&](uint64_t step) {
+      if (fail_at == step && rank == fail_rank)
+        throw std::runtime_error("injected failure at step " + std::to_string(step));
+      loss = model.compute_gradients(step - 1, rank, world);
+      if (comm) {
+        auto st = comm->allreduce_sum(model.grad_data(), model.grad_size());
+        if (!st) throw grace::step_failure(st.err());
+      }
+      model.apply_gradients();
+      ++steps_done;
+      step_index_sum += static_cast<int64_t>(step);
+      if (step_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms));
+    });
+    if (r == grace::step_result::stop) {
+      if (tty) std::fprintf(stderr, "\n");
+      return g.exit_code();
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (rank == 0 && (now - last_print > std::chrono::milliseconds(tty ? 200 : 2000) || s == steps)) {
+      double el = std::chrono::duration<double>(now - t_start).count();
+      double rate = el > 0 ? double(s - first + 1) / el : 0;
+      double eta = rate > 0 ? double(steps - s) / rate : 0;
+      if (tty)
+        std::fprintf(stderr, "\rstep %llu/%llu  %.1f steps/s  loss %.4f  ETA %.0fs   ",
+                     (unsigned long long)s, (unsigned long long)steps, rate, loss * world, eta);
+      else
+        spdlog::info("step {}/{}  {:.1f} steps/s  loss {:.4f}  ETA {:.0f}s", s, steps, rate, loss * world, eta);
+      last_print = now;
+    }
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  if (auto st = g.finish(); !st) {
+    spdlog::error("finish: {}", st.err().message);
+    return grace::exit_code::fatal;
+  }
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)model.weights_checksum());
+  if (rank == 0) {
+    spdlog::info("finished {} steps; weights checksum {}", steps, hex);
+    if (!output.empty()) {
+      std::ofstream f(output);
+      f << nlohmann::json{{"steps", steps}, {"steps_done", steps_done}, {"step_index_sum", step_index_sum},
+                          {"weights_checksum", hex}, {"world_size", world}, {"loss", loss * world}}
+               .dump(2)
+        << "\n";
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,39 @@
+#pragma once
+/// CAF glue for the protocol: inspect() for `msg<S>`, atoms, registration.
+/// Included only by actor translation units (CAF headers are heavy).
+
+#include "messages/wire.hpp"
+
+#include <caf/atom.hpp>
+#include <caf/meta/type_name.hpp>
+
+namespace grace {
+
+template <class S> struct wire_name;
+#define GRACE_WIRE_NAME(T) \
+  template <> struct wire_name<proto::T> { static constexpr const char* value = "grace." #T; };
+GRACE_MESSAGE_TYPES(GRACE_WIRE_NAME)
+#undef GRACE_WIRE_NAME
+
+/// Serialized as one byte vector (one memcpy), under a name registered on
+/// every node so the message crosses the network.
+template <class Inspector, class S>
+typename Inspector::result_type inspect(Inspector& f, msg<S>& x) {
+  return f(caf::meta::type_name(wire_name<S>::value), x.bytes);
+}
+
+// Atoms: at most 10 characters (CAF 0.17).
+using join_atom = caf::atom_constant<caf::atom("g_join")>;
+using tick_atom = caf::atom_constant<caf::atom("g_tick")>;
+using kv_timeout_atom = caf::atom_constant<caf::atom("g_kvto")>;
+using incarnation_atom = caf::atom_constant<caf::atom("g_incarn")>;
+using status_atom = caf::atom_constant<caf::atom("g_status")>;
+
+} // namespace grace
+
+namespace caf { class actor_system_config; }
+
+namespace grace {
+/// Registers every protocol type with CAF under its wire name.
+void register_message_types(caf::actor_system_config& cfg);
+} // namespace grace

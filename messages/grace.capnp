@@ -1,0 +1,220 @@
+# Grace's protocol: every message that crosses an actor boundary, in-process
+# or across nodes. Ordinals never change once shipped; new fields get new
+# ordinals. Bump `protocolVersion` only for incompatible changes.
+@0xd1c7a3e58b2f4c19;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("grace::proto");
+
+const protocolVersion :UInt32 = 1;
+
+# ---- membership -------------------------------------------------------------
+
+struct Join {
+  rank @0 :UInt32;
+  worldSize @1 :UInt32;
+  runId @2 :Text;
+  incarnation @3 :UInt32;
+  token @4 :Text;
+  protocolVersion @5 :UInt32;
+  host @6 :Text;
+  pid @7 :UInt32;
+  completedStep @8 :UInt64;   # step restored from a checkpoint (0: fresh)
+}
+
+struct Welcome {
+  accepted @0 :Bool;
+  reason @1 :Text;            # why a join was refused
+  rank @2 :UInt32;
+  worldSize @3 :UInt32;
+  runId @4 :Text;
+  incarnation @5 :UInt32;
+  rendezvousPrefix @6 :Text;  # fresh key prefix for this incarnation's collectives
+}
+
+struct Heartbeat {
+  rank @0 :UInt32;
+  incarnation @1 :UInt32;
+  completedStep @2 :UInt64;
+  sentNs @3 :Int64;           # sender's wall clock, ns since the Unix epoch
+  lastStepNs @4 :Int64;       # duration of the last step
+}
+
+enum LossReason {
+  dead @0;                    # connection lost or process gone
+  hung @1;                    # alive but no progress for longer than the timeout
+  left @2;                    # left the cluster on purpose
+}
+
+struct PeerLost {
+  rank @0 :UInt32;
+  reason @1 :LossReason;
+  lastStep @2 :UInt64;
+  detail @3 :Text;
+}
+
+struct Leave {
+  rank @0 :UInt32;
+  exitCode @1 :Int32;
+  completedStep @2 :UInt64;
+}
+
+# ---- preemption: notice, claim, agreement, save -------------------------------
+
+enum NoticeSource {
+  signal @0;                  # SIGTERM / SIGINT
+  file @1;                    # a notice file appeared
+  command @2;                 # a watcher command exited 0
+  callback @3;                # a user callback (e.g. a cloud maintenance query)
+  launcher @4;                # the launcher forwarded a signal it received
+  test @5;
+}
+
+struct Notice {
+  rank @0 :UInt32;            # who received it (launcherRank for the launcher)
+  source @1 :NoticeSource;
+  detail @2 :Text;
+  receivedNs @3 :Int64;
+  deadlineNs @4 :Int64;       # 0: no deadline known (no grace period)
+}
+
+const launcherRank :UInt32 = 0xffffffff;
+
+struct Claim {
+  notice @0 :Notice;
+  startedStep @1 :UInt64;     # claimant's step in progress (or last completed)
+}
+
+struct ClaimReply {
+  won @0 :Bool;
+  holder @1 :UInt32;          # rank that holds the claim
+  agreementId @2 :UInt64;
+}
+
+enum CheckpointKind {
+  initial @0;                 # first save after a notice
+  final @1;                   # grace-period final save, then exit
+  jit @2;                     # just-in-time save after a peer was lost
+  periodic @3;
+}
+
+# Coordinator -> workers. First sent with agreed = false: a proposal whose
+# `step` is a lower bound. Each worker acknowledges with the earliest step at
+# which it can still stop; the agreed step is the maximum of those, sent
+# again with agreed = true. `saver` is the rank that writes (the chief, or
+# for a just-in-time save the survivor with the most completed steps).
+struct CheckpointAt {
+  agreementId @0 :UInt64;
+  step @1 :UInt64;
+  kind @2 :CheckpointKind;
+  agreed @3 :Bool;
+  saver @4 :UInt32;
+  deadlineNs @5 :Int64;
+  exitAfter @6 :Bool;         # exit with the restart code once saved
+}
+
+struct Ack {
+  agreementId @0 :UInt64;
+  rank @1 :UInt32;
+  earliestStep @2 :UInt64;    # earliest step at which this worker can stop
+}
+
+struct FileInfo {
+  name @0 :Text;
+  size @1 :UInt64;
+  checksum @2 :Text;
+}
+
+struct CheckpointSaved {
+  agreementId @0 :UInt64;
+  rank @1 :UInt32;
+  step @2 :UInt64;
+  ok @3 :Bool;
+  error @4 :Text;
+  files @5 :List(FileInfo);
+  bytes @6 :UInt64;
+  snapshotNs @7 :Int64;
+  writeNs @8 :Int64;
+  commitNs @9 :Int64;
+  path @10 :Text;
+}
+
+# Chief -> coordinator during a grace-period countdown: the time left has
+# reached the margin; propose the final checkpoint.
+struct ProposeFinal {
+  rank @0 :UInt32;
+  startedStep @1 :UInt64;
+  agreementId @2 :UInt64;     # the initial agreement this final save closes
+}
+
+# Coordinator -> chief: a later notice brought an earlier deadline.
+struct DeadlineUpdate {
+  agreementId @0 :UInt64;
+  deadlineNs @1 :Int64;
+}
+
+# Coordinator -> workers: the checkpoint of an agreement is on disk.
+struct Committed {
+  agreementId @0 :UInt64;
+  step @1 :UInt64;
+  exitAfter @2 :Bool;
+}
+
+# ---- errors and shutdown ----------------------------------------------------
+
+enum ErrorKind {
+  failed @0;
+  overloaded @1;
+  disconnected @2;
+  preempted @3;
+  invalidInput @4;
+}
+
+struct ErrorReport {
+  rank @0 :UInt32;
+  step @1 :UInt64;
+  kind @2 :ErrorKind;
+  message @3 :Text;
+}
+
+struct ClusterError {
+  originRank @0 :UInt32;
+  step @1 :UInt64;
+  kind @2 :ErrorKind;
+  message @3 :Text;
+}
+
+struct Shutdown {
+  reason @0 :Text;
+  exitCode @1 :Int32;
+}
+
+# ---- key-value store and barriers (also the Gloo / NCCL rendezvous) ----------
+
+struct KvSet {
+  key @0 :Text;
+  value @1 :Data;
+}
+
+struct KvGet {
+  key @0 :Text;
+  timeoutMs @1 :UInt32;
+}
+
+struct KvReply {
+  ok @0 :Bool;
+  value @1 :Data;
+  error @2 :Text;             # "already exists", "timeout: ...", ...
+}
+
+struct Barrier {
+  name @0 :Text;
+  rank @1 :UInt32;
+  count @2 :UInt32;
+  timeoutMs @3 :UInt32;
+}
+
+struct BarrierReply {
+  ok @0 :Bool;
+  error @1 :Text;
+}

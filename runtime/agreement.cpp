@@ -1,0 +1,251 @@
+#include "runtime/agreement.hpp"
+
+#include <algorithm>
+
+namespace grace {
+
+const char* to_string(ckpt_kind k) noexcept {
+  switch (k) {
+    case ckpt_kind::initial: return "initial";
+    case ckpt_kind::final: return "final";
+    case ckpt_kind::jit: return "jit";
+    case ckpt_kind::periodic: return "periodic";
+  }
+  return "?";
+}
+
+const char* to_string(agreement_phase p) noexcept {
+  switch (p) {
+    case agreement_phase::idle: return "idle";
+    case agreement_phase::waiting: return "waiting";
+    case agreement_phase::proposing: return "proposing";
+    case agreement_phase::saving: return "saving";
+    case agreement_phase::countdown: return "countdown";
+    case agreement_phase::jit_collect: return "jit_collect";
+    case agreement_phase::stopping: return "stopping";
+    case agreement_phase::failed: return "failed";
+    case agreement_phase::finishing: return "finishing";
+  }
+  return "?";
+}
+
+const char* to_string(agreement_action::type t) noexcept {
+  using ty = agreement_action::type;
+  switch (t) {
+    case ty::claim_reply: return "claim_reply";
+    case ty::propose: return "propose";
+    case ty::agreed: return "agreed";
+    case ty::committed: return "committed";
+    case ty::peer_lost: return "peer_lost";
+    case ty::cluster_error: return "cluster_error";
+    case ty::deadline_update: return "deadline_update";
+  }
+  return "?";
+}
+
+using ty = agreement_action::type;
+
+agreement::agreement(uint32_t world_size) : world_size_(world_size) {}
+
+uint32_t agreement::chief() const { return live_.empty() ? 0 : *live_.begin(); }
+
+actions agreement::on_join(uint32_t rank, uint64_t /*completed*/) {
+  if (rank >= world_size_ || lost_.count(rank)) return {};
+  joined_.insert(rank);
+  live_.insert(rank);
+  if (phase_ == agreement_phase::waiting && all_joined())
+    return propose(ckpt_kind::initial, claim_started_);
+  return {};
+}
+
+actions agreement::on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns) {
+  actions out;
+  agreement_action reply{ty::claim_reply};
+  reply.rank = rank;
+  if (phase_ == agreement_phase::idle) {
+    holder_ = rank;
+    deadline_ns_ = deadline_ns;
+    claim_started_ = started;
+    reply.won = true;
+    reply.holder = rank;
+    reply.id = id_ + 1;
+    out.push_back(reply);
+    if (all_joined()) {
+      auto more = propose(ckpt_kind::initial, started);
+      out.insert(out.end(), more.begin(), more.end());
+    } else {
+      phase_ = agreement_phase::waiting;
+    }
+    return out;
+  }
+  // The claim is taken: the second notice defers to the holder. A later
+  // notice with an earlier deadline shortens a grace period still running.
+  reply.won = false;
+  reply.holder = holder_.value_or(launcher_rank);
+  reply.id = id_;
+  out.push_back(reply);
+  bool running = phase_ == agreement_phase::waiting || phase_ == agreement_phase::proposing ||
+                 phase_ == agreement_phase::saving || phase_ == agreement_phase::countdown;
+  if (running && deadline_ns_ != 0 && deadline_ns != 0 && deadline_ns < deadline_ns_) {
+    deadline_ns_ = deadline_ns;
+    agreement_action upd{ty::deadline_update};
+    upd.rank = chief();
+    upd.id = id_;
+    upd.deadline_ns = deadline_ns;
+    out.push_back(upd);
+  }
+  return out;
+}
+
+actions agreement::propose(ckpt_kind kind, uint64_t lower_bound) {
+  ++id_;
+  kind_ = kind;
+  lower_bound_ = lower_bound;
+  acks_.clear();
+  phase_ = kind == ckpt_kind::jit ? agreement_phase::jit_collect : agreement_phase::proposing;
+  agreement_action p{ty::propose};
+  p.id = id_;
+  p.step = lower_bound;
+  p.kind = kind;
+  p.deadline_ns = deadline_ns_;
+  actions out{p};
+  auto more = maybe_agree();
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
+actions agreement::maybe_agree() {
+  for (auto r : live_)
+    if (!acks_.count(r)) return {};
+  if (live_.empty()) {
+    phase_ = agreement_phase::stopping;
+    return {};
+  }
+  agreement_action a{ty::agreed};
+  a.id = id_;
+  a.kind = kind_;
+  a.deadline_ns = deadline_ns_;
+  if (kind_ == ckpt_kind::jit) {
+    // The survivor with the most completed steps saves; ties: lowest rank
+    // (std::map iterates in rank order and only a strictly larger step wins).
+    uint64_t best = 0;
+    uint32_t saver = chief();
+    bool first = true;
+    for (auto& [r, s] : acks_) {
+      if (!live_.count(r)) continue;
+      if (first || s > best) { best = s; saver = r; first = false; }
+    }
+    a.step = best;
+    a.saver = saver;
+    a.exit_after = true;
+  } else {
+    uint64_t step = lower_bound_;
+    for (auto& [r, s] : acks_)
+      if (live_.count(r)) step = std::max(step, s);
+    a.step = step;
+    a.saver = chief();
+    a.exit_after = kind_ == ckpt_kind::final || deadline_ns_ == 0 || !lost_.empty();
+  }
+  agreed_step_ = a.step;
+  saver_ = a.saver;
+  exit_after_ = a.exit_after;
+  phase_ = agreement_phase::saving;
+  return {a};
+}
+
+actions agreement::on_ack(uint32_t rank, uint64_t id, uint64_t earliest) {
+  if (id != id_ || !live_.count(rank)) return {};
+  if (phase_ != agreement_phase::proposing && phase_ != agreement_phase::jit_collect) return {};
+  acks_[rank] = earliest;
+  return maybe_agree();
+}
+
+actions agreement::on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok,
+                            const std::string& error) {
+  if (id != id_ || phase_ != agreement_phase::saving || rank != saver_) return {};
+  if (!ok) {
+    phase_ = agreement_phase::failed;
+    agreement_action e{ty::cluster_error};
+    e.rank = rank;
+    e.step = step;
+    e.message = "checkpoint save at step " + std::to_string(step) + " failed: " + error;
+    return {e};
+  }
+  // A member lost while the save ran: the cluster cannot keep training.
+  bool exit_after = exit_after_ || !lost_.empty();
+  agreement_action c{ty::committed};
+  c.id = id;
+  c.step = step;
+  c.kind = kind_;
+  c.exit_after = exit_after;
+  phase_ = exit_after ? agreement_phase::stopping : agreement_phase::countdown;
+  return {c};
+}
+
+actions agreement::on_propose_final(uint32_t rank, uint64_t started) {
+  if (phase_ != agreement_phase::countdown || rank != chief()) return {};
+  return propose(ckpt_kind::final, started);
+}
+
+actions agreement::on_member_lost(uint32_t rank, uint64_t completed, const std::string& why) {
+  if (!live_.count(rank)) return {};
+  live_.erase(rank);
+  lost_.insert(rank);
+  agreement_action lost{ty::peer_lost};
+  lost.rank = rank;
+  lost.step = completed;
+  lost.message = why;
+  actions out{lost};
+  auto append = [&](actions more) { out.insert(out.end(), more.begin(), more.end()); };
+  switch (phase_) {
+    case agreement_phase::stopping:
+    case agreement_phase::failed:
+    case agreement_phase::finishing:
+      break;
+    case agreement_phase::jit_collect:
+      acks_.erase(rank);
+      append(maybe_agree());
+      break;
+    case agreement_phase::saving:
+      // The saver already holds the agreed state; only its own loss forces a
+      // just-in-time save from the survivors.
+      if (rank == saver_) append(propose(ckpt_kind::jit, 0));
+      break;
+    case agreement_phase::idle:
+    case agreement_phase::waiting:
+    case agreement_phase::proposing:
+    case agreement_phase::countdown:
+      if (!holder_) holder_ = rank;
+      append(propose(ckpt_kind::jit, 0));
+      break;
+  }
+  return out;
+}
+
+actions agreement::on_error(uint32_t rank, uint64_t step, const std::string& message) {
+  if (phase_ == agreement_phase::failed || phase_ == agreement_phase::stopping) return {};
+  phase_ = agreement_phase::failed;
+  agreement_action e{ty::cluster_error};
+  e.rank = rank;
+  e.step = step;
+  e.message = message;
+  return {e};
+}
+
+actions agreement::on_leave(uint32_t rank) {
+  if (!live_.count(rank)) return {};
+  live_.erase(rank);
+  switch (phase_) {
+    case agreement_phase::idle:
+      phase_ = agreement_phase::finishing;
+      return {};
+    case agreement_phase::proposing:
+    case agreement_phase::jit_collect:
+      acks_.erase(rank);
+      return maybe_agree();
+    default:
+      return {};
+  }
+}
+
+} // namespace grace

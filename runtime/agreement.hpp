@@ -1,0 +1,152 @@
+#pragma once
+/// The coordinator's agreement protocol as a pure state machine: events in,
+/// actions out, no clock, no I/O, no CAF. The coordinator actor feeds it and
+/// carries out the actions; tests drive it exhaustively over event orders.
+///
+/// ## Protocol
+/// A notice becomes a *claim*; the first claim wins (set-once). The winner's
+/// claim starts an *agreement*: the coordinator proposes a lower bound `N`
+/// (the claimant's step in progress) to every live member. Each member
+/// acknowledges with the earliest step at which it can still stop:
+/// `max(N, step it has started)` (read with a Dekker-style pair of seq_cst
+/// atomics, so the trainer never starts a step past it). The agreed step is
+/// the maximum of the acknowledgements; it is sent to everyone, each trainer
+/// stops after completing it, and the `saver` writes the checkpoint.
+///
+/// Why the maximum is safe: synchronous workers differ by at most one step,
+/// a member stops no earlier than the step it acknowledged, and no member
+/// saves before the agreed step is known; a member that reached the lower
+/// bound first waits at its step boundary (never inside a step) until the
+/// agreed step arrives, then runs on to it if needed.
+///
+/// ## States and transitions
+/// | phase        | event                         | next          | actions                                   |
+/// |--------------|-------------------------------|---------------|-------------------------------------------|
+/// | idle         | claim, all joined             | proposing     | claim_reply(won), propose(initial)        |
+/// | idle         | claim, not all joined         | waiting       | claim_reply(won)                          |
+/// | waiting      | join completes membership     | proposing     | propose(initial)                          |
+/// | not idle     | claim                         | (same)        | claim_reply(lost); earlier deadline ->    |
+/// |              |                               |               |   deadline_update to the chief            |
+/// | proposing    | ack (current id)              | proposing     | -                                         |
+/// | proposing    | last live ack                 | saving        | agreed(max ack, saver = chief)            |
+/// | any          | ack/saved with an old id      | (same)        | - (late: ignored)                         |
+/// | saving       | saved ok, no deadline / final | stopping      | committed(exit_after)                     |
+/// | saving       | saved ok, initial w/ deadline | countdown     | committed(continue)                       |
+/// | saving       | saved failed                  | failed        | cluster_error                             |
+/// | countdown    | propose_final                 | proposing     | propose(final)                            |
+/// | idle..saving,| member lost                   | jit_collect   | peer_lost, propose(jit) to survivors      |
+/// | countdown    |                               |               |                                           |
+/// | jit_collect  | last survivor ack             | saving        | agreed(max completed, saver = its owner,  |
+/// |              |                               |               |   ties: lowest rank)                      |
+/// | jit_collect  | member lost                   | jit_collect   | peer_lost (and agree if all others acked) |
+/// | any live     | error report                  | failed        | cluster_error (names origin, step)        |
+/// | stopping,    | member lost / leave           | (same)        | - (expected exits)                        |
+/// | failed       |                               |               |                                           |
+/// | idle         | leave                         | finishing     | - (claims are answered lost from now on)  |
+/// | any          | no survivor left              | stopping      | -                                         |
+///
+/// A death during the final agreement or the save therefore also becomes a
+/// just-in-time save from the best survivor; a death of the claimant changes
+/// nothing, since the chief (lowest live rank) keeps time and saves.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace grace {
+
+enum class ckpt_kind : uint8_t { initial = 0, final = 1, jit = 2, periodic = 3 };
+const char* to_string(ckpt_kind k) noexcept;
+
+enum class agreement_phase : uint8_t {
+  idle, waiting, proposing, saving, countdown, jit_collect, stopping, failed, finishing,
+};
+const char* to_string(agreement_phase p) noexcept;
+
+/// Rank used by the launcher when it claims on behalf of a signal it received.
+constexpr uint32_t launcher_rank = 0xffffffffu;
+
+struct agreement_action {
+  enum class type : uint8_t {
+    claim_reply,     ///< to `rank`: won, holder, id
+    propose,         ///< to every live member: lower bound `step`, `kind`
+    agreed,          ///< to every live member: `step`, `kind`, `saver`, `exit_after`
+    committed,       ///< to every live member: `step`, `exit_after`
+    peer_lost,       ///< to every live member: `rank` was lost (`message` says why)
+    cluster_error,   ///< to every live member: origin `rank`, `step`, `message`
+    deadline_update, ///< to the chief: `deadline_ns`
+  };
+  explicit agreement_action(type t) : what(t) {}
+  type what;
+  uint32_t rank = 0;
+  uint64_t id = 0;
+  uint64_t step = 0;
+  ckpt_kind kind = ckpt_kind::initial;
+  bool won = false;
+  uint32_t holder = 0;
+  uint32_t saver = 0;
+  bool exit_after = false;
+  int64_t deadline_ns = 0;
+  std::string message;
+};
+const char* to_string(agreement_action::type t) noexcept;
+
+using actions = std::vector<agreement_action>;
+
+class agreement {
+public:
+  explicit agreement(uint32_t world_size);
+
+  /// A member joined (or re-joined) with `completed` steps restored.
+  actions on_join(uint32_t rank, uint64_t completed);
+  /// A termination notice claimed by `rank` (or launcher_rank), whose step in
+  /// progress is `started`; `deadline_ns` is 0 without a grace period.
+  actions on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns);
+  /// A member's acknowledgement of agreement `id`.
+  actions on_ack(uint32_t rank, uint64_t id, uint64_t earliest);
+  /// The saver's report for agreement `id`.
+  actions on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error);
+  /// The chief says the grace period's margin is reached.
+  actions on_propose_final(uint32_t rank, uint64_t started);
+  /// A member was declared lost (dead or hung) with its last completed step.
+  actions on_member_lost(uint32_t rank, uint64_t completed, const std::string& why);
+  /// A member reported an error in its step.
+  actions on_error(uint32_t rank, uint64_t step, const std::string& message);
+  /// A member left on purpose (finished, or exiting after a save).
+  actions on_leave(uint32_t rank);
+
+  agreement_phase phase() const noexcept { return phase_; }
+  uint64_t current_id() const noexcept { return id_; }
+  std::optional<uint32_t> holder() const noexcept { return holder_; }
+  int64_t deadline_ns() const noexcept { return deadline_ns_; }
+  uint64_t agreed_step() const noexcept { return agreed_step_; }
+  const std::set<uint32_t>& live() const noexcept { return live_; }
+  uint32_t world_size() const noexcept { return world_size_; }
+  bool all_joined() const noexcept { return joined_.size() == world_size_ && lost_.empty(); }
+
+private:
+  actions propose(ckpt_kind kind, uint64_t lower_bound);
+  actions maybe_agree();
+  uint32_t chief() const;
+
+  uint32_t world_size_;
+  agreement_phase phase_ = agreement_phase::idle;
+  std::set<uint32_t> joined_;
+  std::set<uint32_t> live_;
+  std::set<uint32_t> lost_;
+  std::optional<uint32_t> holder_;
+  uint64_t id_ = 0;
+  ckpt_kind kind_ = ckpt_kind::initial;
+  uint64_t lower_bound_ = 0;
+  int64_t deadline_ns_ = 0;
+  uint64_t claim_started_ = 0;
+  std::map<uint32_t, uint64_t> acks_;
+  uint64_t agreed_step_ = 0;
+  uint32_t saver_ = 0;
+  bool exit_after_ = false;
+};
+
+} // namespace grace

@@ -1,0 +1,841 @@
+#include "runtime/checkpoint.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <system_error>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include "runtime/safetensors.hpp"
+
+namespace grace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* manifest_name = "grace-manifest.json";
+constexpr const char* index_name = "model.safetensors.index.json";
+constexpr const char* tmp_prefix = ".tmp-step-";
+constexpr const char* corrupt_marker = ".corrupt-";
+constexpr size_t io_chunk = 64u << 20;      ///< write chunk: large sequential writes
+constexpr size_t read_chunk = 8u << 20;     ///< checksum read buffer
+constexpr uint64_t max_json_bytes = 256u << 20; ///< manifest / index size limit
+
+/// Temp dirs this process is writing right now. A pid alone cannot tell
+/// whether a `.tmp-*` dir is ours: in a container the restarted trainer
+/// often gets the same pid as the one that crashed.
+std::mutex active_mutex;
+std::set<std::string> active_temps;
+
+double now_unix() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
+  return buf;
+}
+
+std::string errno_str(int e) { return std::strerror(e); }
+
+error invalid(const fs::path& p, const std::string& what) {
+  return error{errc::invalid_input, p.string() + ": " + what};
+}
+
+struct fd_guard {
+  int fd = -1;
+  fd_guard() = default;
+  explicit fd_guard(int f) : fd(f) {}
+  fd_guard(const fd_guard&) = delete;
+  fd_guard& operator=(const fd_guard&) = delete;
+  ~fd_guard() { if (fd >= 0) ::close(fd); }
+};
+
+status fsync_dir(const fs::path& d) {
+  fd_guard f(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (f.fd < 0) return error{errc::failed, d.string() + ": cannot open directory for fsync: " + errno_str(errno)};
+  if (::fsync(f.fd) != 0) return error{errc::failed, d.string() + ": fsync failed: " + errno_str(errno)};
+  return {};
+}
+
+/// One output file: sequential writes with the checksum computed on the fly.
+class hashed_file {
+public:
+  hashed_file() : state_(XXH3_createState()) {
+    if (!state_) throw std::bad_alloc();
+    XXH3_64bits_reset(state_);
+  }
+  ~hashed_file() { XXH3_freeState(state_); }
+  hashed_file(const hashed_file&) = delete;
+  hashed_file& operator=(const hashed_file&) = delete;
+
+  status open(const fs::path& p, uint64_t expected_size) {
+    path_ = p;
+    f_.fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (f_.fd < 0) return fail("cannot create", errno);
+    if (expected_size > 0) {
+      // Reserve the space up front: a full disk is reported before we
+      // spend time writing, and the file is laid out contiguously.
+      // fallocate(2), not posix_fallocate: glibc emulates the latter by
+      // writing every block where the filesystem lacks support.
+      if (::fallocate(f_.fd, 0, 0, static_cast<off_t>(expected_size)) != 0 &&
+          (errno == ENOSPC || errno == EIO || errno == EDQUOT))
+        return fail("cannot reserve space", errno);
+    }
+    return {};
+  }
+
+  status write(const void* data, size_t n) {
+    auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+      size_t chunk = std::min(n, io_chunk);
+      size_t done = 0;
+      while (done < chunk) {
+        ssize_t r = ::write(f_.fd, p + done, chunk - done);
+        if (r < 0) {
+          if (errno == EINTR) continue;
+          return fail("write failed", errno);
+        }
+        if (r == 0) return fail("write failed", ENOSPC);
+        done += static_cast<size_t>(r);
+      }
+      XXH3_64bits_update(state_, p, chunk);
+      size_ += chunk;
+      p += chunk;
+      n -= chunk;
+    }
+    return {};
+  }
+
+  /// fsync and close; adds the time spent to `fsync_seconds`.
+  status finish(double& fsync_seconds) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (::fsync(f_.fd) != 0) return fail("fsync failed", errno);
+    fsync_seconds += seconds_since(t0);
+    int fd = f_.fd;
+    f_.fd = -1;
+    if (::close(fd) != 0) return fail("close failed", errno);
+    return {};
+  }
+
+  checkpoint_file entry() const {
+    return {path_.filename().string(), size_, hex64(XXH3_64bits_digest(state_))};
+  }
+
+private:
+  error fail(const char* what, int e) {
+    return error{errc::failed, path_.string() + ": " + what + ": " + errno_str(e)};
+  }
+  fs::path path_;
+  fd_guard f_;
+  XXH3_state_t* state_;
+  uint64_t size_ = 0;
+};
+
+/// Streams a file through xxh3; sets `size`.
+result<std::string> checksum_file(const fs::path& p, uint64_t& size) {
+  fd_guard f(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.fd < 0) return invalid(p, "cannot open: " + errno_str(errno));
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(), &XXH3_freeState);
+  if (!st) throw std::bad_alloc();
+  XXH3_64bits_reset(st.get());
+  std::unique_ptr<char[]> buf(new char[read_chunk]);
+  size = 0;
+  for (;;) {
+    ssize_t r = ::read(f.fd, buf.get(), read_chunk);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return invalid(p, "read failed: " + errno_str(errno));
+    }
+    if (r == 0) break;
+    XXH3_64bits_update(st.get(), buf.get(), static_cast<size_t>(r));
+    size += static_cast<uint64_t>(r);
+  }
+  return hex64(XXH3_64bits_digest(st.get()));
+}
+
+/// Reads a small JSON file defensively (size-limited, no exceptions).
+result<json> read_json(const fs::path& p) {
+  fd_guard f(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.fd < 0) {
+    if (errno == ENOENT) return invalid(p, "missing");
+    return invalid(p, "cannot open: " + errno_str(errno));
+  }
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) return invalid(p, "cannot stat: " + errno_str(errno));
+  if (!S_ISREG(st.st_mode)) return invalid(p, "not a regular file");
+  if (static_cast<uint64_t>(st.st_size) > max_json_bytes) return invalid(p, "implausibly large (" + std::to_string(st.st_size) + " bytes)");
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    ssize_t r = ::read(f.fd, text.data() + got, text.size() - got);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return invalid(p, "read failed: " + errno_str(errno));
+    }
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  text.resize(got);
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) return invalid(p, "not valid JSON");
+  return j;
+}
+
+/// Writes a small in-memory file into the temp dir with checksum and fsync.
+result<checkpoint_file> write_small(const fs::path& p, const std::string& text, save_stats& stats) {
+  hashed_file f;
+  auto t0 = std::chrono::steady_clock::now();
+  if (auto s = f.open(p, text.size()); !s) return s.err();
+  if (auto s = f.write(text.data(), text.size()); !s) return s.err();
+  stats.write_seconds += seconds_since(t0);
+  if (auto s = f.finish(stats.fsync_seconds); !s) return s.err();
+  return f.entry();
+}
+
+json manifest_to_json(const checkpoint_manifest& m) {
+  json files = json::array();
+  for (auto& f : m.files) files.push_back({{"name", f.name}, {"size", f.size}, {"xxh3", f.xxh3}});
+  std::time_t t = static_cast<std::time_t>(m.wall_time);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char iso[32];
+  std::strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return json{{"format", "grace-checkpoint"},
+              {"format_version", m.format_version},
+              {"step", m.step},
+              {"world_size", m.world_size},
+              {"run_id", m.run_id},
+              {"incarnation", m.incarnation},
+              {"kind", to_string(m.kind)},
+              {"wall_time", m.wall_time},
+              {"wall_time_utc", iso},
+              {"counters", m.counters},
+              {"metadata", m.metadata},
+              {"files", files}};
+}
+
+bool safe_file_name(const std::string& n) {
+  return !n.empty() && n != "." && n != ".." && n.find('/') == std::string::npos &&
+         n.find('\0') == std::string::npos;
+}
+
+result<checkpoint_manifest> manifest_from_json(const fs::path& p, const json& j) {
+  if (!j.is_object()) return invalid(p, "manifest is not a JSON object");
+  checkpoint_manifest m;
+  try {
+    auto need = [&](const char* k) -> const json* {
+      auto it = j.find(k);
+      return it == j.end() ? nullptr : &*it;
+    };
+    const json* v = need("format_version");
+    if (!v || !v->is_number_integer()) return invalid(p, "manifest has no format_version");
+    m.format_version = v->get<int>();
+    if (m.format_version < 1 || m.format_version > checkpoint_manifest::current_format_version)
+      return invalid(p, "unsupported manifest format_version " + std::to_string(m.format_version) +
+                            " (this build reads up to " +
+                            std::to_string(checkpoint_manifest::current_format_version) + ")");
+    if (!(v = need("step")) || !v->is_number_unsigned()) return invalid(p, "manifest has no step");
+    m.step = v->get<uint64_t>();
+    if ((v = need("world_size")) && v->is_number_integer()) m.world_size = v->get<int>();
+    if ((v = need("run_id")) && v->is_string()) m.run_id = v->get<std::string>();
+    if ((v = need("incarnation")) && v->is_number_unsigned()) m.incarnation = v->get<uint64_t>();
+    if (!(v = need("kind")) || !v->is_string() || !parse_checkpoint_kind(v->get<std::string>(), m.kind))
+      return invalid(p, "manifest has no valid kind");
+    if ((v = need("wall_time")) && v->is_number()) m.wall_time = v->get<double>();
+    if ((v = need("counters"))) {
+      if (!v->is_object()) return invalid(p, "manifest counters is not an object");
+      for (auto& [k, c] : v->items()) {
+        if (!c.is_number_integer()) return invalid(p, "manifest counter '" + k + "' is not an integer");
+        m.counters[k] = c.get<int64_t>();
+      }
+    }
+    if ((v = need("metadata"))) {
+      if (!v->is_object()) return invalid(p, "manifest metadata is not an object");
+      for (auto& [k, c] : v->items()) {
+        if (!c.is_string()) return invalid(p, "manifest metadata '" + k + "' is not a string");
+        m.metadata[k] = c.get<std::string>();
+      }
+    }
+    if (!(v = need("files")) || !v->is_array()) return invalid(p, "manifest has no files list");
+    for (auto& f : *v) {
+      if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("size") ||
+          !f["size"].is_number_unsigned() || !f.contains("xxh3") || !f["xxh3"].is_string())
+        return invalid(p, "manifest has a malformed files entry");
+      checkpoint_file cf{f["name"].get<std::string>(), f["size"].get<uint64_t>(), f["xxh3"].get<std::string>()};
+      if (!safe_file_name(cf.name)) return invalid(p, "manifest names an unsafe file '" + cf.name + "'");
+      m.files.push_back(std::move(cf));
+    }
+  } catch (const json::exception& e) {
+    return invalid(p, std::string("malformed manifest: ") + e.what());
+  }
+  return m;
+}
+
+/// "step-0000000120" -> 120. Only all-digit suffixes.
+bool parse_step_name(const std::string& name, uint64_t& step) {
+  if (name.rfind("step-", 0) != 0 || name.size() <= 5 || name.size() > 5 + 20) return false;
+  uint64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    char c = name[i];
+    if (c < '0' || c > '9') return false;
+    uint64_t d = static_cast<uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  step = v;
+  return true;
+}
+
+/// ".tmp-step-<N>-<pid>-<rand>" -> step, pid.
+bool parse_tmp_name(const std::string& name, uint64_t& step, long& pid) {
+  if (name.rfind(tmp_prefix, 0) != 0) return false;
+  unsigned long long s = 0;
+  long p = 0;
+  char rnd[64];
+  if (std::sscanf(name.c_str() + std::strlen(tmp_prefix), "%llu-%ld-%63s", &s, &p, rnd) != 3) return false;
+  step = s;
+  pid = p;
+  return true;
+}
+
+bool pid_alive(long pid) {
+  if (pid <= 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) == 0) return true;
+  return errno == EPERM;
+}
+
+bool is_active_temp(const fs::path& p) {
+  std::lock_guard<std::mutex> lk(active_mutex);
+  return active_temps.count(p.filename().string()) > 0;
+}
+
+/// Manifest present and parsable; every listed file present with its size.
+result<checkpoint_manifest> quick_check(const checkpoint_store& store, const fs::path& d) {
+  auto m = store.read_manifest(d);
+  if (!m) return m.err();
+  for (auto& f : m->files) {
+    std::error_code ec;
+    auto p = d / f.name;
+    auto st = fs::status(p, ec);
+    if (ec || !fs::is_regular_file(st)) return invalid(p, "missing");
+    auto sz = fs::file_size(p, ec);
+    if (ec) return invalid(p, "cannot stat: " + ec.message());
+    if (sz != f.size)
+      return invalid(p, "size " + std::to_string(sz) + " but the manifest says " + std::to_string(f.size) +
+                            " (truncated or partially written)");
+  }
+  return m;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+} // namespace
+
+const char* to_string(checkpoint_kind k) noexcept {
+  switch (k) {
+    case checkpoint_kind::preempt: return "preempt";
+    case checkpoint_kind::periodic: return "periodic";
+    case checkpoint_kind::final: return "final";
+    case checkpoint_kind::jit: return "jit";
+    case checkpoint_kind::manual: return "manual";
+  }
+  return "unknown";
+}
+
+bool parse_checkpoint_kind(const std::string& s, checkpoint_kind& out) noexcept {
+  for (auto k : {checkpoint_kind::preempt, checkpoint_kind::periodic, checkpoint_kind::final,
+                 checkpoint_kind::jit, checkpoint_kind::manual})
+    if (s == to_string(k)) { out = k; return true; }
+  return false;
+}
+
+checkpoint_store::checkpoint_store(fs::path dir, int keep_last)
+    : dir_(std::move(dir)), keep_last_(keep_last) {}
+
+fs::path checkpoint_store::step_path(uint64_t step) const {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%010" PRIu64, step);
+  return dir_ / buf;
+}
+
+result<save_stats> checkpoint_store::save(const std::vector<snapshot_tensor>& tensors,
+                                          const checkpoint_meta& meta) {
+  // Validate and lay out before touching the disk.
+  std::vector<safetensors::tensor_desc> descs;
+  descs.reserve(tensors.size());
+  std::set<std::string> names;
+  for (auto& t : tensors) {
+    if (t.bytes > 0 && !t.data)
+      return error{errc::invalid_input, "tensor '" + t.name + "' has no data"};
+    if (!names.insert(t.name).second)
+      return error{errc::invalid_input, "duplicate tensor name '" + t.name + "'"};
+    descs.push_back({t.name, t.type, t.shape, t.bytes});
+  }
+  // Shards: whole tensors, in order, at most shard_bytes_ each (a larger
+  // tensor gets a shard of its own).
+  std::vector<std::vector<size_t>> shards;
+  uint64_t cur = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (shards.empty() || (!shards.back().empty() && cur + tensors[i].bytes > shard_bytes_)) {
+      shards.emplace_back();
+      cur = 0;
+    }
+    shards.back().push_back(i);
+    cur += tensors[i].bytes;
+  }
+  if (shards.empty()) shards.emplace_back(); // an empty checkpoint still has one (empty) shard
+  std::vector<safetensors::encoded_header> headers;
+  std::vector<std::string> shard_names;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    std::vector<safetensors::tensor_desc> sd;
+    for (auto i : shards[s]) sd.push_back(descs[i]);
+    auto enc = safetensors::encode_header(sd, {{"format", "pt"}});
+    if (!enc) return enc.err();
+    headers.push_back(std::move(*enc));
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    shard_names.emplace_back(buf);
+  }
+
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) return error{errc::failed, dir_.string() + ": cannot create checkpoint directory: " + ec.message()};
+  remove_stale_temporaries();
+
+  std::random_device rd;
+  const std::string tmp_name = tmp_prefix + std::to_string(meta.step) + "-" + std::to_string(::getpid()) +
+                               "-" + hex64((uint64_t(rd()) << 32) ^ rd()).substr(8);
+  const fs::path tmp = dir_ / tmp_name;
+  {
+    std::lock_guard<std::mutex> lk(active_mutex);
+    active_temps.insert(tmp_name);
+  }
+  struct temp_guard {
+    fs::path p;
+    std::string name;
+    bool keep = false;
+    ~temp_guard() {
+      if (!keep) {
+        std::error_code e;
+        fs::remove_all(p, e);
+      }
+      std::lock_guard<std::mutex> lk(active_mutex);
+      active_temps.erase(name);
+    }
+  } guard{tmp, tmp_name};
+  if (::mkdir(tmp.c_str(), 0755) != 0)
+    return error{errc::failed, tmp.string() + ": cannot create: " + errno_str(errno)};
+
+  save_stats stats;
+  stats.step = meta.step;
+  auto fail = [&](const error& e) {
+    spdlog::error("checkpoint step {}: save failed: {}", meta.step, e.message);
+    return error{errc::failed, e.message};
+  };
+
+  // Shards, streamed straight from the caller's buffers.
+  uint64_t tensor_total = 0;
+  json weight_map = json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    hashed_file f;
+    auto t0 = std::chrono::steady_clock::now();
+    if (auto st = f.open(tmp / shard_names[s], headers[s].file_size); !st) return fail(st.err());
+    if (auto st = f.write(headers[s].bytes.data(), headers[s].bytes.size()); !st) return fail(st.err());
+    for (auto i : shards[s]) {
+      if (auto st = f.write(tensors[i].data, tensors[i].bytes); !st) return fail(st.err());
+      tensor_total += tensors[i].bytes;
+      weight_map[tensors[i].name] = shard_names[s];
+    }
+    stats.write_seconds += seconds_since(t0);
+    if (auto st = f.finish(stats.fsync_seconds); !st) return fail(st.err());
+    stats.files.push_back(f.entry());
+  }
+
+  json index = {{"metadata", {{"total_size", tensor_total}}}, {"weight_map", weight_map}};
+  auto idx = write_small(tmp / index_name, index.dump(2) + "\n", stats);
+  if (!idx) return fail(idx.err());
+  stats.files.push_back(*idx);
+
+  checkpoint_manifest m;
+  m.step = meta.step;
+  m.world_size = meta.world_size;
+  m.run_id = meta.run_id;
+  m.incarnation = meta.incarnation;
+  m.kind = meta.kind;
+  m.wall_time = now_unix();
+  m.counters = meta.counters;
+  m.metadata = meta.metadata;
+  m.files = stats.files;
+  // The manifest goes last: its presence means every file before it is complete.
+  auto man = write_small(tmp / manifest_name, manifest_to_json(m).dump(2) + "\n", stats);
+  if (!man) return fail(man.err());
+  {
+    auto t0 = std::chrono::steady_clock::now();
+    if (auto st = fsync_dir(tmp); !st) return fail(st.err());
+    stats.fsync_seconds += seconds_since(t0);
+  }
+  for (auto& f : stats.files) stats.total_bytes += f.size;
+  stats.total_bytes += man->size;
+
+  const fs::path final_path = step_path(meta.step);
+  if (fs::exists(fs::symlink_status(final_path, ec))) {
+    if (auto v = verify(final_path); v) {
+      spdlog::info("checkpoint step {}: {} already exists and verifies; discarding the new copy",
+                   meta.step, final_path.string());
+      auto existing = read_manifest(final_path);
+      stats.path = final_path;
+      stats.already_existed = true;
+      if (existing) {
+        stats.files = existing->files;
+        stats.total_bytes = existing->total_bytes();
+      }
+      return stats;
+    } else {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(std::time(nullptr)));
+      fs::path aside = final_path;
+      aside += std::string(corrupt_marker) + buf;
+      spdlog::warn("checkpoint step {}: existing {} is invalid ({}); moving it aside to {}", meta.step,
+                   final_path.string(), v.err().message, aside.string());
+      if (::rename(final_path.c_str(), aside.c_str()) != 0)
+        return fail(error{errc::failed, final_path.string() + ": cannot move invalid checkpoint aside: " +
+                                            errno_str(errno)});
+    }
+  }
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0)
+    return fail(error{errc::failed, tmp.string() + ": cannot rename to " + final_path.string() + ": " +
+                                        errno_str(errno)});
+  guard.keep = true;
+  {
+    auto t0 = std::chrono::steady_clock::now();
+    auto st = fsync_dir(dir_);
+    stats.fsync_seconds += seconds_since(t0);
+    if (!st) return fail(st.err());
+  }
+  stats.path = final_path;
+  spdlog::info("checkpoint step {} committed: {} ({} files, {} bytes, write {:.3f}s, fsync {:.3f}s)",
+               meta.step, final_path.string(), stats.files.size() + 1, stats.total_bytes,
+               stats.write_seconds, stats.fsync_seconds);
+  prune(meta.step);
+  return stats;
+}
+
+void checkpoint_store::prune(uint64_t committed_step) {
+  if (keep_last_ <= 0) return;
+  auto all = list();
+  std::vector<const checkpoint_info*> valid;
+  for (auto& c : all) {
+    if (c.temporary || c.set_aside) continue;
+    if (c.valid) {
+      valid.push_back(&c);
+    } else if (c.step < committed_step) {
+      spdlog::warn("checkpoint {}: invalid ({}); leaving it in place for inspection", c.path.string(),
+                   c.reason);
+    }
+  }
+  std::sort(valid.begin(), valid.end(),
+            [](const checkpoint_info* a, const checkpoint_info* b) { return a->step > b->step; });
+  for (size_t i = static_cast<size_t>(keep_last_); i < valid.size(); ++i) {
+    if (valid[i]->step >= committed_step) continue;
+    std::error_code ec;
+    fs::remove_all(valid[i]->path, ec);
+    if (ec)
+      spdlog::warn("checkpoint {}: cannot remove old checkpoint: {}", valid[i]->path.string(), ec.message());
+    else
+      spdlog::info("checkpoint {}: removed (keep_last={})", valid[i]->path.string(), keep_last_);
+  }
+}
+
+result<std::vector<checkpoint_info>> checkpoint_store::try_list() const {
+  std::vector<checkpoint_info> out;
+  std::error_code ec;
+  auto st = fs::status(dir_, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    return invalid(dir_, "cannot access checkpoint directory: " + ec.message());
+  if (!fs::exists(st)) return out;
+  if (!fs::is_directory(st)) return invalid(dir_, "not a directory");
+  // opendir/readdir rather than directory_iterator: errno gives the message.
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir_.c_str()), &::closedir);
+  if (!d) return invalid(dir_, "cannot read checkpoint directory: " + errno_str(errno));
+  std::vector<std::string> names;
+  errno = 0;
+  while (auto* e = ::readdir(d.get())) names.emplace_back(e->d_name);
+  if (errno) return invalid(dir_, "cannot read checkpoint directory: " + errno_str(errno));
+
+  for (auto& name : names) {
+    checkpoint_info info;
+    info.path = dir_ / name;
+    uint64_t step = 0;
+    long pid = 0;
+    if (parse_step_name(name, step)) {
+      info.step = step;
+      auto m = quick_check(*this, info.path);
+      if (m) {
+        info.valid = true;
+        info.kind = to_string(m->kind);
+        info.total_bytes = m->total_bytes();
+        if (m->step != step) {
+          info.valid = false;
+          info.reason = "manifest says step " + std::to_string(m->step);
+        }
+      } else {
+        info.reason = m.err().message;
+      }
+    } else if (name.rfind("step-", 0) == 0 && name.find(corrupt_marker) != std::string::npos) {
+      parse_step_name(name.substr(0, name.find(corrupt_marker)), info.step);
+      info.set_aside = true;
+      info.reason = "set aside as corrupt when a new checkpoint took its name";
+    } else if (parse_tmp_name(name, step, pid)) {
+      info.step = step;
+      info.temporary = true;
+      info.reason = std::string("leftover temporary from pid ") + std::to_string(pid) +
+                    (pid_alive(pid) ? " (still running or in progress)" : " (process gone)");
+    } else {
+      continue;
+    }
+    if (info.total_bytes == 0 && !info.temporary) {
+      // Sizes from the directory itself, for the listing.
+      for (auto it = fs::directory_iterator(info.path, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+        std::error_code e2;
+        auto sz = it->file_size(e2);
+        if (!e2) info.total_bytes += sz;
+      }
+    }
+    out.push_back(std::move(info));
+  }
+  std::sort(out.begin(), out.end(), [](const checkpoint_info& a, const checkpoint_info& b) {
+    return a.step != b.step ? a.step < b.step : a.path < b.path;
+  });
+  return out;
+}
+
+std::vector<checkpoint_info> checkpoint_store::list() const {
+  auto r = try_list();
+  if (!r) {
+    spdlog::warn("checkpoint list: {}", r.err().message);
+    return {};
+  }
+  return std::move(r).value();
+}
+
+result<checkpoint_manifest> checkpoint_store::read_manifest(const fs::path& step_dir) const {
+  auto p = step_dir / manifest_name;
+  auto j = read_json(p);
+  if (!j) {
+    if (j.err().message == p.string() + ": missing")
+      return invalid(p, "missing (checkpoint incomplete, or not a Grace checkpoint)");
+    return j.err();
+  }
+  return manifest_from_json(p, *j);
+}
+
+result<std::vector<stored_tensor>> checkpoint_store::read_tensors(const fs::path& step_dir) const {
+  auto m = read_manifest(step_dir);
+  if (!m) return m.err();
+  std::vector<stored_tensor> out;
+  for (auto& f : m->files) {
+    const std::string suffix = ".safetensors";
+    if (f.name.size() < suffix.size() || f.name.compare(f.name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    auto h = safetensors::read_header(step_dir / f.name);
+    if (!h) return h.err();
+    for (auto& t : h->tensors) out.push_back({t.name, t.type, t.shape, t.bytes(), f.name});
+  }
+  return out;
+}
+
+status checkpoint_store::verify(uint64_t step) const { return verify(step_path(step)); }
+
+status checkpoint_store::verify(const fs::path& step_dir) const {
+  auto m = read_manifest(step_dir);
+  if (!m) return m.err();
+  uint64_t name_step = 0;
+  if (parse_step_name(step_dir.filename().string(), name_step) && name_step != m->step)
+    return invalid(step_dir, "directory is step " + std::to_string(name_step) + " but the manifest says " +
+                                 std::to_string(m->step));
+  bool has_index = false;
+  std::set<std::string> listed;
+  for (auto& f : m->files) {
+    listed.insert(f.name);
+    auto p = step_dir / f.name;
+    std::error_code ec;
+    if (!fs::is_regular_file(fs::status(p, ec))) return invalid(p, "missing");
+    uint64_t size = 0;
+    auto sum = checksum_file(p, size);
+    if (!sum) return sum.err();
+    if (size != f.size)
+      return invalid(p, "size " + std::to_string(size) + " but the manifest says " + std::to_string(f.size) +
+                            " (truncated or partially written)");
+    if (*sum != f.xxh3)
+      return invalid(p, "checksum mismatch: xxh3 " + *sum + ", manifest says " + f.xxh3 + " (file corrupted)");
+    if (f.name == index_name) has_index = true;
+  }
+  // Structure: every shard parses, and the index agrees with the shards.
+  auto tensors = read_tensors(step_dir);
+  if (!tensors) return tensors.err();
+  if (has_index) {
+    auto ip = step_dir / index_name;
+    auto j = read_json(ip);
+    if (!j) return j.err();
+    auto wm = j->find("weight_map");
+    if (wm == j->end() || !wm->is_object()) return invalid(ip, "no weight_map object");
+    std::map<std::string, std::string> where;
+    for (auto& t : *tensors) where[t.name] = t.file;
+    for (auto& [name, file] : wm->items()) {
+      if (!file.is_string()) return invalid(ip, "weight_map entry '" + name + "' is not a string");
+      auto it = where.find(name);
+      if (it == where.end() || it->second != file.get<std::string>())
+        return invalid(ip, "weight_map says '" + name + "' is in " + file.get<std::string>() +
+                               ", which does not hold it");
+    }
+  }
+  return {};
+}
+
+result<restored_checkpoint> checkpoint_store::load(const fs::path& step_dir,
+                                                   const std::vector<tensor_ref>& into) const {
+  auto m = read_manifest(step_dir);
+  if (!m) return m.err();
+  struct located {
+    fs::path file;
+    const safetensors::header* h;
+    const safetensors::tensor_entry* e;
+  };
+  std::vector<std::pair<fs::path, safetensors::header>> headers;
+  headers.reserve(m->files.size());
+  for (auto& f : m->files) {
+    if (f.name.size() < 12 || f.name.compare(f.name.size() - 12, 12, ".safetensors") != 0) continue;
+    auto h = safetensors::read_header(step_dir / f.name);
+    if (!h) return h.err();
+    headers.emplace_back(step_dir / f.name, std::move(*h));
+  }
+  std::unordered_map<std::string, located> by_name;
+  for (auto& [p, h] : headers)
+    for (auto& e : h.tensors) by_name[e.name] = located{p, &h, &e};
+
+  // Check everything before writing a byte into the caller's memory, so a
+  // mismatch leaves the registered tensors untouched.
+  restored_checkpoint out;
+  std::set<std::string> registered;
+  for (auto& t : into) {
+    registered.insert(t.name);
+    auto it = by_name.find(t.name);
+    if (it == by_name.end())
+      return invalid(step_dir, "registered tensor '" + t.name + "' is missing from the checkpoint");
+    auto& e = *it->second.e;
+    if (e.type != t.type || e.shape != t.shape)
+      return invalid(step_dir, "tensor '" + t.name + "': expected " + dtype_name(t.type) + " " +
+                                   shape_str(t.shape) + ", checkpoint has " + dtype_name(e.type) + " " +
+                                   shape_str(e.shape));
+    if (t.memory == memory_kind::device)
+      return error{errc::failed, "tensor '" + t.name + "': device tensors need the CUDA backend"};
+    if (!t.data && e.bytes() > 0)
+      return error{errc::invalid_input, "tensor '" + t.name + "' has no host memory to restore into"};
+  }
+  for (auto& t : into) {
+    auto& l = by_name.at(t.name);
+    if (auto st = safetensors::read_tensor(l.file, *l.h, *l.e, t.data); !st) return st.err();
+    out.loaded.push_back(t.name);
+  }
+  for (auto& [name, l] : by_name)
+    if (!registered.count(name)) out.unregistered.push_back(name);
+  std::sort(out.unregistered.begin(), out.unregistered.end());
+  out.found = true;
+  out.path = step_dir;
+  out.manifest = std::move(*m);
+  return out;
+}
+
+result<restored_checkpoint> checkpoint_store::restore_latest(const std::vector<tensor_ref>& into) const {
+  auto all = try_list();
+  if (!all) return all.err();
+  std::vector<skipped_checkpoint> skipped;
+  for (auto it = all->rbegin(); it != all->rend(); ++it) {
+    if (it->temporary || it->set_aside) continue;
+    auto v = verify(it->path);
+    if (!v) {
+      spdlog::warn("checkpoint {}: skipped on restore: {}", it->path.string(), v.err().message);
+      skipped.push_back({it->step, it->path, v.err().message});
+      continue;
+    }
+    auto r = load(it->path, into);
+    if (!r) return r.err();
+    r->skipped = std::move(skipped);
+    spdlog::info("restored checkpoint step {} from {} ({} tensors, {} unregistered ignored, {} newer skipped)",
+                 r->manifest.step, r->path.string(), r->loaded.size(), r->unregistered.size(),
+                 r->skipped.size());
+    return r;
+  }
+  if (!skipped.empty())
+    spdlog::error("checkpoint directory {}: {} checkpoint(s) present but none verifies; starting fresh",
+                  dir_.string(), skipped.size());
+  restored_checkpoint none;
+  none.skipped = std::move(skipped);
+  return none;
+}
+
+result<restored_checkpoint> checkpoint_store::restore(uint64_t step, const std::vector<tensor_ref>& into) const {
+  auto p = step_path(step);
+  std::error_code ec;
+  if (!fs::exists(p, ec)) return invalid(p, "no checkpoint for step " + std::to_string(step));
+  if (auto v = verify(p); !v) return v.err();
+  return load(p, into);
+}
+
+std::vector<fs::path> checkpoint_store::stale_temporaries() const {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    auto name = it->path().filename().string();
+    uint64_t step = 0;
+    long pid = 0;
+    if (!parse_tmp_name(name, step, pid)) continue;
+    bool ours = pid == static_cast<long>(::getpid());
+    if (ours ? !is_active_temp(it->path()) : !pid_alive(pid)) out.push_back(it->path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void checkpoint_store::remove_stale_temporaries() {
+  for (auto& p : stale_temporaries()) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+    if (ec)
+      spdlog::warn("checkpoint: cannot remove stale temporary {}: {}", p.string(), ec.message());
+    else
+      spdlog::warn("checkpoint: removed stale temporary {} left by a crashed writer", p.string());
+  }
+}
+
+} // namespace grace

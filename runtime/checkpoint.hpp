@@ -1,0 +1,180 @@
+#pragma once
+/// The checkpoint directory format and store.
+///
+/// Layout of one checkpoint (`<dir>/step-0000000120/`):
+///   model-00001-of-0000K.safetensors   shards, whole tensors, <= shard_bytes each
+///   model.safetensors.index.json       Hugging Face sharded index
+///   grace-manifest.json                written last: step, kind, counters,
+///                                      metadata, and size + xxh3-64 of every file
+///
+/// A checkpoint is committed atomically: everything is written and fsynced in
+/// `<dir>/.tmp-step-<N>-<pid>-<rand>/`, which is renamed to `step-<N>` and the
+/// parent fsynced. A reader therefore sees either nothing or a complete
+/// directory; what can still go wrong (bit rot, a truncating copy, a manual
+/// edit) is caught by the manifest checksums, and restore falls back to the
+/// previous checkpoint. Nothing on disk is ever deleted because it looks
+/// corrupt: corrupt checkpoints are skipped, reported and left (or renamed
+/// aside when a new one takes their name).
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/error.hpp"
+#include "runtime/snapshot.hpp"
+#include "runtime/tensor.hpp"
+
+namespace grace {
+
+/// Why a checkpoint was taken (restart policy and tooling read this).
+enum class checkpoint_kind : uint8_t { preempt, periodic, final, jit, manual };
+const char* to_string(checkpoint_kind k) noexcept;
+bool parse_checkpoint_kind(const std::string& s, checkpoint_kind& out) noexcept;
+
+/// What the caller knows about a checkpoint besides the tensors.
+struct checkpoint_meta {
+  uint64_t step = 0;
+  int world_size = 1;
+  std::string run_id;
+  uint64_t incarnation = 0;
+  checkpoint_kind kind = checkpoint_kind::periodic;
+  std::map<std::string, int64_t> counters;    ///< e.g. samples seen, rng offset
+  std::map<std::string, std::string> metadata; ///< free-form user metadata
+};
+
+/// One file of a checkpoint as recorded in the manifest.
+struct checkpoint_file {
+  std::string name;
+  uint64_t size = 0;
+  std::string xxh3; ///< xxh3-64 of the full contents, 16 lowercase hex digits
+};
+
+/// The contents of `grace-manifest.json`.
+struct checkpoint_manifest {
+  static constexpr int current_format_version = 1;
+  int format_version = current_format_version;
+  uint64_t step = 0;
+  int world_size = 1;
+  std::string run_id;
+  uint64_t incarnation = 0;
+  checkpoint_kind kind = checkpoint_kind::periodic;
+  double wall_time = 0; ///< seconds since the Unix epoch at commit
+  std::map<std::string, int64_t> counters;
+  std::map<std::string, std::string> metadata;
+  std::vector<checkpoint_file> files;
+  uint64_t total_bytes() const noexcept {
+    uint64_t n = 0;
+    for (auto& f : files) n += f.size;
+    return n;
+  }
+};
+
+/// What a save did, for logs and metrics.
+struct save_stats {
+  uint64_t step = 0;
+  std::filesystem::path path;
+  std::vector<checkpoint_file> files; ///< with checksums
+  uint64_t total_bytes = 0;
+  double write_seconds = 0; ///< writing and checksumming
+  double fsync_seconds = 0; ///< fsync of files and directories
+  bool already_existed = false; ///< a valid step-N was there; ours was discarded
+};
+
+/// One entry of `checkpoint_store::list`.
+struct checkpoint_info {
+  uint64_t step = 0;
+  std::filesystem::path path;
+  std::string kind;        ///< from the manifest; empty when unreadable
+  uint64_t total_bytes = 0;
+  bool valid = false;      ///< quick check: manifest parses, files present with right sizes
+  std::string reason;      ///< why not valid
+  bool temporary = false;  ///< a leftover `.tmp-*` directory
+  bool set_aside = false;  ///< a `step-N.corrupt-*` directory
+};
+
+/// A checkpoint that restore passed over, and why.
+struct skipped_checkpoint {
+  uint64_t step = 0;
+  std::filesystem::path path;
+  std::string reason;
+};
+
+/// The outcome of a restore.
+struct restored_checkpoint {
+  bool found = false; ///< false: no usable checkpoint (fresh start), not an error
+  std::filesystem::path path;
+  checkpoint_manifest manifest;
+  std::vector<std::string> loaded;     ///< registered tensors filled in
+  std::vector<std::string> unregistered; ///< in the checkpoint but not registered: ignored
+  std::vector<skipped_checkpoint> skipped; ///< newer checkpoints that failed verification
+};
+
+/// A tensor as stored in a checkpoint (for tools).
+struct stored_tensor {
+  std::string name;
+  dtype type = dtype::f32;
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;
+  std::string file;
+};
+
+/// Saves, lists, verifies and restores checkpoints under one directory.
+/// Methods may be called from any thread but are not synchronised with each
+/// other: one writer (see `checkpoint_writer`) plus readers of other steps.
+class checkpoint_store {
+public:
+  static constexpr uint64_t default_shard_bytes = 1ull << 30;
+
+  /// `keep_last`: how many valid checkpoints to keep after a save (<= 0: all).
+  explicit checkpoint_store(std::filesystem::path dir, int keep_last = 3);
+
+  const std::filesystem::path& dir() const noexcept { return dir_; }
+  /// Upper bound for one shard (a single larger tensor gets its own shard).
+  void set_shard_bytes(uint64_t b) noexcept { shard_bytes_ = b ? b : 1; }
+  uint64_t shard_bytes() const noexcept { return shard_bytes_; }
+
+  /// Writes and atomically commits `step-<meta.step>`, then prunes old ones.
+  /// The tensors' bytes must not change until it returns.
+  result<save_stats> save(const std::vector<snapshot_tensor>& tensors, const checkpoint_meta& meta);
+
+  /// Every `step-*` and leftover `.tmp-*` directory, oldest first, with a
+  /// quick validity check (no checksums). Empty if the directory is missing.
+  std::vector<checkpoint_info> list() const;
+  /// As `list`, but an unreadable directory is an error.
+  result<std::vector<checkpoint_info>> try_list() const;
+
+  /// Full check, every checksum included.
+  status verify(uint64_t step) const;
+  status verify(const std::filesystem::path& step_dir) const;
+
+  /// Restores the newest checkpoint that verifies into `into` (host memory).
+  result<restored_checkpoint> restore_latest(const std::vector<tensor_ref>& into) const;
+  /// Restores one specific step (it must verify).
+  result<restored_checkpoint> restore(uint64_t step, const std::vector<tensor_ref>& into) const;
+
+  /// Parses `grace-manifest.json` of a step directory.
+  result<checkpoint_manifest> read_manifest(const std::filesystem::path& step_dir) const;
+  /// Tensors of a step directory, from the index and shard headers.
+  result<std::vector<stored_tensor>> read_tensors(const std::filesystem::path& step_dir) const;
+
+  /// `.tmp-*` directories left by processes that are gone.
+  std::vector<std::filesystem::path> stale_temporaries() const;
+  /// Removes them, logging each (save does this first).
+  void remove_stale_temporaries();
+
+  /// `<dir>/step-<10-digit N>`.
+  std::filesystem::path step_path(uint64_t step) const;
+
+private:
+  result<restored_checkpoint> load(const std::filesystem::path& step_dir,
+                                   const std::vector<tensor_ref>& into) const;
+  void prune(uint64_t committed_step);
+
+  std::filesystem::path dir_;
+  int keep_last_;
+  uint64_t shard_bytes_ = default_shard_bytes;
+};
+
+} // namespace grace

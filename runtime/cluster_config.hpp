@@ -1,0 +1,42 @@
+#pragma once
+/// Where a worker learns its cluster: the launcher's GRACE_* variables, a
+/// TensorFlow-style TF_CONFIG, or `--workers host:port,... --index i`.
+
+#include "runtime/error.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace grace {
+
+struct cluster_config {
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t local_rank = 0;
+  std::string coordinator_host; ///< empty: local mode (one worker, no coordinator)
+  uint16_t coordinator_port = 0;
+  std::string run_id = "local";
+  uint32_t incarnation = 0;
+  std::string token;
+  std::string source = "default"; ///< "GRACE_*", "TF_CONFIG", "--workers", "default"
+  bool is_chief() const noexcept { return rank == 0; }
+  bool local_mode() const noexcept { return world_size == 1 && coordinator_host.empty(); }
+};
+
+/// Parses "host:port" (IPv4 name or address; port 1..65535).
+result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s);
+
+/// From explicit flags. `workers` is the comma-separated list; index -1 means
+/// "not given" (an error when there is more than one worker). The first
+/// worker's address hosts the coordination service.
+result<cluster_config> cluster_from_workers(const std::string& workers, int index);
+
+/// From a TF_CONFIG JSON document: {"cluster":{"worker":[...]},"task":{"type":"worker","index":i}}.
+result<cluster_config> cluster_from_tf_config(const std::string& json);
+
+/// From the environment: GRACE_* (set by grace-launch) first, then TF_CONFIG;
+/// neither: one worker in local mode.
+result<cluster_config> cluster_from_environment();
+
+} // namespace grace

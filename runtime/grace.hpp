@@ -1,0 +1,124 @@
+#pragma once
+/// Grace's embedding API: a research trainer wraps its step function.
+///
+///   grace::session g(opts);
+///   g.register_tensor({"w", grace::dtype::f32, {n}, w.data()});
+///   auto start = g.attach();                     // join, restore
+///   for (uint64_t s = *start + 1; s <= steps; ++s)
+///     if (g.run([&](uint64_t step) { train_step(step); }) == grace::step_result::stop)
+///       return g.exit_code();                    // 42: restart me
+///   g.finish();
+///
+/// No CAF in this header: the actors live behind the pimpl.
+
+#include "runtime/cluster_config.hpp"
+#include "runtime/error.hpp"
+#include "runtime/exit_codes.hpp"
+#include "runtime/tensor.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace gloo::rendezvous { class Store; }
+namespace spdlog { class logger; }
+
+namespace grace {
+
+struct options {
+  std::string checkpoint_dir = "grace-checkpoints";
+  int keep_last = 3;                      ///< checkpoints kept (older deleted after a newer commit)
+  int restart_exit_code = exit_code::restart;
+  uint64_t save_every_steps = 0;          ///< periodic backup (0: off)
+  double save_every_seconds = 0;          ///< periodic backup by time (0: off)
+  bool keep_checkpoints_on_success = false; ///< finish() keeps backups (else only the final one)
+  // notices
+  std::string notice_file;                ///< a file whose appearance is a notice
+  std::string notice_command;             ///< a command whose exit 0 is a notice
+  std::function<bool()> notice_callback;  ///< polled; true is a notice
+  std::chrono::milliseconds poll_interval{1000};
+  std::chrono::milliseconds grace_period{0}; ///< time from notice to kill (0: none)
+  double margin_factor = 1.5;             ///< final-save margin = factor * (p95 step + p95 save)
+  // behaviour
+  bool throw_on_stop = false;             ///< run() throws grace::stop_requested instead of returning stop
+  std::chrono::milliseconds wait_timeout{60000}; ///< longest wait at a step boundary
+  std::chrono::milliseconds heartbeat{200};
+  std::chrono::milliseconds dead_after{3000}; ///< coordinator's failure verdict (local/--workers modes)
+  std::optional<cluster_config> cluster;  ///< default: from the environment
+  std::shared_ptr<spdlog::logger> log;
+};
+
+enum class step_result { ok, stop };
+
+/// Thrown by run() when options::throw_on_stop is set; exit with code().
+class stop_requested : public std::runtime_error {
+public:
+  stop_requested(int code, const std::string& why) : std::runtime_error(why), code_(code) {}
+  int code() const noexcept { return code_; }
+private:
+  int code_;
+};
+
+/// Thrown by a step function when a collective failed (errc::disconnected
+/// for a lost peer or an abort): Grace then waits for the coordinator's
+/// verdict instead of reporting a bug.
+class step_failure : public std::runtime_error {
+public:
+  explicit step_failure(error e) : std::runtime_error(e.what()), err_(std::move(e)) {}
+  const error& err() const noexcept { return err_; }
+private:
+  error err_;
+};
+
+class session {
+public:
+  explicit session(options opts = {});
+  ~session();
+  session(const session&) = delete;
+  session& operator=(const session&) = delete;
+
+  /// Registers state to checkpoint (before attach()). Host memory.
+  void register_tensor(tensor_ref t);
+  /// Registers a counter saved in the manifest (epoch, samples seen...).
+  void register_counter(const std::string& name, int64_t* value);
+
+  /// Joins the cluster, restores the newest valid checkpoint (if any) and
+  /// returns the number of completed steps: resume at the next one.
+  result<uint64_t> attach();
+
+  /// Runs step `completed_steps() + 1` with preemption handling.
+  step_result run(const std::function<void(uint64_t step)>& fn);
+
+  /// After the last step: final checkpoint, backup cleanup, leave.
+  status finish();
+
+  /// Exit code for main when run() returned stop (or 0 after finish()).
+  int exit_code() const;
+  std::string stop_reason() const;
+
+  uint32_t rank() const;
+  uint32_t world_size() const;
+  bool is_chief() const;
+  uint64_t completed_steps() const;
+  const cluster_config& cluster() const;
+
+  /// Rendezvous for the trainer's collectives (Gloo store; NCCL id exchange);
+  /// its keys are under rendezvous_prefix(), fresh for each incarnation.
+  std::shared_ptr<gloo::rendezvous::Store> rendezvous_store();
+  std::string rendezvous_prefix() const;
+  /// Called from outside the trainer thread to abort a collective stuck on a
+  /// lost peer (close the Gloo context, ncclCommAbort).
+  void set_abort_handler(std::function<void()> f);
+  /// A notice from code (tests, or a trainer's own watcher).
+  void notify(const std::string& detail);
+
+private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+} // namespace grace

@@ -1,0 +1,320 @@
+#include "runtime/launcher.hpp"
+
+#include "actors/coordinator.hpp"
+#include "actors/signal_watcher.hpp"
+#include "runtime/agreement.hpp"
+#include "runtime/cluster_config.hpp"
+#include "runtime/events.hpp"
+#include "runtime/exit_codes.hpp"
+#include "runtime/system.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <poll.h>
+#include <random>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+namespace grace {
+
+namespace {
+
+std::string random_hex(int bytes) {
+  std::random_device rd;
+  std::string s;
+  static const char* hex = "0123456789abcdef";
+  for (int i = 0; i < bytes; ++i) {
+    auto v = rd() & 0xff;
+    s += hex[v >> 4];
+    s += hex[v & 15];
+  }
+  return s;
+}
+
+struct worker_proc {
+  pid_t pid = -1;
+  int rank = 0;
+  bool exited = false;
+  int code = 0;   ///< exit code, or 128 + signal
+  int signal = 0;
+};
+
+std::string describe(const worker_proc& w) {
+  if (w.signal) return "killed by signal " + std::to_string(w.signal) + " (" + strsignal(w.signal) + ")";
+  return "exit code " + std::to_string(w.code);
+}
+
+pid_t spawn_worker(const launch_options& o, const std::map<std::string, std::string>& env) {
+  pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  // Child: own process group (a terminal's Ctrl-C reaches the launcher,
+  // which forwards it as one notice), default signal dispositions.
+  ::setpgid(0, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::signal(SIGTERM, SIG_DFL);
+  ::signal(SIGINT, SIG_DFL);
+  for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+  std::vector<char*> argv;
+  for (auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  std::fprintf(stderr, "grace-launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
+  ::_exit(127);
+}
+
+void write_reason(const launch_options& o, int code, const std::string& reason, int restarts) {
+  if (o.checkpoint_dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(o.checkpoint_dir, ec);
+  auto path = std::filesystem::path(o.checkpoint_dir) / "grace-exit.json";
+  auto tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << nlohmann::json{{"exit_code", code}, {"reason", reason}, {"restarts", restarts},
+                        {"node_rank", o.node_rank}, {"run_id", o.run_id}, {"time_ns", wall_ns()}}
+             .dump(2)
+      << "\n";
+  }
+  std::filesystem::rename(tmp, path, ec);
+}
+
+} // namespace
+
+int run_launcher(const launch_options& in) {
+  launch_options o = in;
+  if (o.command.empty()) {
+    spdlog::error("grace-launch: no program given (grace-launch --nproc N -- PROGRAM ARGS...)");
+    return exit_code::usage;
+  }
+  if (o.nproc < 1 || o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes) {
+    spdlog::error("grace-launch: need --nproc >= 1 and 0 <= --node-rank < --nnodes");
+    return exit_code::usage;
+  }
+  if (o.nnodes > 1 && o.coordinator.empty()) {
+    spdlog::error("grace-launch: --nnodes > 1 needs --coordinator host:port (node 0's address)");
+    return exit_code::usage;
+  }
+  if (o.nnodes > 1 && o.run_id.empty()) {
+    spdlog::error("grace-launch: --nnodes > 1 needs the same --run-id on every node");
+    return exit_code::usage;
+  }
+  if (o.run_id.empty()) o.run_id = random_hex(6);
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  if (!o.coordinator.empty()) {
+    auto hp = parse_host_port(o.coordinator);
+    if (!hp) {
+      spdlog::error("grace-launch: --coordinator: {}", hp.err().message);
+      return exit_code::usage;
+    }
+    host = hp->first;
+    port = hp->second;
+  }
+  const uint32_t world = static_cast<uint32_t>(o.nproc * o.nnodes);
+  // The token must be the same on every node: derive it from the run id
+  // unless GRACE_TOKEN is set (then every node must set the same).
+  std::string token = std::getenv("GRACE_TOKEN") ? std::getenv("GRACE_TOKEN") : "tok-" + o.run_id;
+
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &set, nullptr);
+  int sfd = ::signalfd(-1, &set, SFD_CLOEXEC);
+
+  system_options so;
+  actor_runtime rt(so);
+  auto& sys = rt.sys();
+  coordinator_actor coord;
+  uint32_t incarnation = 0;
+  if (const char* inc = std::getenv("GRACE_INCARNATION")) incarnation = static_cast<uint32_t>(std::atoi(inc));
+  if (o.node_rank == 0) {
+    coordinator_config cc;
+    cc.world_size = world;
+    cc.run_id = o.run_id;
+    cc.token = token;
+    cc.incarnation = incarnation;
+    cc.dead_after = o.dead_after;
+    coord = spawn_coordinator(sys, cc);
+    auto p = sys.middleman().publish(coord, port, host.c_str(), true);
+    if (!p) {
+      spdlog::error("grace-launch: cannot host the coordination service on {}:{}: {}", host, port,
+                    sys.render(p.error()));
+      caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+      return exit_code::usage;
+    }
+    port = *p;
+  } else {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (;;) {
+      auto h = sys.middleman().remote_actor<coordinator_actor>(host, port);
+      if (h) { coord = *h; break; }
+      if (std::chrono::steady_clock::now() > deadline) {
+        spdlog::error("grace-launch: cannot reach the coordination service at {}:{}: {}", host, port,
+                      sys.render(h.error()));
+        return exit_code::usage;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+  set_event_identity(launcher_rank, incarnation);
+  auto say = [&](const std::string& line) {
+    if (!o.quiet) std::fprintf(stderr, "[grace-launch] %s\n", line.c_str());
+    emit_event("launcher", {{"message", line}});
+  };
+  say("coordination service on " + host + ":" + std::to_string(port) + ", run " + o.run_id + ", " +
+      std::to_string(world) + " workers (" + std::to_string(o.nproc) + " on this node)");
+
+  int restarts = 0;
+  bool notice_forwarded = false;
+  int final_code = exit_code::success;
+  std::string final_reason;
+  for (;;) {
+    if (o.node_rank == 0) {
+      caf::scoped_actor self{sys};
+      self->request(coord, std::chrono::seconds(10), incarnation_atom::value, incarnation)
+        .receive([](uint32_t) {}, [&](caf::error& e) { spdlog::warn("incarnation: {}", sys.render(e)); });
+    }
+    set_event_identity(launcher_rank, incarnation);
+    std::vector<worker_proc> workers(o.nproc);
+    for (int i = 0; i < o.nproc; ++i) {
+      int rank = o.node_rank * o.nproc + i;
+      std::map<std::string, std::string> env{
+        {"GRACE_RANK", std::to_string(rank)},
+        {"GRACE_LOCAL_RANK", std::to_string(i)},
+        {"GRACE_WORLD_SIZE", std::to_string(world)},
+        {"GRACE_COORDINATOR", host + ":" + std::to_string(port)},
+        {"GRACE_RUN_ID", o.run_id},
+        {"GRACE_TOKEN", token},
+        {"GRACE_INCARNATION", std::to_string(incarnation)},
+        {"GRACE_RESTART_CODE", std::to_string(o.restart_code)},
+      };
+      if (!o.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o.checkpoint_dir;
+      workers[i].rank = rank;
+      workers[i].pid = spawn_worker(o, env);
+      if (workers[i].pid < 0) {
+        spdlog::error("grace-launch: fork failed: {}", std::strerror(errno));
+        return exit_code::unhealthy;
+      }
+    }
+    emit_event("group_started", {{"incarnation", incarnation}, {"workers", o.nproc}});
+
+    // Wait for the group; decide on the first exit that is not success.
+    std::optional<std::chrono::steady_clock::time_point> kill_at;
+    std::string cause;
+    bool fatal = false, restart = false, usage = false;
+    int live = o.nproc;
+    while (live > 0) {
+      int timeout_ms = 200;
+      pollfd pfd{sfd, POLLIN, 0};
+      int pr = ::poll(&pfd, 1, timeout_ms);
+      if (pr > 0) {
+        signalfd_siginfo si;
+        while (::read(sfd, &si, sizeof(si)) == sizeof(si)) {
+          if (si.ssi_signo == SIGCHLD) continue;
+          if (notice_forwarded) {
+            say(std::string(strsignal(si.ssi_signo)) + " again: stopping workers now");
+            for (auto& w : workers) if (!w.exited) ::kill(w.pid, SIGKILL);
+            continue;
+          }
+          notice_forwarded = true;
+          int64_t deadline = o.grace_period.count() > 0
+                                 ? wall_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(o.grace_period).count()
+                                 : 0;
+          say(std::string("received ") + strsignal(si.ssi_signo) + ": forwarding a notice to the workers" +
+              (deadline ? " (grace period " + std::to_string(o.grace_period.count()) + " ms)" : ""));
+          caf::anon_send(coord, make<proto::Claim>([&](auto b) {
+            auto n = b.initNotice();
+            n.setRank(launcher_rank); n.setSource(proto::NoticeSource::LAUNCHER);
+            n.setDetail(std::string("launcher received ") + strsignal(si.ssi_signo));
+            n.setReceivedNs(wall_ns()); n.setDeadlineNs(deadline);
+            b.setStartedStep(0);
+          }));
+        }
+      }
+      int status = 0;
+      pid_t pid;
+      while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+        for (auto& w : workers) {
+          if (w.pid != pid || w.exited) continue;
+          w.exited = true;
+          --live;
+          if (WIFEXITED(status)) w.code = WEXITSTATUS(status);
+          else if (WIFSIGNALED(status)) { w.signal = WTERMSIG(status); w.code = 128 + w.signal; }
+          emit_event("worker_exit", {{"worker_rank", w.rank}, {"code", w.code}, {"signal", w.signal}});
+          if (w.code == 0) break;
+          if (cause.empty()) cause = "rank " + std::to_string(w.rank) + " " + describe(w);
+          if (w.code == o.restart_code || w.signal) {
+            restart = true;
+          } else {
+            fatal = true;
+            if (w.code == exit_code::usage) usage = true;
+          }
+          if (!kill_at) kill_at = std::chrono::steady_clock::now() + (fatal ? std::chrono::milliseconds(10000) : o.exit_timeout);
+        }
+      }
+      if (kill_at && std::chrono::steady_clock::now() > *kill_at) {
+        for (auto& w : workers)
+          if (!w.exited) {
+            say("rank " + std::to_string(w.rank) + " did not exit in time: killing it");
+            ::kill(w.pid, SIGKILL);
+          }
+        kill_at = std::chrono::steady_clock::now() + std::chrono::hours(1);
+      }
+    }
+    if (fatal) {
+      final_code = usage ? exit_code::usage : exit_code::fatal;
+      final_reason = "fatal error, not restarting: " + cause;
+      break;
+    }
+    if (!restart) {
+      if (notice_forwarded) {
+        final_code = exit_code::success;
+        final_reason = "all workers finished (a notice arrived at the very end)";
+      } else {
+        final_code = exit_code::success;
+        final_reason = "all " + std::to_string(o.nproc) + " workers finished";
+      }
+      break;
+    }
+    if (notice_forwarded) {
+      final_code = o.restart_code;
+      final_reason = "preempted: workers saved and exited; restart this job to resume";
+      break;
+    }
+    if (restarts >= o.max_restarts) {
+      final_code = exit_code::no_progress;
+      final_reason = "restarts exhausted (" + std::to_string(o.max_restarts) + "), last cause: " + cause;
+      break;
+    }
+    ++restarts;
+    ++incarnation;
+    say("restart " + std::to_string(restarts) + "/" + std::to_string(o.max_restarts) + " (incarnation " +
+        std::to_string(incarnation) + "): " + cause);
+  }
+  say("exit " + std::to_string(final_code) + ": " + final_reason);
+  write_reason(o, final_code, final_reason, restarts);
+  if (o.node_rank == 0) caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+  ::close(sfd);
+  return final_code;
+}
+
+} // namespace grace

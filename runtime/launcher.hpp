@@ -1,0 +1,33 @@
+#pragma once
+/// grace-launch: hosts the coordination service (it outlives worker
+/// restarts), starts the local workers with their GRACE_* environment,
+/// restarts the group on the restart code, forwards SIGTERM/SIGINT as a
+/// notice, and exits with a code that says why (runtime/exit_codes.hpp).
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace grace {
+
+struct launch_options {
+  int nproc = 1;                      ///< workers on this node
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string coordinator;            ///< host:port (multi-node); default 127.0.0.1, any free port
+  int max_restarts = 3;
+  int restart_code = 42;
+  std::string run_id;                 ///< default: random
+  std::string checkpoint_dir;         ///< exported as GRACE_CHECKPOINT_DIR; reason file goes there
+  std::chrono::milliseconds grace_period{0}; ///< deadline carried by a forwarded notice
+  std::chrono::milliseconds exit_timeout{60000}; ///< wait for the rest after one exits
+  std::chrono::milliseconds dead_after{3000};
+  std::vector<std::string> command;
+  bool quiet = false;
+};
+
+/// Runs the job; returns the launcher's exit code.
+int run_launcher(const launch_options& opts);
+
+} // namespace grace

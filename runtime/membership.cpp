@@ -1,0 +1,78 @@
+#include "runtime/membership.hpp"
+
+#include <algorithm>
+
+namespace grace {
+
+const char* to_string(verdict v) noexcept {
+  switch (v) {
+    case verdict::healthy: return "healthy";
+    case verdict::slow: return "slow";
+    case verdict::hung: return "hung";
+    case verdict::dead: return "dead";
+  }
+  return "?";
+}
+
+void membership::add(uint32_t rank, int64_t now_ns, uint64_t completed) {
+  members_[rank] = state{now_ns, now_ns, completed, 0, false};
+}
+
+void membership::remove(uint32_t rank) { members_.erase(rank); }
+
+void membership::heartbeat(uint32_t rank, int64_t now_ns, uint64_t completed, int64_t last_step_ns) {
+  auto it = members_.find(rank);
+  if (it == members_.end()) return;
+  auto& s = it->second;
+  s.last_seen = now_ns;
+  if (completed != s.completed) s.last_progress = now_ns;
+  s.completed = completed;
+  s.last_step_ns = last_step_ns;
+}
+
+uint64_t membership::completed(uint32_t rank) const {
+  auto it = members_.find(rank);
+  return it == members_.end() ? 0 : it->second.completed;
+}
+
+std::vector<member_verdict> membership::check(int64_t now_ns) {
+  std::vector<member_verdict> out;
+  std::vector<int64_t> step_times;
+  for (auto& [r, s] : members_) {
+    if (s.last_step_ns > 0) step_times.push_back(s.last_step_ns);
+  }
+  int64_t median = 0;
+  if (!step_times.empty()) {
+    std::nth_element(step_times.begin(), step_times.begin() + step_times.size() / 2, step_times.end());
+    median = step_times[step_times.size() / 2];
+  }
+  for (auto it = members_.begin(); it != members_.end();) {
+    auto r = it->first;
+    auto& s = it->second;
+    if (now_ns - s.last_seen > cfg_.dead_after_ns) {
+      out.push_back({r, verdict::dead, s.completed,
+                     "no heartbeat for " + std::to_string((now_ns - s.last_seen) / 1'000'000) + " ms"});
+      it = members_.erase(it);
+      continue;
+    }
+    // Hung: heartbeats arrive (the process lives) but the completed step
+    // has not moved for longer than the timeout.
+    if (!paused_ && cfg_.hung_after_ns > 0 && now_ns - s.last_progress > cfg_.hung_after_ns) {
+      out.push_back({r, verdict::hung, s.completed,
+                     "no progress for " + std::to_string((now_ns - s.last_progress) / 1'000'000) +
+                         " ms at step " + std::to_string(s.completed)});
+      it = members_.erase(it);
+      continue;
+    }
+    bool slow = median > 0 && s.last_step_ns > cfg_.slow_factor * double(median);
+    if (slow && !s.slow)
+      out.push_back({r, verdict::slow, s.completed,
+                     "step time " + std::to_string(s.last_step_ns / 1000) + " us vs median " +
+                         std::to_string(median / 1000) + " us"});
+    s.slow = slow;
+    ++it;
+  }
+  return out;
+}
+
+} // namespace grace

@@ -1,0 +1,165 @@
+#include "runtime/snapshot.hpp"
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/checkpoint.hpp"
+
+namespace grace {
+
+namespace {
+constexpr size_t page = 4096;
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+  return r + "]";
+}
+} // namespace
+
+snapshot_buffers::snapshot_buffers(const std::vector<tensor_ref>& layout) {
+  size_t off = 0;
+  for (auto& t : layout) {
+    size_t b = t.bytes();
+    slots_.push_back({t.name, t.type, t.shape, b, off});
+    off += round_up(b ? b : 1, alignment);
+    total_bytes_ += b;
+  }
+  capacity_ = off ? off : alignment;
+  void* p = nullptr;
+  if (::posix_memalign(&p, alignment, capacity_) != 0) throw std::bad_alloc();
+  base_ = static_cast<unsigned char*>(p);
+  // Fault every page in now (one write per page, then a memset to settle
+  // the contents) so captures never pay for page faults.
+  for (size_t i = 0; i < capacity_; i += page) base_[i] = 1;
+  std::memset(base_, 0, capacity_);
+}
+
+snapshot_buffers::~snapshot_buffers() { std::free(base_); }
+
+status snapshot_buffers::capture(const std::vector<tensor_ref>& tensors) {
+  if (busy())
+    return error{errc::overloaded, "snapshot buffers are still being written; wait for the writer or use the other set"};
+  if (tensors.size() != slots_.size())
+    return error{errc::invalid_input, "capture of " + std::to_string(tensors.size()) +
+                                          " tensors into buffers allocated for " + std::to_string(slots_.size())};
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto& t = tensors[i];
+    auto& s = slots_[i];
+    if (t.name != s.name || t.type != s.type || t.shape != s.shape)
+      return error{errc::invalid_input, "capture: tensor " + std::to_string(i) + " is '" + t.name + "' " +
+                                            dtype_name(t.type) + " " + shape_str(t.shape) +
+                                            " but the buffers were allocated for '" + s.name + "' " +
+                                            dtype_name(s.type) + " " + shape_str(s.shape)};
+    if (t.memory == memory_kind::device)
+      return error{errc::failed, "capture: tensor '" + t.name + "': device tensors need the CUDA backend"};
+    if (s.bytes > 0 && !t.data)
+      return error{errc::invalid_input, "capture: tensor '" + t.name + "' has no data"};
+  }
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (slots_[i].bytes) std::memcpy(base_ + slots_[i].offset, tensors[i].data, slots_[i].bytes);
+  return {};
+}
+
+void snapshot_buffers::keep_warm() const {
+  // Reads only: safe alongside a writer thread reading the same pages.
+  unsigned sink = 0;
+  const volatile unsigned char* p = base_;
+  for (size_t i = 0; i < capacity_; i += page) sink += p[i];
+  (void)sink;
+}
+
+std::vector<snapshot_tensor> snapshot_buffers::view() const {
+  std::vector<snapshot_tensor> out;
+  out.reserve(slots_.size());
+  for (auto& s : slots_) out.push_back({s.name, s.type, s.shape, base_ + s.offset, s.bytes});
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+
+struct checkpoint_writer::impl {
+  struct job {
+    std::shared_ptr<snapshot_buffers> buffers;
+    checkpoint_meta meta;
+    std::function<void(result<save_stats>)> done;
+  };
+
+  explicit impl(checkpoint_store& s) : store(s), thread([this] { run(); }) {}
+
+  void run() {
+    std::unique_lock<std::mutex> lk(mu);
+    for (;;) {
+      cv.wait(lk, [&] { return pending.has_value() || stopping; });
+      if (!pending) return; // stopping and drained
+      job j = std::move(*pending);
+      pending.reset();
+      in_flight = true;
+      lk.unlock();
+      auto r = store.save(j.buffers->view(), j.meta);
+      j.buffers->set_busy(false);
+      if (j.done) {
+        try {
+          j.done(std::move(r));
+        } catch (const std::exception& e) {
+          spdlog::error("checkpoint writer: completion callback threw: {}", e.what());
+        }
+      } else if (!r) {
+        spdlog::error("checkpoint writer: step {}: {}", j.meta.step, r.err().message);
+      }
+      lk.lock();
+      in_flight = false;
+      cv.notify_all();
+    }
+  }
+
+  checkpoint_store& store;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<job> pending;
+  bool in_flight = false;
+  bool stopping = false;
+  std::thread thread; // last: starts after the members above exist
+};
+
+checkpoint_writer::checkpoint_writer(checkpoint_store& store) : impl_(std::make_unique<impl>(store)) {}
+
+checkpoint_writer::~checkpoint_writer() {
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  impl_->thread.join();
+}
+
+void checkpoint_writer::submit(std::shared_ptr<snapshot_buffers> buffers, checkpoint_meta meta,
+                               std::function<void(result<save_stats>)> done) {
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  impl_->cv.wait(lk, [&] { return !impl_->pending && !impl_->in_flight; });
+  buffers->set_busy(true);
+  impl_->pending = impl::job{std::move(buffers), std::move(meta), std::move(done)};
+  impl_->cv.notify_all();
+}
+
+void checkpoint_writer::wait_idle() {
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  impl_->cv.wait(lk, [&] { return !impl_->pending && !impl_->in_flight; });
+}
+
+bool checkpoint_writer::busy() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->pending.has_value() || impl_->in_flight;
+}
+
+} // namespace grace

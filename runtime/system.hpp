@@ -1,0 +1,36 @@
+#pragma once
+/// The composition root: builds the actor system of a Grace process (worker
+/// or launcher) and decides which actor runs where. Nothing else spawns.
+
+#include <chrono>
+#include <memory>
+
+namespace caf {
+class actor_system;
+class actor_system_config;
+} // namespace caf
+
+namespace grace {
+
+struct system_options {
+  /// Scheduler threads: few, so training keeps its cores (CAF would start
+  /// max(cores, 4) polling threads).
+  size_t scheduler_threads = 2;
+  /// CAF's node-level failure detection is off by default in 0.17; a frozen
+  /// peer (SIGSTOP) is never noticed without it. Must match on every node.
+  std::chrono::milliseconds middleman_heartbeat{500};
+  std::chrono::milliseconds connection_timeout{5000};
+};
+
+/// An actor system and the config it references (kept alive together).
+class actor_runtime {
+public:
+  explicit actor_runtime(const system_options& opts = {});
+  ~actor_runtime();
+  caf::actor_system& sys() { return *sys_; }
+private:
+  std::unique_ptr<caf::actor_system_config> cfg_;
+  std::unique_ptr<caf::actor_system> sys_;
+};
+
+} // namespace grace

@@ -1,0 +1,364 @@
+// The agreement state machine, exhaustively over event orders for a
+// 3-member cluster: two notices, every member's acknowledgement, the save
+// report and at most one death, in every interleaving; plus targeted cases.
+#include "runtime/agreement.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+
+using namespace grace;
+using ty = agreement_action::type;
+
+namespace {
+
+agreement joined(uint32_t n) {
+  agreement a(n);
+  for (uint32_t r = 0; r < n; ++r) a.on_join(r, 0);
+  return a;
+}
+
+const agreement_action* find(const actions& acts, ty t) {
+  for (auto& a : acts)
+    if (a.what == t) return &a;
+  return nullptr;
+}
+
+// ---- exhaustive exploration ------------------------------------------------
+
+struct world {
+  agreement machine{3};
+  std::vector<uint64_t> started;       // step each member has started
+  std::set<uint32_t> dead;
+  std::vector<bool> claimed{false, false};
+  std::map<uint64_t, agreement_action> proposals;  // id -> propose
+  std::set<std::pair<uint32_t, uint64_t>> acked;   // (rank, id)
+  std::optional<agreement_action> agreed;          // newest
+  std::map<uint64_t, int> agreed_count;
+  std::set<uint64_t> saved_ids;
+  std::set<uint64_t> committed_ids;
+  int wins = 0;
+  bool death_done = false;
+  std::map<std::pair<uint32_t, uint64_t>, uint64_t> ack_values;
+};
+
+struct explorer {
+  uint32_t victim;  // who may die (3: nobody)
+  size_t terminal_states = 0;
+  size_t jit_saves = 0;
+  size_t initial_saves = 0;
+
+  void apply(world& w, const actions& acts) {
+    for (auto& a : acts) {
+      switch (a.what) {
+        case ty::claim_reply:
+          if (a.won) ++w.wins;
+          break;
+        case ty::propose:
+          w.proposals[a.id] = a;
+          break;
+        case ty::agreed: {
+          REQUIRE(w.proposals.count(a.id));
+          ++w.agreed_count[a.id];
+          REQUIRE(w.agreed_count[a.id] == 1);  // agreed once per id
+          auto& p = w.proposals[a.id];
+          REQUIRE(a.step >= p.step);
+          // The agreed step covers every live member's acknowledgement.
+          for (uint32_t r = 0; r < 3; ++r) {
+            if (w.dead.count(r)) continue;
+            auto it = w.ack_values.find({r, a.id});
+            REQUIRE(it != w.ack_values.end());
+            if (a.kind == ckpt_kind::jit) REQUIRE(a.step >= it->second);
+            else REQUIRE(a.step >= it->second);
+          }
+          if (a.kind == ckpt_kind::jit) {
+            // Saver: the live member with the most completed steps, ties lowest rank.
+            uint64_t best = 0;
+            uint32_t who = 99;
+            for (uint32_t r = 0; r < 3; ++r) {
+              if (w.dead.count(r)) continue;
+              auto v = w.ack_values.at({r, a.id});
+              if (who == 99 || v > best) { best = v; who = r; }
+            }
+            REQUIRE(a.saver == who);
+            REQUIRE(a.step == best);
+          } else {
+            REQUIRE(!w.dead.count(a.saver));
+          }
+          w.agreed = a;
+          break;
+        }
+        case ty::committed:
+          REQUIRE(w.saved_ids.count(a.id));
+          w.committed_ids.insert(a.id);
+          break;
+        default:
+          break;
+      }
+    }
+  }
+
+  void explore(world w) {
+    REQUIRE(w.wins <= 1);
+    bool any = false;
+    auto branch = [&](const std::function<void(world&)>& f) {
+      any = true;
+      world next = w;
+      f(next);
+      explore(std::move(next));
+    };
+    // Two notices, on ranks 0 and 1.
+    for (uint32_t c = 0; c < 2; ++c)
+      if (!w.claimed[c] && !w.dead.count(c))
+        branch([&](world& n) {
+          n.claimed[c] = true;
+          apply(n, n.machine.on_claim(c, n.started[c], 0));
+        });
+    // Acknowledgements of the newest proposal by live members.
+    if (!w.proposals.empty()) {
+      auto id = w.proposals.rbegin()->first;
+      auto& p = w.proposals.rbegin()->second;
+      for (uint32_t r = 0; r < 3; ++r) {
+        if (w.dead.count(r) || w.acked.count({r, id})) continue;
+        branch([&, r, id](world& n) {
+          n.acked.insert({r, id});
+          // jit: the completed step; otherwise max(lower bound, started).
+          uint64_t v = p.kind == ckpt_kind::jit ? n.started[r] - (r == 2 ? 1 : 0)
+                                                : std::max(p.step, n.started[r]);
+          n.ack_values[{r, id}] = v;
+          apply(n, n.machine.on_ack(r, id, v));
+        });
+      }
+    }
+    // The saver reports.
+    if (w.agreed && !w.saved_ids.count(w.agreed->id) && !w.dead.count(w.agreed->saver))
+      branch([&](world& n) {
+        n.saved_ids.insert(n.agreed->id);
+        if (n.agreed->kind == ckpt_kind::jit) ++jit_saves; else ++initial_saves;
+        apply(n, n.machine.on_saved(n.agreed->saver, n.agreed->id, n.agreed->step, true, ""));
+      });
+    // One death, anywhere.
+    if (victim < 3 && !w.death_done)
+      branch([&](world& n) {
+        n.death_done = true;
+        n.dead.insert(victim);
+        apply(n, n.machine.on_member_lost(victim, n.started[victim] - 1, "dead: test"));
+      });
+    if (!any) {
+      ++terminal_states;
+      // Every run ends with a committed checkpoint and everyone stopping,
+      // except a run where no notice came and nobody died.
+      bool something = w.claimed[0] || w.claimed[1] || w.death_done;
+      if (something) {
+        REQUIRE(w.machine.phase() == agreement_phase::stopping);
+        REQUIRE(!w.committed_ids.empty());
+        REQUIRE(w.committed_ids.count(w.machine.current_id()));
+      }
+    }
+  }
+};
+
+} // namespace
+
+TEST_CASE("agreement: every interleaving of two notices, acks, a save and one death", "[agreement]") {
+  // Synchronous workers differ by at most one step: try every combination.
+  for (uint32_t victim = 0; victim <= 3; ++victim) {
+    for (int mask = 0; mask < 8; ++mask) {
+      world w;
+      w.machine = joined(3);
+      w.started = {10 + uint64_t(mask & 1), 10 + uint64_t((mask >> 1) & 1), 10 + uint64_t((mask >> 2) & 1)};
+      explorer e{victim};
+      e.explore(w);
+      CAPTURE(victim, mask, e.terminal_states);
+      REQUIRE(e.terminal_states > 0);
+      if (victim == 3) REQUIRE(e.jit_saves == 0);
+      else REQUIRE(e.jit_saves > 0);
+    }
+  }
+}
+
+TEST_CASE("agreement: first claim wins, the second defers", "[agreement]") {
+  auto a = joined(3);
+  auto first = a.on_claim(1, 5, 0);
+  REQUIRE(find(first, ty::claim_reply)->won);
+  auto p = find(first, ty::propose);
+  REQUIRE(p);
+  REQUIRE(p->step == 5);
+  auto second = a.on_claim(2, 6, 0);
+  REQUIRE_FALSE(find(second, ty::claim_reply)->won);
+  REQUIRE(find(second, ty::claim_reply)->holder == 1);
+  REQUIRE_FALSE(find(second, ty::propose));
+}
+
+TEST_CASE("agreement: agreed step is the maximum acknowledgement", "[agreement]") {
+  auto a = joined(3);
+  auto id = find(a.on_claim(0, 5, 0), ty::propose)->id;
+  REQUIRE(a.on_ack(0, id, 5).empty());
+  REQUIRE(a.on_ack(2, id, 6).empty());
+  auto acts = a.on_ack(1, id, 5);
+  auto ag = find(acts, ty::agreed);
+  REQUIRE(ag);
+  REQUIRE(ag->step == 6);
+  REQUIRE(ag->saver == 0);
+  REQUIRE(ag->exit_after);
+  REQUIRE(a.phase() == agreement_phase::saving);
+  auto c = a.on_saved(0, id, 6, true, "");
+  REQUIRE(find(c, ty::committed));
+  REQUIRE(a.phase() == agreement_phase::stopping);
+}
+
+TEST_CASE("agreement: a late ack of an old agreement is ignored", "[agreement]") {
+  auto a = joined(2);
+  auto id = find(a.on_claim(0, 3, 0), ty::propose)->id;
+  a.on_ack(0, id, 3);
+  a.on_ack(1, id, 3);
+  REQUIRE(a.on_ack(1, id, 3).empty());
+  REQUIRE(a.on_ack(1, id + 7, 3).empty());
+  REQUIRE(a.phase() == agreement_phase::saving);
+}
+
+TEST_CASE("agreement: a notice before everyone joined waits for the membership", "[agreement]") {
+  agreement a(2);
+  a.on_join(0, 0);
+  auto acts = a.on_claim(0, 0, 0);
+  REQUIRE(find(acts, ty::claim_reply)->won);
+  REQUIRE_FALSE(find(acts, ty::propose));
+  REQUIRE(a.phase() == agreement_phase::waiting);
+  auto j = a.on_join(1, 0);
+  REQUIRE(find(j, ty::propose));
+}
+
+TEST_CASE("agreement: a member dying mid-agreement turns into a just-in-time save", "[agreement]") {
+  auto a = joined(3);
+  auto id = find(a.on_claim(0, 9, 0), ty::propose)->id;
+  a.on_ack(0, id, 9);
+  auto lost = a.on_member_lost(1, 8, "dead: test");
+  REQUIRE(find(lost, ty::peer_lost));
+  auto jit = find(lost, ty::propose);
+  REQUIRE(jit);
+  REQUIRE(jit->kind == ckpt_kind::jit);
+  REQUIRE(a.on_ack(0, jit->id, 8).empty());
+  auto ag = find(a.on_ack(2, jit->id, 9), ty::agreed);
+  REQUIRE(ag);
+  REQUIRE(ag->saver == 2);  // most completed steps
+  REQUIRE(ag->step == 9);
+}
+
+TEST_CASE("agreement: jit ties go to the lowest rank", "[agreement]") {
+  auto a = joined(4);
+  auto p = find(a.on_member_lost(0, 4, "dead"), ty::propose);
+  a.on_ack(3, p->id, 5);
+  a.on_ack(1, p->id, 5);
+  auto ag = find(a.on_ack(2, p->id, 4), ty::agreed);
+  REQUIRE(ag->saver == 1);
+  REQUIRE(ag->step == 5);
+}
+
+TEST_CASE("agreement: the saver dying during the save moves the save to a survivor", "[agreement]") {
+  auto a = joined(3);
+  auto id = find(a.on_claim(2, 4, 0), ty::propose)->id;
+  for (uint32_t r = 0; r < 3; ++r) a.on_ack(r, id, 4);
+  REQUIRE(a.phase() == agreement_phase::saving);
+  // A non-saver's death does not disturb the save.
+  auto other = a.on_member_lost(1, 4, "dead");
+  REQUIRE_FALSE(find(other, ty::propose));
+  auto lost = a.on_member_lost(0, 4, "dead");
+  auto jit = find(lost, ty::propose);
+  REQUIRE(jit);
+  REQUIRE(jit->kind == ckpt_kind::jit);
+  auto ag = find(a.on_ack(2, jit->id, 4), ty::agreed);
+  REQUIRE(ag->saver == 2);
+}
+
+TEST_CASE("agreement: grace period keeps training, then a final save", "[agreement][grace]") {
+  auto a = joined(2);
+  const int64_t deadline = 1'000'000'000;
+  auto id = find(a.on_claim(1, 3, deadline), ty::propose)->id;
+  a.on_ack(0, id, 3);
+  auto ag = find(a.on_ack(1, id, 4), ty::agreed);
+  REQUIRE_FALSE(ag->exit_after);
+  auto c = find(a.on_saved(0, id, 4, true, ""), ty::committed);
+  REQUIRE_FALSE(c->exit_after);
+  REQUIRE(a.phase() == agreement_phase::countdown);
+  // A later notice with an earlier deadline shortens the countdown.
+  auto upd = a.on_claim(0, 9, deadline / 2);
+  REQUIRE_FALSE(find(upd, ty::claim_reply)->won);
+  auto d = find(upd, ty::deadline_update);
+  REQUIRE(d);
+  REQUIRE(d->deadline_ns == deadline / 2);
+  REQUIRE(d->rank == 0);
+  // A later notice with a later deadline changes nothing.
+  REQUIRE_FALSE(find(a.on_claim(1, 9, deadline * 2), ty::deadline_update));
+  // Only the chief proposes the final save.
+  REQUIRE(a.on_propose_final(1, 20).empty());
+  auto fin = find(a.on_propose_final(0, 20), ty::propose);
+  REQUIRE(fin->kind == ckpt_kind::final);
+  a.on_ack(0, fin->id, 20);
+  auto fag = find(a.on_ack(1, fin->id, 21), ty::agreed);
+  REQUIRE(fag->step == 21);
+  REQUIRE(fag->exit_after);
+  REQUIRE(find(a.on_saved(0, fin->id, 21, true, ""), ty::committed)->exit_after);
+  REQUIRE(a.phase() == agreement_phase::stopping);
+}
+
+TEST_CASE("agreement: a death during the final agreement saves just in time", "[agreement][grace]") {
+  auto a = joined(2);
+  auto id = find(a.on_claim(0, 1, 100), ty::propose)->id;
+  a.on_ack(0, id, 1);
+  a.on_ack(1, id, 1);
+  a.on_saved(0, id, 1, true, "");
+  auto fin = find(a.on_propose_final(0, 7), ty::propose);
+  a.on_ack(1, fin->id, 7);
+  auto lost = a.on_member_lost(0, 6, "dead");
+  auto jit = find(lost, ty::propose);
+  REQUIRE(jit->kind == ckpt_kind::jit);
+  auto ag = find(a.on_ack(1, jit->id, 7), ty::agreed);
+  REQUIRE(ag->saver == 1);
+  REQUIRE(ag->exit_after);
+}
+
+TEST_CASE("agreement: an error report fails the cluster once, naming its origin", "[agreement]") {
+  auto a = joined(3);
+  auto e = a.on_error(2, 17, "boom");
+  auto ce = find(e, ty::cluster_error);
+  REQUIRE(ce);
+  REQUIRE(ce->rank == 2);
+  REQUIRE(ce->step == 17);
+  REQUIRE(ce->message == "boom");
+  REQUIRE(a.phase() == agreement_phase::failed);
+  REQUIRE(a.on_error(1, 17, "consequence").empty());
+  REQUIRE(find(a.on_member_lost(1, 17, "dead"), ty::peer_lost));
+  REQUIRE(a.phase() == agreement_phase::failed);
+}
+
+TEST_CASE("agreement: a failed save is a cluster error", "[agreement]") {
+  auto a = joined(1);
+  auto id = find(a.on_claim(0, 2, 0), ty::propose)->id;
+  a.on_ack(0, id, 2);
+  auto e = find(a.on_saved(0, id, 2, false, "No space left on device"), ty::cluster_error);
+  REQUIRE(e);
+  REQUIRE(e->message.find("No space left") != std::string::npos);
+}
+
+TEST_CASE("agreement: claims after a member finished are not started", "[agreement]") {
+  auto a = joined(2);
+  a.on_leave(1);
+  REQUIRE(a.phase() == agreement_phase::finishing);
+  auto acts = a.on_claim(0, 50, 0);
+  REQUIRE_FALSE(find(acts, ty::claim_reply)->won);
+  REQUIRE_FALSE(find(acts, ty::propose));
+}
+
+TEST_CASE("agreement: the launcher can claim", "[agreement]") {
+  auto a = joined(2);
+  auto acts = a.on_claim(launcher_rank, 0, 0);
+  REQUIRE(find(acts, ty::claim_reply)->won);
+  auto p = find(acts, ty::propose);
+  a.on_ack(0, p->id, 12);
+  auto ag = find(a.on_ack(1, p->id, 11), ty::agreed);
+  REQUIRE(ag->step == 12);
+  REQUIRE(ag->saver == 0);
+}
