@@ -138,7 +138,7 @@ int run_launcher(const launch_options& in) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGCHLD);
   ::sigprocmask(SIG_BLOCK, &set, nullptr);
-  int sfd = ::signalfd(-1, &set, SFD_CLOEXEC);
+  int sfd = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 
   system_options so;
   actor_runtime rt(so);
