@@ -56,7 +56,7 @@ using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
 msg<proto::KvReply> kv_reply(bool ok, const std::vector<uint8_t>* value, const std::string& err) {
   return make<proto::KvReply>([&](auto b) {
     b.setOk(ok);
-    if (value) b.setValue(data(*value));
+    if (value) b.setValue(as_data(*value));
     b.setError(err);
   });
 }

@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
                "restart code; forward SIGTERM/SIGINT as a preemption notice.\n"
                "  grace-launch --nproc 4 -- grace-train --steps 1000"};
   grace::launch_options o;
-  int grace_ms = 0, exit_timeout_ms = 60000, dead_ms = 3000;
+  int grace_ms = 0, exit_timeout_ms = 15000, dead_ms = 3000;
   app.add_option("--nproc", o.nproc, "workers on this node")->check(CLI::Range(1, 4096));
   app.add_option("--nnodes", o.nnodes, "nodes in the job")->check(CLI::Range(1, 4096));
   app.add_option("--node-rank", o.node_rank, "this node's index (0 hosts the coordinator)");

@@ -102,6 +102,6 @@ inline std::string str(capnp::Text::Reader t) { return std::string(t.cStr(), t.s
 /// Copies a Cap'n Proto Data into bytes.
 inline std::vector<uint8_t> bytes(capnp::Data::Reader d) { return {d.begin(), d.end()}; }
 /// A Cap'n Proto Data view of bytes (no copy).
-inline capnp::Data::Reader data(const std::vector<uint8_t>& v) { return {v.data(), v.size()}; }
+inline capnp::Data::Reader as_data(const std::vector<uint8_t>& v) { return {v.data(), v.size()}; }
 
 } // namespace grace

@@ -79,8 +79,9 @@ struct agreement_action {
     cluster_error,   ///< to every live member: origin `rank`, `step`, `message`
     deadline_update, ///< to the chief: `deadline_ns`
   };
+  agreement_action() = default;
   explicit agreement_action(type t) : what(t) {}
-  type what;
+  type what = type::claim_reply;
   uint32_t rank = 0;
   uint64_t id = 0;
   uint64_t step = 0;

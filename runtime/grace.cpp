@@ -166,6 +166,10 @@ struct session::impl {
     reason = std::move(why);
     log->info("stopping with exit code {}: {}", c, reason);
     emit_event("exit", {{"code", c}, {"reason", reason}, {"step", completed}});
+    if (attached)
+      to_coordinator(make<proto::Leave>([&](auto b) {
+        b.setRank(cluster.rank); b.setExitCode(c); b.setCompletedStep(completed);
+      }));
     if (opts.throw_on_stop) throw stop_requested(c, reason);
     return step_result::stop;
   }

@@ -21,7 +21,7 @@ struct launch_options {
   std::string run_id;                 ///< default: random
   std::string checkpoint_dir;         ///< exported as GRACE_CHECKPOINT_DIR; reason file goes there
   std::chrono::milliseconds grace_period{0}; ///< deadline carried by a forwarded notice
-  std::chrono::milliseconds exit_timeout{60000}; ///< wait for the rest after one exits
+  std::chrono::milliseconds exit_timeout{15000}; ///< wait for the rest after one exits
   std::chrono::milliseconds dead_after{3000};
   std::vector<std::string> command;
   bool quiet = false;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 using namespace grace;
@@ -21,10 +22,11 @@ agreement joined(uint32_t n) {
   return a;
 }
 
-const agreement_action* find(const actions& acts, ty t) {
+// By value: the actions vector is usually a temporary.
+std::optional<agreement_action> find(const actions& acts, ty t) {
   for (auto& a : acts)
-    if (a.what == t) return &a;
-  return nullptr;
+    if (a.what == t) return a;
+  return std::nullopt;
 }
 
 // ---- exhaustive exploration ------------------------------------------------

@@ -1,1 +1,83 @@
+#include "runtime/cluster_config.hpp"
+
 #include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+using namespace grace;
+
+TEST_CASE("cluster: --workers with --index", "[cluster]") {
+  auto c = cluster_from_workers("10.0.0.1:5000,10.0.0.2:5000,10.0.0.3:5000", 2);
+  REQUIRE(c);
+  CHECK(c->rank == 2);
+  CHECK(c->world_size == 3);
+  CHECK(c->coordinator_host == "10.0.0.1");
+  CHECK(c->coordinator_port == 5000);
+  CHECK_FALSE(c->is_chief());
+}
+
+TEST_CASE("cluster: more than one worker and no index is an error", "[cluster]") {
+  auto c = cluster_from_workers("a:1,b:2", -1);
+  REQUIRE_FALSE(c);
+  CHECK(c.err().code == errc::invalid_input);
+  CHECK(c.err().message.find("no --index") != std::string::npos);
+}
+
+TEST_CASE("cluster: one worker needs no index and runs in local mode", "[cluster]") {
+  auto c = cluster_from_workers("localhost:7000", -1);
+  REQUIRE(c);
+  CHECK(c->rank == 0);
+  CHECK(c->local_mode());
+}
+
+TEST_CASE("cluster: bad --workers entries are named", "[cluster]") {
+  CHECK_FALSE(cluster_from_workers("a:1,,b:2", 0));
+  CHECK_FALSE(cluster_from_workers("a:1,b", 0));
+  CHECK_FALSE(cluster_from_workers("a:99999", 0));
+  CHECK_FALSE(cluster_from_workers("a:0", 0));
+  auto r = cluster_from_workers("a:1,b:2", 5);
+  REQUIRE_FALSE(r);
+  CHECK(r.err().message.find("out of range") != std::string::npos);
+}
+
+TEST_CASE("cluster: TF_CONFIG", "[cluster]") {
+  auto c = cluster_from_tf_config(
+      R"({"cluster": {"worker": ["h0:2222", "h1:2222"]}, "task": {"type": "worker", "index": 1}})");
+  REQUIRE(c);
+  CHECK(c->rank == 1);
+  CHECK(c->world_size == 2);
+  CHECK(c->source == "TF_CONFIG");
+  auto chief = cluster_from_tf_config(
+      R"({"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"]}, "task": {"type": "worker", "index": 0}})");
+  REQUIRE(chief);
+  CHECK(chief->rank == 1);
+  CHECK(chief->world_size == 3);
+  CHECK_FALSE(cluster_from_tf_config("{not json"));
+  CHECK_FALSE(cluster_from_tf_config(R"({"cluster": {"worker": ["a:1", "b:1"]}})"));
+  CHECK_FALSE(cluster_from_tf_config(R"({"task": {"index": 0}})"));
+}
+
+TEST_CASE("cluster: GRACE_* environment", "[cluster]") {
+  ::setenv("GRACE_WORLD_SIZE", "4", 1);
+  ::setenv("GRACE_RANK", "3", 1);
+  ::setenv("GRACE_COORDINATOR", "127.0.0.1:4567", 1);
+  ::setenv("GRACE_RUN_ID", "r1", 1);
+  ::setenv("GRACE_INCARNATION", "2", 1);
+  auto c = cluster_from_environment();
+  REQUIRE(c);
+  CHECK(c->rank == 3);
+  CHECK(c->world_size == 4);
+  CHECK(c->coordinator_port == 4567);
+  CHECK(c->incarnation == 2);
+  CHECK(c->source == "GRACE_*");
+  ::setenv("GRACE_RANK", "4", 1);
+  CHECK_FALSE(cluster_from_environment());
+  ::unsetenv("GRACE_RANK");
+  auto missing = cluster_from_environment();
+  REQUIRE_FALSE(missing);
+  CHECK(missing.err().message.find("GRACE_RANK") != std::string::npos);
+  for (auto v : {"GRACE_WORLD_SIZE", "GRACE_COORDINATOR", "GRACE_RUN_ID", "GRACE_INCARNATION"}) ::unsetenv(v);
+  auto local = cluster_from_environment();
+  REQUIRE(local);
+  CHECK(local->local_mode());
+}

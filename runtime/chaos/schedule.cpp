@@ -1,0 +1,182 @@
+#include "runtime/chaos/schedule.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace grace::chaos {
+
+namespace {
+struct kind_name {
+  fault_kind kind;
+  const char* name;
+};
+const kind_name kind_names[] = {
+  {fault_kind::sigterm_worker, "sigterm_worker"},     {fault_kind::sigterm_launcher, "sigterm_launcher"},
+  {fault_kind::sigterm_multi, "sigterm_multi"},       {fault_kind::sigkill_worker, "sigkill_worker"},
+  {fault_kind::sigstop_worker, "sigstop_worker"},     {fault_kind::sigkill_launcher, "sigkill_launcher"},
+  {fault_kind::step_error, "step_error"},             {fault_kind::flip_byte, "flip_byte"},
+  {fault_kind::truncate_file, "truncate_file"},       {fault_kind::delete_file, "delete_file"},
+  {fault_kind::stale_tmp, "stale_tmp"},               {fault_kind::fs_full, "fs_full"},
+};
+} // namespace
+
+const char* to_string(fault_kind k) noexcept {
+  for (auto& kn : kind_names)
+    if (kn.kind == k) return kn.name;
+  return "?";
+}
+
+std::optional<fault_kind> parse_fault_kind(const std::string& s) {
+  for (auto& kn : kind_names)
+    if (s == kn.name) return kn.kind;
+  return std::nullopt;
+}
+
+const std::vector<fault_kind>& all_fault_kinds() {
+  static const std::vector<fault_kind> all = [] {
+    std::vector<fault_kind> v;
+    for (auto& kn : kind_names) v.push_back(kn.kind);
+    return v;
+  }();
+  return all;
+}
+
+loss_class loss_class_of(fault_kind k) noexcept {
+  switch (k) {
+    case fault_kind::sigterm_worker:
+    case fault_kind::sigterm_launcher:
+    case fault_kind::sigterm_multi:
+    case fault_kind::stale_tmp: return loss_class::notice;
+    case fault_kind::sigkill_worker:
+    case fault_kind::sigstop_worker:
+    case fault_kind::sigkill_launcher: return loss_class::hard;
+    case fault_kind::flip_byte:
+    case fault_kind::truncate_file:
+    case fault_kind::delete_file: return loss_class::periodic;
+    case fault_kind::step_error: return loss_class::terminal;
+    case fault_kind::fs_full: return loss_class::none;
+  }
+  return loss_class::none;
+}
+
+nlohmann::json to_json(const fault& f) {
+  nlohmann::json j;
+  j["fault"] = to_string(f.kind);
+  if (f.at_step) j["at_step"] = *f.at_step;
+  if (f.at_ms) j["at_ms"] = *f.at_ms;
+  if (!f.targets.empty()) {
+    if (f.targets.size() == 1 && f.kind != fault_kind::sigterm_multi) j["target"] = f.targets[0];
+    else j["targets"] = f.targets;
+  }
+  if (f.include_launcher) j["include_launcher"] = true;
+  if (f.grace_ms) j["grace_ms"] = f.grace_ms;
+  if (f.kind == fault_kind::sigstop_worker) j["duration_ms"] = f.duration_ms;
+  if (!f.file.empty()) j["file"] = f.file;
+  return j;
+}
+
+fault fault_from_json(const nlohmann::json& j, size_t index) {
+  auto bad = [&](const std::string& what) {
+    return std::invalid_argument("schedule entry " + std::to_string(index) + ": " + what);
+  };
+  if (!j.is_object()) throw bad("must be an object like {\"at_step\": 50, \"fault\": \"sigterm_worker\"}");
+  static const char* known[] = {"fault", "at_step", "at_ms", "target", "targets", "include_launcher",
+                                "grace_ms", "duration_ms", "file", "comment"};
+  for (auto& [k, v] : j.items())
+    if (std::find_if(std::begin(known), std::end(known), [&](const char* n) { return k == n; }) == std::end(known))
+      throw bad("unknown field '" + k + "'");
+  fault f;
+  if (!j.contains("fault") || !j["fault"].is_string()) throw bad("missing \"fault\" (a fault kind name)");
+  auto k = parse_fault_kind(j["fault"].get<std::string>());
+  if (!k) {
+    std::string names;
+    for (auto kind : all_fault_kinds()) names += std::string(names.empty() ? "" : ", ") + to_string(kind);
+    throw bad("unknown fault '" + j["fault"].get<std::string>() + "' (known: " + names + ")");
+  }
+  f.kind = *k;
+  auto uint_field = [&](const char* name) -> std::optional<int64_t> {
+    if (!j.contains(name)) return std::nullopt;
+    if (!j[name].is_number_integer() || j[name].get<int64_t>() < 0) throw bad(std::string(name) + " must be an integer >= 0");
+    return j[name].get<int64_t>();
+  };
+  if (auto v = uint_field("at_step")) f.at_step = static_cast<uint64_t>(*v);
+  if (auto v = uint_field("at_ms")) f.at_ms = *v;
+  if (!f.at_step && !f.at_ms) throw bad("needs \"at_step\" or \"at_ms\"");
+  if (auto v = uint_field("target")) f.targets.push_back(static_cast<int>(*v));
+  if (j.contains("targets")) {
+    if (!j["targets"].is_array()) throw bad("targets must be an array of ranks");
+    for (auto& t : j["targets"]) {
+      if (!t.is_number_integer() || t.get<int>() < 0) throw bad("targets must be ranks >= 0");
+      f.targets.push_back(t.get<int>());
+    }
+  }
+  if (j.contains("include_launcher")) f.include_launcher = j["include_launcher"].get<bool>();
+  if (auto v = uint_field("grace_ms")) f.grace_ms = static_cast<int>(*v);
+  if (auto v = uint_field("duration_ms")) f.duration_ms = static_cast<int>(*v);
+  if (j.contains("file")) f.file = j["file"].get<std::string>();
+  if (f.file.find('/') != std::string::npos) throw bad("file is a name inside the step directory, without '/'");
+  return f;
+}
+
+std::vector<fault> schedule_from_json(const nlohmann::json& j) {
+  if (!j.is_array()) throw std::invalid_argument("a schedule is a JSON array of faults");
+  std::vector<fault> out;
+  for (size_t i = 0; i < j.size(); ++i) out.push_back(fault_from_json(j[i], i));
+  return out;
+}
+
+nlohmann::json schedule_to_json(const std::vector<fault>& s) {
+  auto j = nlohmann::json::array();
+  for (auto& f : s) j.push_back(to_json(f));
+  return j;
+}
+
+std::vector<fault> generate(const generate_options& o) {
+  splitmix64 rng(o.seed * 0x2545f4914f6cdd1dull + 0x9e37);
+  const auto& pool = o.kinds.empty() ? all_fault_kinds() : o.kinds;
+  std::vector<fault> out;
+  const int n = std::max(0, o.faults);
+  const uint64_t lo = std::max<uint64_t>(2, o.steps / 10), hi = std::max<uint64_t>(lo + 1, o.steps * 85 / 100);
+  const uint64_t slot = std::max<uint64_t>(1, (hi - lo) / std::max(1, n));
+  bool terminal = false;
+  for (int i = 0; i < n; ++i) {
+    fault f;
+    for (int tries = 0;; ++tries) {
+      f.kind = pool[rng.range(0, pool.size() - 1)];
+      // step_error stops the job: only ever the last fault (or the only kind allowed).
+      if (f.kind != fault_kind::step_error || i == n - 1 || tries > 50) break;
+    }
+    if (f.kind == fault_kind::step_error) {
+      if (terminal) continue;
+      terminal = true;
+    }
+    uint64_t a = lo + slot * i, b = lo + slot * (i + 1) - 1;
+    f.at_step = rng.range(a, std::max(a, b));
+    const int w = std::max(1, o.workers);
+    switch (f.kind) {
+      case fault_kind::sigterm_worker:
+      case fault_kind::sigkill_worker:
+      case fault_kind::step_error: f.targets = {static_cast<int>(rng.range(0, w - 1))}; break;
+      case fault_kind::sigstop_worker:
+        f.targets = {static_cast<int>(rng.range(0, w - 1))};
+        f.duration_ms = rng.range(0, 1) ? 1000 : 0;
+        break;
+      case fault_kind::sigterm_multi: {
+        int t1 = static_cast<int>(rng.range(0, w - 1));
+        int t2 = static_cast<int>((t1 + rng.range(1, std::max(1, w - 1))) % w);
+        f.targets = {t1};
+        if (t2 != t1) f.targets.push_back(t2);
+        f.include_launcher = rng.range(0, 1) == 1;
+        break;
+      }
+      default: break;
+    }
+    if (f.kind == fault_kind::sigterm_worker || f.kind == fault_kind::sigterm_launcher)
+      f.grace_ms = rng.range(0, 1) ? 1500 : 0;
+    out.push_back(f);
+    if (terminal) break;
+  }
+  return out;
+}
+
+} // namespace grace::chaos

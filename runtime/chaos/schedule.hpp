@@ -1,0 +1,91 @@
+#pragma once
+/// Fault schedules for grace-chaos: what to do, to whom, and when.
+///
+/// A schedule is a JSON array, scripted by hand or generated from a seed:
+///   [{"at_step": 50, "fault": "sigterm_worker", "target": 1},
+///    {"at_ms": 3000, "fault": "sigstop_worker", "target": 2, "duration_ms": 1000}]
+/// The same seed always gives the same schedule: generation uses its own
+/// generator (splitmix64) rather than std::uniform_*_distribution, whose
+/// output differs between standard libraries.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace grace::chaos {
+
+/// Every fault the harness can inject. See docs/RELIABILITY.md for the
+/// invariant each one exercises.
+enum class fault_kind {
+  sigterm_worker,   ///< notice to one worker (optionally with a grace period)
+  sigterm_launcher, ///< notice to the launcher (optionally with a grace period)
+  sigterm_multi,    ///< notices to several workers (and maybe the launcher) at once
+  sigkill_worker,   ///< hard failure of one worker
+  sigstop_worker,   ///< freeze a worker for duration_ms (0: for good), then SIGCONT
+  sigkill_launcher, ///< the coordination service dies with the launcher
+  step_error,       ///< an exception inside a step (trainer --fail-at-step)
+  flip_byte,        ///< preempt, then flip a byte in the newest checkpoint while the job is down
+  truncate_file,    ///< preempt, then truncate a file of the newest checkpoint
+  delete_file,      ///< preempt, then delete a file of the newest checkpoint
+  stale_tmp,        ///< preempt, then leave a `.tmp-step-N-<deadpid>-x` directory
+  fs_full,          ///< fill the checkpoint file system across a periodic save
+};
+
+const char* to_string(fault_kind k) noexcept;
+std::optional<fault_kind> parse_fault_kind(const std::string& s);
+/// All kinds, in declaration order.
+const std::vector<fault_kind>& all_fault_kinds();
+
+/// How much work a fault may cost, in steps re-run after the restart.
+enum class loss_class { none, notice, hard, periodic, terminal };
+loss_class loss_class_of(fault_kind k) noexcept;
+
+struct fault {
+  fault_kind kind = fault_kind::sigterm_worker;
+  std::optional<uint64_t> at_step;  ///< fire when the job reaches this step
+  std::optional<int64_t> at_ms;     ///< or this long after the job started
+  std::vector<int> targets;         ///< worker ranks; empty = chosen at run time (rank 1 or 0)
+  bool include_launcher = false;    ///< sigterm_multi: the launcher gets one too
+  int grace_ms = 0;                 ///< sigterm_*: grace period given to the job
+  int duration_ms = 0;              ///< sigstop_worker: 0 = frozen for good
+  std::string file;                 ///< checkpoint faults: file name inside the step dir (default: a shard)
+};
+
+nlohmann::json to_json(const fault& f);
+/// Throws std::invalid_argument naming the entry and field that is wrong.
+fault fault_from_json(const nlohmann::json& j, size_t index);
+std::vector<fault> schedule_from_json(const nlohmann::json& j);
+nlohmann::json schedule_to_json(const std::vector<fault>& s);
+
+/// Knobs for random schedules.
+struct generate_options {
+  uint64_t seed = 1;
+  int faults = 3;
+  int workers = 4;
+  uint64_t steps = 200;
+  /// Restrict to these kinds (empty: all). Used by the CI soak to pin coverage.
+  std::vector<fault_kind> kinds;
+};
+
+/// A random schedule: faults spread over 10%..85% of the steps, at least a
+/// few steps apart, step_error (terminal) only ever last.
+std::vector<fault> generate(const generate_options& o);
+
+/// splitmix64: small, portable, good enough to pick faults.
+struct splitmix64 {
+  uint64_t s;
+  explicit splitmix64(uint64_t seed) : s(seed) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in [lo, hi] (hi - lo small, bias negligible).
+  uint64_t range(uint64_t lo, uint64_t hi) { return lo + next() % (hi - lo + 1); }
+};
+
+} // namespace grace::chaos
