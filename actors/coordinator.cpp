@@ -214,7 +214,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         // Launchers on other nodes restart their groups on their own: the
         // first join of a newer incarnation, once the old group is gone,
         // advances it.
-        if (j.getIncarnation() > st.cfg.incarnation && st.agree->live().empty()) {
+        if (j.getIncarnation() == st.cfg.incarnation + 1 && !st.workers.empty() && st.agree->live().empty()) {
           st.log->info("advancing to incarnation {} (first join of the new group)", j.getIncarnation());
           reset_incarnation(self, j.getIncarnation());
         }

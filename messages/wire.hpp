@@ -64,7 +64,7 @@ template <class S>
 class reader {
 public:
   typename S::Reader get() const { return root_; }
-  typename S::Reader operator->() const { return root_; }
+  const typename S::Reader* operator->() const { return &root_; }
   reader(kj::Array<capnp::word> words)
       : words_(kj::mv(words)),
         reader_(std::make_unique<capnp::FlatArrayMessageReader>(words_.asPtr(), options())),

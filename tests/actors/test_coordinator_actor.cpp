@@ -1,1 +1,279 @@
+// The coordinator actor under CAF's deterministic test_coordinator: no
+// sleeps, no threads racing; every message is delivered when run() says so.
+// Workers are played by scoped actors.
+#include "actors/coordinator.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/after.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <caf/scoped_actor.hpp>
+
 #include <catch2/catch.hpp>
+#include <spdlog/spdlog.h>
+
+#include <optional>
+
+using namespace grace;
+
+namespace {
+
+struct fixture {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf::scheduler::test_coordinator* sched = nullptr;
+  coordinator_actor coord;
+  std::vector<std::unique_ptr<caf::scoped_actor>> workers;
+
+  explicit fixture(uint32_t world, std::string token = "tok") {
+    spdlog::set_level(spdlog::level::err);  // expected losses at teardown are not news
+    register_message_types(cfg);
+    cfg.set("scheduler.policy", caf::atom("testing"));
+    sys = std::make_unique<caf::actor_system>(cfg);
+    sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
+    coordinator_config cc;
+    cc.world_size = world;
+    cc.run_id = "run";
+    cc.token = std::move(token);
+    coord = spawn_coordinator(*sys, cc);
+    run();
+    for (uint32_t r = 0; r < world; ++r) workers.push_back(std::make_unique<caf::scoped_actor>(*sys));
+  }
+  ~fixture() {
+    workers.clear();
+    caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+    run();
+  }
+  void run() { sched->run(); }
+  caf::scoped_actor& w(size_t r) { return *workers[r]; }
+
+  static msg<proto::Join> join_msg(uint32_t rank, uint32_t world = 3, std::string token = "tok",
+                                   uint32_t version = proto::PROTOCOL_VERSION, uint32_t incarnation = 0) {
+    return make<proto::Join>([&](auto b) {
+      b.setRank(rank); b.setWorldSize(world); b.setRunId("run"); b.setToken(token);
+      b.setProtocolVersion(version); b.setIncarnation(incarnation);
+    });
+  }
+
+  /// The next message of type S in r's mailbox, if there is one now.
+  template <class S>
+  std::optional<msg<S>> next(size_t r) {
+    std::optional<msg<S>> out;
+    w(r)->receive([&](msg<S>& m) { out = std::move(m); },
+                  caf::after(std::chrono::milliseconds(0)) >> [] {});
+    return out;
+  }
+
+  template <class S>
+  reader<S> expect(size_t r) {
+    auto m = next<S>(r);
+    REQUIRE(m);
+    auto d = decode(*m);
+    REQUIRE(d);
+    return std::move(d.value());
+  }
+
+  void join_all(uint32_t world) {
+    for (uint32_t r = 0; r < world; ++r) w(r)->send(coord, join_msg(r, world));
+    run();
+    for (uint32_t r = 0; r < world; ++r) REQUIRE(expect<proto::Welcome>(r)->getAccepted());
+  }
+};
+
+msg<proto::Claim> claim(uint32_t rank, uint64_t started) {
+  return make<proto::Claim>([&](auto b) {
+    auto n = b.initNotice();
+    n.setRank(rank); n.setSource(proto::NoticeSource::TEST); n.setDetail("test");
+    b.setStartedStep(started);
+  });
+}
+
+msg<proto::Ack> ack(uint64_t id, uint32_t rank, uint64_t earliest) {
+  return make<proto::Ack>([&](auto b) { b.setAgreementId(id); b.setRank(rank); b.setEarliestStep(earliest); });
+}
+
+} // namespace
+
+TEST_CASE("coordinator: joins are refused with a reason", "[coordinator]") {
+  fixture f(3);
+  f.w(0)->send(f.coord, fixture::join_msg(0, 3, "wrong"));
+  f.w(1)->send(f.coord, fixture::join_msg(1, 3, "tok", 77));
+  f.w(2)->send(f.coord, fixture::join_msg(2, 3, "tok", proto::PROTOCOL_VERSION, 5));
+  f.run();
+  auto a = f.expect<proto::Welcome>(0);
+  CHECK_FALSE(a->getAccepted());
+  CHECK(str(a->getReason()) == "wrong job token");
+  auto b = f.expect<proto::Welcome>(1);
+  CHECK_FALSE(b->getAccepted());
+  CHECK(str(b->getReason()).find("protocol version 77") != std::string::npos);
+  auto c = f.expect<proto::Welcome>(2);
+  CHECK_FALSE(c->getAccepted());
+  CHECK(str(c->getReason()).find("incarnation 5") != std::string::npos);
+
+  f.w(0)->send(f.coord, fixture::join_msg(0));
+  f.run();
+  REQUIRE(f.expect<proto::Welcome>(0)->getAccepted());
+  f.w(1)->send(f.coord, fixture::join_msg(0));
+  f.run();
+  auto dup = f.expect<proto::Welcome>(1);
+  CHECK_FALSE(dup->getAccepted());
+  CHECK(str(dup->getReason()).find("duplicate rank 0") != std::string::npos);
+
+  // A malformed message is rejected, the coordinator keeps serving.
+  f.w(2)->send(f.coord, msg<proto::Join>{std::vector<uint8_t>(40, 0xab)});
+  f.run();
+  auto bad = f.expect<proto::Welcome>(2);
+  CHECK_FALSE(bad->getAccepted());
+  CHECK(str(bad->getReason()).find("rejected") != std::string::npos);
+}
+
+TEST_CASE("coordinator: the next group may advance the incarnation once the old one is gone", "[coordinator]") {
+  fixture f(1);
+  f.w(0)->send(f.coord, fixture::join_msg(0, 1));
+  f.run();
+  REQUIRE(f.expect<proto::Welcome>(0)->getAccepted());
+  f.w(0)->send(f.coord, make<proto::Leave>([](auto b) { b.setRank(0); }));
+  f.run();
+  caf::scoped_actor next{*f.sys};
+  next->send(f.coord, fixture::join_msg(0, 1, "tok", proto::PROTOCOL_VERSION, 1));
+  f.run();
+  bool accepted = false;
+  next->receive([&](msg<proto::Welcome>& m) { accepted = decode(m)->get().getAccepted(); },
+                caf::after(std::chrono::milliseconds(0)) >> [] {});
+  CHECK(accepted);
+}
+
+TEST_CASE("coordinator: key-value store is set-once with blocking get", "[coordinator][kv]") {
+  fixture f(2);
+  auto set = [](std::string k, std::string v) {
+    return make<proto::KvSet>([&](auto b) {
+      b.setKey(k);
+      b.setValue(capnp::Data::Reader(reinterpret_cast<const uint8_t*>(v.data()), v.size()));
+    });
+  };
+  auto get = [](std::string k, uint32_t timeout) {
+    return make<proto::KvGet>([&](auto b) { b.setKey(k); b.setTimeoutMs(timeout); });
+  };
+  f.w(1)->send(f.coord, get("late", 1000));
+  f.run();
+  CHECK_FALSE(f.next<proto::KvReply>(1));  // blocked until the key exists
+  f.w(0)->send(f.coord, set("late", "v1"));
+  f.run();
+  CHECK(f.expect<proto::KvReply>(0)->getOk());
+  auto got = f.expect<proto::KvReply>(1);
+  REQUIRE(got->getOk());
+  CHECK(std::string(got->getValue().begin(), got->getValue().end()) == "v1");
+
+  f.w(0)->send(f.coord, set("late", "v2"));
+  f.run();
+  auto again = f.expect<proto::KvReply>(0);
+  CHECK_FALSE(again->getOk());
+  CHECK(str(again->getError()).find("already exists") != std::string::npos);
+
+  f.w(1)->send(f.coord, get("never", 500));
+  f.run();
+  CHECK_FALSE(f.next<proto::KvReply>(1));
+  f.sched->advance_time(std::chrono::milliseconds(600));
+  f.run();
+  auto to = f.expect<proto::KvReply>(1);
+  CHECK_FALSE(to->getOk());
+  CHECK(str(to->getError()).find("timeout") != std::string::npos);
+}
+
+TEST_CASE("coordinator: a barrier releases when everyone arrived", "[coordinator]") {
+  fixture f(3);
+  auto barrier = [](uint32_t rank) {
+    return make<proto::Barrier>([&](auto b) { b.setName("b1"); b.setRank(rank); b.setCount(3); });
+  };
+  f.w(0)->send(f.coord, barrier(0));
+  f.w(1)->send(f.coord, barrier(1));
+  f.run();
+  CHECK_FALSE(f.next<proto::BarrierReply>(0));
+  f.w(2)->send(f.coord, barrier(2));
+  f.run();
+  for (size_t r = 0; r < 3; ++r) CHECK(f.expect<proto::BarrierReply>(r)->getOk());
+}
+
+TEST_CASE("coordinator: notice, agreement, acknowledgement, save, commit", "[coordinator][agreement]") {
+  fixture f(3);
+  f.join_all(3);
+  f.w(1)->send(f.coord, claim(1, 10));
+  f.run();
+  CHECK(f.expect<proto::ClaimReply>(1)->getWon());
+  uint64_t id = 0;
+  for (size_t r = 0; r < 3; ++r) {
+    auto p = f.expect<proto::CheckpointAt>(r);
+    CHECK_FALSE(p->getAgreed());
+    CHECK(p->getStep() == 10);
+    id = p->getAgreementId();
+  }
+  f.w(0)->send(f.coord, ack(id, 0, 10));
+  f.w(1)->send(f.coord, ack(id, 1, 11));
+  f.run();
+  CHECK_FALSE(f.next<proto::CheckpointAt>(0));  // rank 2 has not acknowledged yet
+  f.w(2)->send(f.coord, ack(id, 2, 10));
+  f.run();
+  for (size_t r = 0; r < 3; ++r) {
+    auto a = f.expect<proto::CheckpointAt>(r);
+    CHECK(a->getAgreed());
+    CHECK(a->getStep() == 11);
+    CHECK(a->getSaver() == 0);
+    CHECK(a->getExitAfter());
+  }
+  f.w(0)->send(f.coord, make<proto::CheckpointSaved>([&](auto b) {
+    b.setAgreementId(id); b.setRank(0); b.setStep(11); b.setOk(true);
+  }));
+  f.run();
+  for (size_t r = 0; r < 3; ++r) {
+    auto c = f.expect<proto::Committed>(r);
+    CHECK(c->getStep() == 11);
+    CHECK(c->getExitAfter());
+  }
+}
+
+TEST_CASE("coordinator: two notices at once, one wins", "[coordinator][agreement]") {
+  fixture f(3);
+  f.join_all(3);
+  f.w(1)->send(f.coord, claim(1, 4));
+  f.w(2)->send(f.coord, claim(2, 4));
+  f.run();
+  int wins = int(f.expect<proto::ClaimReply>(1)->getWon()) + int(f.expect<proto::ClaimReply>(2)->getWon());
+  CHECK(wins == 1);
+  for (size_t r = 0; r < 3; ++r) {
+    REQUIRE(f.next<proto::CheckpointAt>(r));
+    CHECK_FALSE(f.next<proto::CheckpointAt>(r));  // exactly one proposal
+  }
+}
+
+TEST_CASE("coordinator: a member dying mid-agreement triggers a just-in-time save", "[coordinator][jit]") {
+  fixture f(3);
+  f.join_all(3);
+  f.w(0)->send(f.coord, claim(0, 7));
+  f.run();
+  auto id = f.expect<proto::CheckpointAt>(0)->getAgreementId();
+  f.expect<proto::CheckpointAt>(1);
+  f.workers[2].reset();  // rank 2's process dies: the coordinator gets a down message
+  f.run();
+  for (size_t r = 0; r < 2; ++r) {
+    auto lost = f.expect<proto::PeerLost>(r);
+    CHECK(lost->getRank() == 2);
+    auto jit = f.expect<proto::CheckpointAt>(r);
+    CHECK(jit->getKind() == proto::CheckpointKind::JIT);
+    CHECK(jit->getAgreementId() > id);
+  }
+}
+
+TEST_CASE("coordinator: one member's error goes to all, naming its origin", "[coordinator][error]") {
+  fixture f(3);
+  f.join_all(3);
+  f.w(2)->send(f.coord, make<proto::ErrorReport>([](auto b) {
+    b.setRank(2); b.setStep(33); b.setMessage("division by zero");
+  }));
+  f.run();
+  for (size_t r = 0; r < 3; ++r) {
+    auto e = f.expect<proto::ClusterError>(r);
+    CHECK(e->getOriginRank() == 2);
+    CHECK(e->getStep() == 33);
+    CHECK(str(e->getMessage()).find("division by zero") != std::string::npos);
+  }
+}

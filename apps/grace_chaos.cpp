@@ -1,0 +1,308 @@
+// grace-chaos: the failure harness. Plays the cluster scheduler around
+// grace-launch + a trainer, injects faults from a schedule (scripted or
+// random from a seed), and proves the invariants of docs/RELIABILITY.md.
+#include "runtime/chaos/invariants.hpp"
+#include "runtime/chaos/report.hpp"
+#include "runtime/chaos/runner.hpp"
+#include "runtime/chaos/schedule.hpp"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using namespace grace::chaos;
+
+namespace {
+
+constexpr int exit_pass = 0, exit_fail = 1, exit_usage = 2, exit_harness = 4;
+
+std::string sibling(const char* env, const std::string& name) {
+  if (const char* e = std::getenv(env); e && *e) return e;
+  std::error_code ec;
+  auto self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && fs::exists(self.parent_path() / name)) return (self.parent_path() / name).string();
+  return name;
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) { h ^= c; h *= 0x100000001b3ull; }
+  return h;
+}
+
+struct reference {
+  std::optional<std::string> checksum;
+  double step_ns = 0;
+  std::string note;
+};
+
+/// The uninterrupted run for this configuration, cached by a key over
+/// everything that determines the final weights.
+reference get_reference(const run_config& base, const fs::path& cache_dir) {
+  reference ref;
+  std::error_code ec;
+  struct stat st {};
+  ::stat(base.trainer.c_str(), &st);
+  nlohmann::json key = {{"workers", base.workers}, {"steps", base.steps}, {"save_every", base.save_every},
+                        {"trainer_args", base.trainer_args}, {"trainer", fs::absolute(base.trainer, ec).string()},
+                        {"trainer_size", st.st_size}, {"trainer_mtime", st.st_mtime}};
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(key.dump()));
+  fs::create_directories(cache_dir, ec);
+  auto file = cache_dir / (std::string("reference-") + hex + ".json");
+  if (std::ifstream f(file); f) {
+    try {
+      nlohmann::json j;
+      f >> j;
+      if (j.value("key", nlohmann::json()) == key) {
+        ref.checksum = j["weights_checksum"].get<std::string>();
+        ref.step_ns = j.value("step_ns", 0.0);
+        ref.note = "cached " + file.string();
+        return ref;
+      }
+    } catch (...) {
+    }
+  }
+  run_config rc = base;
+  rc.dir = cache_dir / (std::string("run-") + hex);
+  std::fprintf(stderr, "grace-chaos: running the uninterrupted reference (cached as %s)\n", file.c_str());
+  auto res = run_job(rc, {});
+  bool ok = !res.launches.empty() && res.launches.back().exit_code == 0 && res.out.contains("weights_checksum");
+  fs::remove_all(rc.dir, ec);
+  if (!ok) {
+    ref.note = "the uninterrupted reference run failed (launcher exit " +
+               std::to_string(res.launches.empty() ? -1 : res.launches.back().exit_code) + ")";
+    return ref;
+  }
+  ref.checksum = res.out["weights_checksum"].get<std::string>();
+  ref.step_ns = res.step_ns;
+  std::ofstream(file) << nlohmann::json{{"key", key}, {"weights_checksum", *ref.checksum}, {"step_ns", ref.step_ns},
+                                        {"out", res.out}}.dump(2) << "\n";
+  ref.note = "fresh run, cached " + file.string();
+  return ref;
+}
+
+struct one_result {
+  bool passed = false;
+  int injected = 0;
+  std::vector<std::string> failures;
+};
+
+one_result run_one(const run_config& base, const std::vector<fault>& schedule, const fs::path& out_dir,
+                   const reference& ref, const nlohmann::json& origin, bool print_table) {
+  run_config cfg = base;
+  cfg.dir = out_dir / "run";
+  if (ref.step_ns > 0) cfg.step_ns_hint = ref.step_ns;
+  auto res = run_job(cfg, schedule);
+  check_input in;
+  in.cfg = &cfg;
+  in.res = &res;
+  in.reference_checksum = ref.checksum;
+  in.reference_note = ref.note;
+  auto chk = check_invariants(in);
+  nlohmann::json extra = origin;
+  extra["schedule"] = schedule_to_json(schedule);
+  extra["reference"] = {{"weights_checksum", ref.checksum ? nlohmann::json(*ref.checksum) : nlohmann::json()},
+                        {"note", ref.note}};
+  auto report = make_report(cfg, res, chk, extra);
+  auto note = draw_timeline(out_dir, cfg, res);
+  report["timeline"] = note;
+  std::ofstream(out_dir / "report.json") << report.dump(2) << "\n";
+  one_result r;
+  r.passed = chk.passed();
+  for (auto& f : res.faults) r.injected += f.status == "injected";
+  for (auto& v : chk.verdicts)
+    if (v.status == verdict_status::fail) r.failures.push_back(v.name + ": " + v.detail);
+  if (print_table) {
+    std::cout << render_table(res, chk);
+    for (auto& n : res.notes) std::cout << "note: " << n << "\n";
+    std::cout << note << "\nreport: " << (out_dir / "report.json").string() << "\n";
+  }
+  return r;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"grace-chaos: run a Grace job under injected faults (kills, freezes, notices, damaged "
+               "checkpoints, a full disk) and prove nothing was lost.\n"
+               "  grace-chaos --seed 7 --faults 4 --out /tmp/chaos\n"
+               "  grace-chaos --schedule faults.json --out /tmp/chaos\n"
+               "  grace-chaos --soak 50 --seed 1000 --out /tmp/soak"};
+  run_config cfg;
+  uint64_t seed = 1;
+  int faults = 3, soak = 0;
+  std::string schedule_file, out = "grace-chaos-out", kinds_arg, cache_dir;
+  std::vector<std::string> trainer_args;
+  bool print_only = false, no_reference = false;
+  int timeout_s = 240;
+  app.add_option("--workers", cfg.workers, "workers (grace-launch --nproc)")->check(CLI::Range(1, 64));
+  app.add_option("--steps", cfg.steps, "training steps")->check(CLI::Range(uint64_t(10), uint64_t(1) << 30));
+  app.add_option("--save-every", cfg.save_every, "periodic checkpoint interval (bounds work lost to a damaged checkpoint)")
+    ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--step-delay-ms", cfg.step_delay_ms, "trainer --step-delay-ms: slows steps so 'at step X' is precise")
+    ->check(CLI::Range(0, 60000));
+  app.add_option("--seed", seed, "random schedule seed (same seed, same schedule)");
+  app.add_option("--faults", faults, "faults in a random schedule")->check(CLI::Range(0, 100));
+  app.add_option("--kinds", kinds_arg, "random schedules use only these kinds (comma separated)");
+  app.add_option("--schedule", schedule_file, "scripted schedule (JSON array) instead of --seed/--faults");
+  app.add_option("--soak", soak, "run N random schedules (seeds seed..seed+N-1)")->check(CLI::Range(0, 1000000));
+  app.add_option("--out", out, "output directory (run/, report.json, timeline.png)");
+  app.add_option("--trainer", cfg.trainer, "trainer program (default $GRACE_TRAIN or grace-train next to this binary)");
+  app.add_option("--launcher", cfg.launcher, "launcher (default $GRACE_LAUNCH or grace-launch next to this binary)");
+  app.add_option("--ckpt-tool", cfg.ckpt_tool, "checkpoint tool (default $GRACE_CKPT or grace-ckpt next to this binary)");
+  app.add_option("--trainer-arg", trainer_args, "extra trainer argument (repeat; use --trainer-arg=--flag for flags)")
+    ->allow_extra_args(false);
+  app.add_option("--max-restarts", cfg.max_relaunches, "scheduler relaunches of grace-launch before giving up")
+    ->check(CLI::Range(0, 10000));
+  app.add_option("--timeout-s", timeout_s, "give up on one job after this long")->check(CLI::Range(10, 86400));
+  app.add_option("--cache-dir", cache_dir, "reference runs cache (default ~/.cache/grace-chaos)");
+  app.add_flag("--no-reference", no_reference, "skip the reference run (bit_identical is SKIP)");
+  app.add_flag("--print-schedule", print_only, "print the schedule and exit");
+  app.add_flag("-v,--verbose", cfg.verbose, "log each launch and fault");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : exit_usage;
+  }
+  cfg.trainer_args = trainer_args;
+  cfg.job_timeout_ms = int64_t(timeout_s) * 1000;
+  if (cfg.trainer.empty()) cfg.trainer = sibling("GRACE_TRAIN", "grace-train");
+  if (cfg.launcher.empty()) cfg.launcher = sibling("GRACE_LAUNCH", "grace-launch");
+  if (cfg.ckpt_tool.empty()) cfg.ckpt_tool = sibling("GRACE_CKPT", "grace-ckpt");
+  spdlog::set_pattern("[%H:%M:%S.%e] [chaos] %v");
+
+  std::vector<fault_kind> kinds;
+  for (size_t p = 0; !kinds_arg.empty() && p <= kinds_arg.size();) {
+    auto q = kinds_arg.find(',', p);
+    auto name = kinds_arg.substr(p, q == std::string::npos ? std::string::npos : q - p);
+    auto k = parse_fault_kind(name);
+    if (!k) {
+      std::fprintf(stderr, "grace-chaos: --kinds: unknown fault '%s'\n", name.c_str());
+      return exit_usage;
+    }
+    kinds.push_back(*k);
+    if (q == std::string::npos) break;
+    p = q + 1;
+  }
+
+  std::vector<fault> scripted;
+  if (!schedule_file.empty()) {
+    if (soak) {
+      std::fprintf(stderr, "grace-chaos: --soak generates schedules; it cannot be combined with --schedule\n");
+      return exit_usage;
+    }
+    std::ifstream f(schedule_file);
+    if (!f) {
+      std::fprintf(stderr, "grace-chaos: cannot read --schedule %s\n", schedule_file.c_str());
+      return exit_usage;
+    }
+    try {
+      nlohmann::json j;
+      f >> j;
+      scripted = schedule_from_json(j);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "grace-chaos: --schedule %s: %s\n", schedule_file.c_str(), e.what());
+      return exit_usage;
+    }
+    for (auto& s : scripted)
+      for (int t : s.targets)
+        if (t >= cfg.workers) {
+          std::fprintf(stderr, "grace-chaos: --schedule: target rank %d but only %d workers\n", t, cfg.workers);
+          return exit_usage;
+        }
+  }
+  auto schedule_for = [&](uint64_t s) {
+    if (!schedule_file.empty()) return scripted;
+    generate_options g;
+    g.seed = s;
+    g.faults = faults;
+    g.workers = cfg.workers;
+    g.steps = cfg.steps;
+    g.kinds = kinds;
+    return generate(g);
+  };
+  if (print_only) {
+    std::cout << schedule_to_json(schedule_for(seed)).dump(1) << "\n";
+    return exit_pass;
+  }
+
+  for (auto* p : {&cfg.launcher, &cfg.trainer, &cfg.ckpt_tool})
+    if (::access(p->c_str(), X_OK) != 0) {
+      std::fprintf(stderr, "grace-chaos: cannot execute %s (set --launcher/--trainer/--ckpt-tool or GRACE_LAUNCH/GRACE_TRAIN/GRACE_CKPT)\n",
+                   p->c_str());
+      return exit_usage;
+    }
+  for (auto* p : {&cfg.launcher, &cfg.trainer, &cfg.ckpt_tool}) *p = fs::absolute(*p).string();
+  std::error_code ec;
+  fs::path out_dir = fs::absolute(out);
+  fs::create_directories(out_dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "grace-chaos: cannot create --out %s: %s\n", out.c_str(), ec.message().c_str());
+    return exit_usage;
+  }
+  if (cache_dir.empty()) {
+    const char* home = std::getenv("HOME");
+    cache_dir = home && *home ? std::string(home) + "/.cache/grace-chaos" : (out_dir / "reference").string();
+  }
+
+  try {
+    reference ref;
+    if (no_reference) ref.note = "--no-reference";
+    else ref = get_reference(cfg, cache_dir);
+    if (!no_reference && !ref.checksum) std::fprintf(stderr, "grace-chaos: %s\n", ref.note.c_str());
+
+    if (soak == 0) {
+      auto schedule = schedule_for(seed);
+      std::cout << "schedule" << (schedule_file.empty() ? " (seed " + std::to_string(seed) + ")" : " (" + schedule_file + ")")
+                << ":\n";
+      for (auto& f : schedule) std::cout << "  " << to_json(f).dump() << "\n";
+      std::cout.flush();
+      nlohmann::json origin = schedule_file.empty() ? nlohmann::json{{"seed", seed}} : nlohmann::json{{"schedule_file", schedule_file}};
+      auto r = run_one(cfg, schedule, out_dir, ref, origin, true);
+      return r.passed ? exit_pass : exit_fail;
+    }
+
+    int failed = 0, total_faults = 0;
+    std::map<std::string, int> kind_count;
+    auto runs = nlohmann::json::array();
+    for (int i = 0; i < soak; ++i) {
+      uint64_t s = seed + static_cast<uint64_t>(i);
+      auto schedule = schedule_for(s);
+      std::string kinds_str;
+      for (auto& f : schedule) {
+        kinds_str += std::string(kinds_str.empty() ? "" : " ") + to_string(f.kind);
+        ++kind_count[to_string(f.kind)];
+      }
+      auto dir = out_dir / ("seed-" + std::to_string(s));
+      fs::create_directories(dir, ec);
+      auto r = run_one(cfg, schedule, dir, ref, {{"seed", s}}, false);
+      total_faults += r.injected;
+      failed += !r.passed;
+      std::printf("seed %-6llu %s  %d/%zu faults injected  [%s]\n", (unsigned long long)s, r.passed ? "PASS" : "FAIL",
+                  r.injected, schedule.size(), kinds_str.c_str());
+      for (auto& f : r.failures) std::printf("    %s\n", f.c_str());
+      std::fflush(stdout);
+      runs.push_back({{"seed", s}, {"passed", r.passed}, {"injected", r.injected}, {"failures", r.failures},
+                      {"schedule", schedule_to_json(schedule)}});
+    }
+    std::printf("soak: %d schedule(s), %d fault(s) injected, %d failed\n", soak, total_faults, failed);
+    std::ofstream(out_dir / "soak.json") << nlohmann::json{{"schedules", soak}, {"faults_injected", total_faults},
+                                                           {"failed", failed}, {"kinds", kind_count}, {"runs", runs}}
+                                                .dump(2)
+                                         << "\n";
+    return failed ? exit_fail : exit_pass;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "grace-chaos: %s\n", e.what());
+    return exit_harness;
+  }
+}

@@ -1,0 +1,353 @@
+#include "runtime/chaos/invariants.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <csignal>
+
+namespace grace::chaos {
+
+const char* to_string(verdict_status s) noexcept {
+  switch (s) {
+    case verdict_status::pass: return "PASS";
+    case verdict_status::fail: return "FAIL";
+    case verdict_status::skip: return "SKIP";
+  }
+  return "?";
+}
+
+bool check_output::passed() const {
+  return std::none_of(verdicts.begin(), verdicts.end(), [](auto& v) { return v.status == verdict_status::fail; });
+}
+
+namespace {
+
+bool injected(const fault_record& r) { return r.status == "injected"; }
+
+bool step_error_injected(const run_result& res) {
+  return std::any_of(res.faults.begin(), res.faults.end(),
+                     [](auto& r) { return r.f.kind == fault_kind::step_error && injected(r); });
+}
+
+bool step_error_scheduled(const run_config& cfg, const run_result& res) {
+  return std::any_of(res.faults.begin(), res.faults.end(), [&](auto& r) {
+    return r.f.kind == fault_kind::step_error && r.f.at_step && *r.f.at_step <= cfg.steps;
+  });
+}
+
+/// Does this fault end its incarnation (workers exit with the restart code)?
+bool restarts_group(const fault_record& r) {
+  switch (r.f.kind) {
+    case fault_kind::fs_full:
+    case fault_kind::step_error: return false;
+    case fault_kind::sigstop_worker: return r.f.duration_ms == 0;
+    default: return true;
+  }
+}
+
+bool stops_launcher(const fault_record& r) {
+  switch (r.f.kind) {
+    case fault_kind::sigterm_launcher:
+    case fault_kind::flip_byte:
+    case fault_kind::truncate_file:
+    case fault_kind::delete_file:
+    case fault_kind::stale_tmp: return true;
+    case fault_kind::sigterm_multi: return r.f.include_launcher;
+    default: return false;
+  }
+}
+
+verdict job_finished(const check_input& in) {
+  auto& res = *in.res;
+  verdict v{"job_finished"};
+  if (res.launches.empty()) {
+    v.status = verdict_status::fail;
+    v.detail = "the launcher never ran";
+    return v;
+  }
+  auto& last = res.launches.back();
+  std::string how = last.exit_code >= 0 ? "launcher exit " + std::to_string(last.exit_code)
+                                        : "launcher killed by signal " + std::to_string(last.signal);
+  how += " after " + std::to_string(res.launches.size()) + " launch(es)";
+  if (res.timed_out) how += "; timed out";
+  if (step_error_scheduled(*in.cfg, res)) {
+    bool ok = last.exit_code == 3 && step_error_injected(res);
+    v.status = ok ? verdict_status::pass : verdict_status::fail;
+    v.detail = how + (ok ? ": stopped with the fatal code for the injected step error"
+                         : ": expected exit 3 for the injected step error");
+    return v;
+  }
+  bool ok = last.exit_code == 0 && !res.out.is_null() && !res.timed_out;
+  v.status = ok ? verdict_status::pass : verdict_status::fail;
+  v.detail = how + (res.out.is_null() ? "; no out.json" : "");
+  return v;
+}
+
+verdict exactly_once(const check_input& in) {
+  auto& res = *in.res;
+  verdict v{"exactly_once"};
+  std::vector<std::string> bad;
+  int checked = 0;
+  auto expect_sum = [](int64_t n) { return n * (n + 1) / 2; };
+  if (!res.out.is_null()) {
+    int64_t steps = static_cast<int64_t>(in.cfg->steps);
+    int64_t done = res.out.value("steps_done", int64_t(-1)), sum = res.out.value("step_index_sum", int64_t(-1));
+    ++checked;
+    if (done != steps || sum != expect_sum(steps))
+      bad.push_back("out.json: steps_done " + std::to_string(done) + " (want " + std::to_string(steps) +
+                    "), step_index_sum " + std::to_string(sum) + " (want " + std::to_string(expect_sum(steps)) + ")");
+  }
+  for (auto& c : res.final_checkpoints) {
+    if (!c.contains("step") || !c.contains("counters")) continue;
+    int64_t s = c["step"].get<int64_t>();
+    auto& k = c["counters"];
+    if (!k.contains("steps_done")) continue;
+    ++checked;
+    int64_t done = k.value("steps_done", int64_t(-1)), sum = k.value("step_index_sum", int64_t(-1));
+    if (done != s || sum != expect_sum(s))
+      bad.push_back(c["path"].get<std::string>() + ": steps_done " + std::to_string(done) + ", step_index_sum " +
+                    std::to_string(sum) + " at step " + std::to_string(s));
+  }
+  if (checked == 0) {
+    v.detail = "nothing to check (no out.json, no checkpoint with counters)";
+    return v;
+  }
+  v.status = bad.empty() ? verdict_status::pass : verdict_status::fail;
+  if (bad.empty()) {
+    v.detail = std::to_string(checked) + " accounting(s) exact";
+    if (!res.out.is_null())
+      v.detail += ": steps_done " + std::to_string(res.out.value("steps_done", 0)) + ", step_index_sum " +
+                  std::to_string(res.out.value("step_index_sum", 0));
+  } else {
+    for (auto& b : bad) v.detail += (v.detail.empty() ? "" : "; ") + b;
+  }
+  return v;
+}
+
+verdict bit_identical(const check_input& in) {
+  auto& res = *in.res;
+  verdict v{"bit_identical"};
+  if (step_error_scheduled(*in.cfg, res)) {
+    v.detail = "the run stops on the injected step error";
+    return v;
+  }
+  if (res.out.is_null()) {
+    v.status = verdict_status::fail;
+    v.detail = "no final weights (no out.json)";
+    return v;
+  }
+  if (!in.reference_checksum) {
+    v.detail = "no reference: " + in.reference_note;
+    return v;
+  }
+  auto got = res.out.value("weights_checksum", std::string("?"));
+  v.status = got == *in.reference_checksum ? verdict_status::pass : verdict_status::fail;
+  v.detail = "weights checksum " + got + (got == *in.reference_checksum ? " == " : " != ") + "reference " +
+             *in.reference_checksum;
+  return v;
+}
+
+verdict no_corrupt_restore(const check_input& in) {
+  auto& res = *in.res;
+  verdict v{"no_corrupt_restore"};
+  std::vector<std::string> bad;
+  int verified = 0, unverifiable = 0;
+  for (auto& r : res.restores) {
+    if (!r.checked) { ++unverifiable; continue; }
+    ++verified;
+    if (!r.ok) bad.push_back("restored " + r.path + " (incarnation " + std::to_string(r.incarnation) +
+                             ") does not verify: " + r.detail);
+    auto name = std::filesystem::path(r.path).filename().string();
+    if (name.rfind("step-", 0) != 0 || name.find(".corrupt-") != std::string::npos)
+      bad.push_back("restored a directory that is not a committed checkpoint: " + r.path);
+  }
+  int damaged = 0;
+  for (auto& f : res.faults) {
+    if (!injected(f) || f.corrupted_path.empty() || f.f.kind == fault_kind::stale_tmp) continue;
+    ++damaged;
+    for (auto& e : res.events) {
+      if (e.name != "restored" || e.t_ns < f.corrupted_ns) continue;
+      if (e.j.value("path", "") != f.corrupted_path) continue;
+      // Rewritten (committed again) between the damage and this restore?
+      bool rewritten = std::any_of(res.events.begin(), res.events.end(), [&](const event& c) {
+        return c.name == "committed_local" && c.t_ns > f.corrupted_ns && c.t_ns < e.t_ns &&
+               c.j.value("path", "") == f.corrupted_path;
+      });
+      if (!rewritten) {
+        bad.push_back("rank " + std::to_string(e.rank) + " restored the damaged " + f.corrupted_path + " (" +
+                      f.detail + ")");
+        break;
+      }
+    }
+  }
+  v.status = bad.empty() ? verdict_status::pass : verdict_status::fail;
+  if (bad.empty()) {
+    v.detail = std::to_string(verified) + " restore(s) verified by grace-ckpt";
+    if (unverifiable) v.detail += ", " + std::to_string(unverifiable) + " gone before checking";
+    v.detail += "; " + std::to_string(damaged) + " damaged checkpoint(s) never restored";
+  } else {
+    for (auto& b : bad) v.detail += (v.detail.empty() ? "" : "; ") + b;
+  }
+  return v;
+}
+
+verdict no_temp_left(const check_input& in) {
+  verdict v{"no_temp_left"};
+  auto& t = in.res->leftover_temporaries;
+  v.status = t.empty() ? verdict_status::pass : verdict_status::fail;
+  if (t.empty()) {
+    int planted = 0;
+    for (auto& f : in.res->faults) planted += injected(f) && f.f.kind == fault_kind::stale_tmp;
+    v.detail = "none left" + (planted ? " (" + std::to_string(planted) + " planted stale one(s) cleaned up)" : "");
+  } else {
+    for (auto& n : t) v.detail += (v.detail.empty() ? "left: " : ", ") + n;
+  }
+  return v;
+}
+
+verdict exit_codes(const check_input& in) {
+  auto& res = *in.res;
+  verdict v{"exit_codes"};
+  std::vector<std::string> bad;
+  std::map<int64_t, std::vector<const fault_record*>> by_inc;
+  for (auto& f : res.faults)
+    if (injected(f)) by_inc[f.incarnation].push_back(&f);
+  int worker_exits = 0;
+  for (auto& e : res.events) {
+    if (e.name != "worker_exit") continue;
+    ++worker_exits;
+    int rank = e.j.value("worker_rank", -1), code = e.j.value("code", -1), sig = e.j.value("signal", 0);
+    auto& fs = by_inc[e.incarnation];
+    auto has = [&](auto pred) { return std::any_of(fs.begin(), fs.end(), [&](auto* f) { return pred(*f); }); };
+    bool ok = false;
+    if (code == 0) ok = true;
+    else if (sig == SIGKILL)
+      ok = has([&](const fault_record& f) {
+        bool targeted = std::find(f.ranks.begin(), f.ranks.end(), rank) != f.ranks.end();
+        return f.deadline_kill || (targeted && (f.f.kind == fault_kind::sigkill_worker ||
+                                                (f.f.kind == fault_kind::sigstop_worker && f.f.duration_ms == 0)));
+      });
+    else if (code == 42) ok = has([](const fault_record& f) { return restarts_group(f); });
+    else if (code == 3) ok = has([](const fault_record& f) { return f.f.kind == fault_kind::step_error; });
+    if (!ok) {
+      std::string causes;
+      for (auto* f : fs) causes += std::string(causes.empty() ? "" : ",") + to_string(f->f.kind);
+      bad.push_back("incarnation " + std::to_string(e.incarnation) + " rank " + std::to_string(rank) + " exited " +
+                    (sig ? "by signal " + std::to_string(sig) : "with " + std::to_string(code)) +
+                    " (faults in it: " + (causes.empty() ? "none" : causes) + ")");
+    }
+  }
+  for (size_t i = 0; i < res.launches.size(); ++i) {
+    auto& l = res.launches[i];
+    std::vector<const fault_record*> fs;
+    for (auto& f : res.faults)
+      if (injected(f) && f.launch == l.index) fs.push_back(&f);
+    auto has = [&](auto pred) { return std::any_of(fs.begin(), fs.end(), [&](auto* f) { return pred(*f); }); };
+    bool ok = false;
+    std::string what = l.exit_code >= 0 ? "exit " + std::to_string(l.exit_code) : "signal " + std::to_string(l.signal);
+    if (l.exit_code == 0) ok = i + 1 == res.launches.size();
+    else if (l.exit_code == 42) ok = has(stops_launcher);
+    else if (l.exit_code == 3) ok = has([](const fault_record& f) { return f.f.kind == fault_kind::step_error; });
+    else if (l.signal == SIGKILL)
+      ok = res.timed_out || has([](const fault_record& f) {
+             return f.f.kind == fault_kind::sigkill_launcher || (f.deadline_kill && stops_launcher(f));
+           });
+    if (!ok) {
+      std::string causes;
+      for (auto* f : fs) causes += std::string(causes.empty() ? "" : ",") + to_string(f->f.kind);
+      bad.push_back("launch " + std::to_string(l.index) + " ended with " + what + " (faults in it: " +
+                    (causes.empty() ? "none" : causes) + ")");
+    }
+  }
+  v.status = bad.empty() ? verdict_status::pass : verdict_status::fail;
+  if (bad.empty())
+    v.detail = std::to_string(worker_exits) + " worker exits and " + std::to_string(res.launches.size()) +
+               " launcher exits, each explained by its cause";
+  else
+    for (auto& b : bad) v.detail += (v.detail.empty() ? "" : "; ") + b;
+  return v;
+}
+
+verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
+  auto& res = *in.res;
+  verdict v{"work_lost"};
+  std::vector<std::string> bad;
+  int measured = 0;
+  for (auto& f : res.faults) {
+    fault_loss l;
+    l.index = f.index;
+    auto cls = loss_class_of(f.f.kind);
+    if (f.f.kind == fault_kind::sigstop_worker && f.f.duration_ms > 0) cls = loss_class::none;
+    if (!injected(f) || cls == loss_class::terminal || cls == loss_class::none) {
+      losses.push_back(l);
+      continue;
+    }
+    l.applicable = true;
+    l.bound = cls == loss_class::notice ? 0 : cls == loss_class::hard ? 1 : in.cfg->save_every;
+    for (auto& e : res.events) {
+      if (e.incarnation != f.incarnation || e.rank < 0 || e.t_ns < f.t_ns - 5000000000LL) continue;
+      if (e.name == "exit" || e.name == "committed_local") l.reached = std::max(l.reached, e.step());
+    }
+    if (l.reached < 0) {
+      l.reached = f.est_step;
+      l.detail = "reached step estimated; ";
+    }
+    int64_t next_inc = -1;
+    for (auto& e : res.events)
+      if (e.rank >= 0 && e.incarnation > f.incarnation && (next_inc < 0 || e.incarnation < next_inc))
+        next_inc = e.incarnation;
+    if (next_inc < 0) {
+      l.applicable = false;
+      l.detail += "no restart followed (the job ended first)";
+      losses.push_back(l);
+      continue;
+    }
+    l.restored = 0;
+    int64_t first = -1;
+    for (auto& e : res.events) {
+      if (e.incarnation != next_inc || e.rank < 0) continue;
+      if (e.name == "restored") l.restored = std::max(l.restored, e.step());
+      if (e.name == "first_step" && (first < 0 || e.step() < first)) first = e.step();
+    }
+    if (first > 0) l.restored = std::max(l.restored, first - 1);
+    l.lost = std::max<int64_t>(0, l.reached - l.restored);
+    l.ok = l.lost <= l.bound;
+    ++measured;
+    l.detail += "reached " + std::to_string(l.reached) + ", restored " + std::to_string(l.restored) + " in incarnation " +
+                std::to_string(next_inc);
+    if (!l.ok)
+      bad.push_back("fault " + std::to_string(f.index) + " " + to_string(f.f.kind) + ": lost " +
+                    std::to_string(l.lost) + " step(s) > bound " + std::to_string(l.bound) + " (" + l.detail + ")");
+    losses.push_back(l);
+  }
+  if (measured == 0) {
+    v.detail = "no fault followed by a restart";
+    return v;
+  }
+  v.status = bad.empty() ? verdict_status::pass : verdict_status::fail;
+  if (bad.empty()) {
+    for (auto& l : losses)
+      if (l.applicable)
+        v.detail += (v.detail.empty() ? "" : ", ") + std::string("f") + std::to_string(l.index) + ": " +
+                    std::to_string(l.lost) + "<=" + std::to_string(l.bound);
+  } else {
+    for (auto& b : bad) v.detail += (v.detail.empty() ? "" : "; ") + b;
+  }
+  return v;
+}
+
+} // namespace
+
+check_output check_invariants(const check_input& in) {
+  check_output out;
+  out.verdicts.push_back(job_finished(in));
+  out.verdicts.push_back(exactly_once(in));
+  out.verdicts.push_back(bit_identical(in));
+  out.verdicts.push_back(no_corrupt_restore(in));
+  out.verdicts.push_back(no_temp_left(in));
+  out.verdicts.push_back(exit_codes(in));
+  out.verdicts.push_back(work_lost(in, out.losses));
+  return out;
+}
+
+} // namespace grace::chaos

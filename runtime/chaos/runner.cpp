@@ -1,0 +1,711 @@
+#include "runtime/chaos/runner.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <fstream>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace grace::chaos {
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+bool alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+/// Children of `pid`, from /proc/<pid>/task/*/children.
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::ifstream f(it->path() / "children");
+    long c;
+    while (f >> c) out.push_back(static_cast<pid_t>(c));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+pid_t spawn(const std::vector<std::string>& argv, const fs::path& log, const std::map<std::string, std::string>& env,
+            bool own_group) {
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid > 0) return pid;
+  if (own_group) ::setpgid(0, 0);
+  int fd = log.empty() ? ::open("/dev/null", O_WRONLY) : ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd >= 0) {
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::close(fd);
+  }
+  for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+  std::vector<char*> a;
+  for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+  a.push_back(nullptr);
+  ::execvp(a[0], a.data());
+  std::fprintf(stderr, "grace-chaos: cannot run %s: %s\n", a[0], std::strerror(errno));
+  ::_exit(127);
+}
+
+/// A pid that belonged to a process that is gone now.
+long dead_pid() {
+  pid_t p = ::fork();
+  if (p == 0) ::_exit(0);
+  int st;
+  ::waitpid(p, &st, 0);
+  return p;
+}
+
+/// Newest `step-N` directory that has a manifest.
+std::optional<fs::path> newest_checkpoint(const fs::path& dir, uint64_t* step_out = nullptr) {
+  std::optional<fs::path> best;
+  uint64_t best_step = 0;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    auto name = it->path().filename().string();
+    unsigned long long s;
+    char rest;
+    if (std::sscanf(name.c_str(), "step-%llu%c", &s, &rest) != 1) continue;
+    if (!fs::exists(it->path() / "grace-manifest.json")) continue;
+    if (!best || s > best_step) { best = it->path(); best_step = s; }
+  }
+  if (step_out) *step_out = best_step;
+  return best;
+}
+
+fs::path pick_file(const fs::path& step_dir, const std::string& wanted) {
+  if (!wanted.empty()) return step_dir / wanted;
+  std::vector<fs::path> shards;
+  for (auto& e : fs::directory_iterator(step_dir))
+    if (e.path().extension() == ".safetensors") shards.push_back(e.path());
+  std::sort(shards.begin(), shards.end());
+  if (shards.empty()) return step_dir / "grace-manifest.json";
+  return shards.front();
+}
+
+/// The job's state as seen through the events file.
+struct job_view {
+  int workers = 0;
+  int64_t incarnation = -1;          ///< newest group_started
+  int64_t incarnation_start_ns = 0;
+  std::map<int64_t, int64_t> pid_of; ///< rank -> pid (current incarnation)
+  std::set<int64_t> stepping;        ///< ranks with first_step in the current incarnation
+  std::set<int64_t> exited;          ///< ranks with an exit/finished event in the current incarnation
+  int64_t anchor_step = 0, anchor_ns = 0;
+  int64_t first_step = -1, first_step_ns = 0;
+  double step_ns = 25e6;
+
+  void apply(const event& e) {
+    if (e.name == "group_started") {
+      if (e.incarnation > incarnation) {
+        incarnation = e.incarnation;
+        incarnation_start_ns = e.t_ns;
+        pid_of.clear();
+        stepping.clear();
+        exited.clear();
+        first_step = -1;
+      }
+      return;
+    }
+    if (e.rank < 0 || e.incarnation != incarnation) return;
+    pid_of[e.rank] = e.pid;
+    int64_t s = e.step();
+    if (e.name == "first_step") {
+      stepping.insert(e.rank);
+      if (first_step < 0) { first_step = s; first_step_ns = e.t_ns; }
+      anchor(s, e.t_ns);
+    } else if (e.name == "committed_local" || e.name == "reached_agreed_step" || e.name == "restored") {
+      if (e.name == "committed_local" && first_step >= 0 && s - first_step >= 10 && e.t_ns > first_step_ns)
+        step_ns = double(e.t_ns - first_step_ns) / double(s - first_step);
+      anchor(s, e.t_ns);
+    } else if (e.name == "exit" || e.name == "finished") {
+      exited.insert(e.rank);
+    }
+  }
+  void anchor(int64_t s, int64_t t) {
+    if (s >= anchor_step || t > anchor_ns + 2 * int64_t(step_ns)) { anchor_step = s; anchor_ns = t; }
+  }
+  bool running() const { return static_cast<int>(stepping.size()) == workers && exited.empty(); }
+  int64_t estimate(int64_t now) const {
+    if (anchor_ns == 0) return 0;
+    return anchor_step + static_cast<int64_t>(double(now - anchor_ns) / step_ns);
+  }
+};
+
+/// A fault in progress: what remains to do and when it counts as over.
+struct active_fault {
+  size_t idx = 0;
+  enum class wait_for { restart, launcher_exit, timer } until = wait_for::restart;
+  int64_t timer_ns = 0;         ///< timer: when to finish (sigcont, remove filler)
+  int64_t deadline_kill_ns = 0; ///< grace period: platform kill time
+  bool gap = false;             ///< checkpoint fault applied once the launcher is down
+  std::vector<pid_t> stopped;   ///< SIGSTOPped pids to continue
+  fs::path filler;
+};
+
+class job {
+public:
+  job(const run_config& c, const std::vector<fault>& s) : cfg_(c) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      fault_record r;
+      r.f = s[i];
+      r.index = i;
+      res_.faults.push_back(r);
+    }
+    view_.workers = c.workers;
+    view_.step_ns = c.step_ns_hint;
+  }
+
+  run_result run() {
+    setup();
+    res_.start_ns = now_ns();
+    int64_t next_incarnation = 0;
+    for (int launch = 0;; ++launch) {
+      if (launch > cfg_.max_relaunches) {
+        res_.notes.push_back("gave up after " + std::to_string(cfg_.max_relaunches) + " relaunches");
+        break;
+      }
+      launch_record lr = start_launcher(launch, next_incarnation);
+      watch(lr);
+      res_.launches.push_back(lr);
+      next_incarnation = std::max(next_incarnation, view_.incarnation + 1);
+      bool relaunch = (lr.exit_code == 42) || (lr.exit_code < 0);
+      if (active_ && active_->gap) finish_gap_fault(lr);
+      if (active_ && active_->until == active_fault::wait_for::launcher_exit) active_.reset();
+      if (res_.timed_out || !relaunch) break;
+    }
+    end_job();
+    return std::move(res_);
+  }
+
+private:
+  void setup() {
+    std::error_code ec;
+    run_dir_ = cfg_.dir;
+    fs::remove_all(run_dir_, ec);
+    fs::create_directories(run_dir_, ec);
+    if (ec) throw std::runtime_error("cannot create " + run_dir_.string() + ": " + ec.message());
+    ckpt_ = run_dir_ / "ckpt";
+    fs::create_directories(ckpt_);
+    events_path_ = run_dir_ / "events.jsonl";
+    std::ofstream(events_path_).flush();
+    bool wants_fs = std::any_of(res_.faults.begin(), res_.faults.end(),
+                                [](auto& r) { return r.f.kind == fault_kind::fs_full; });
+    if (wants_fs) {
+      if (::mount("grace-chaos", ckpt_.c_str(), "tmpfs", 0, "size=4m,mode=0755") == 0) {
+        res_.fs_mounted = true;
+        res_.notes.push_back("checkpoint dir is a 4 MiB tmpfs (for fs_full)");
+      } else {
+        res_.notes.push_back(std::string("fs_full: cannot mount a tmpfs on the checkpoint dir (") +
+                             std::strerror(errno) + "): fs_full faults are skipped");
+      }
+    }
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  }
+
+  void note_event(const std::string& what, const nlohmann::json& extra) {
+    nlohmann::json j = {{"event", "chaos_" + what}, {"t_ns", now_ns()}, {"pid", ::getpid()}, {"rank", -2},
+                        {"incarnation", view_.incarnation}};
+    for (auto& [k, v] : extra.items()) j[k] = v;
+    std::ofstream f(events_path_, std::ios::app);
+    f << j.dump() << "\n";
+  }
+
+  /// The next fault not yet handled.
+  fault_record* next_fault() {
+    for (auto& r : res_.faults)
+      if (r.status == "not reached" && r.f.kind != fault_kind::step_error) return &r;
+    return nullptr;
+  }
+
+  launch_record start_launcher(int index, int64_t incarnation) {
+    launch_record lr;
+    lr.index = index;
+    lr.base_incarnation = incarnation;
+    int launcher_grace = 0, worker_grace = 0;
+    std::optional<fault> fail;
+    for (auto& r : res_.faults) {
+      if (r.status != "not reached") continue;
+      if (r.f.kind == fault_kind::step_error) { fail = r.f; }
+    }
+    if (auto* n = next_fault()) {
+      if (n->f.kind == fault_kind::sigterm_launcher || (n->f.kind == fault_kind::sigterm_multi && n->f.include_launcher))
+        launcher_grace = n->f.grace_ms;
+      if (n->f.kind == fault_kind::sigterm_worker || n->f.kind == fault_kind::sigterm_multi) worker_grace = n->f.grace_ms;
+    }
+    grace_launcher_ = launcher_grace;
+    grace_worker_ = worker_grace;
+    lr.grace_ms = std::max(launcher_grace, worker_grace);
+    std::vector<std::string> a = {cfg_.launcher, "--nproc", std::to_string(cfg_.workers), "--max-restarts",
+                                  std::to_string(cfg_.launcher_max_restarts), "--checkpoint-dir", ckpt_.string(),
+                                  "--exit-timeout-ms", std::to_string(cfg_.exit_timeout_ms)};
+    if (launcher_grace) { a.push_back("--grace-period-ms"); a.push_back(std::to_string(launcher_grace)); }
+    a.push_back("--");
+    for (auto& s : std::vector<std::string>{cfg_.trainer, "--steps", std::to_string(cfg_.steps), "--output",
+                                            (run_dir_ / "out.json").string(), "--save-every",
+                                            std::to_string(cfg_.save_every), "--step-delay-ms",
+                                            std::to_string(cfg_.step_delay_ms)})
+      a.push_back(s);
+    if (worker_grace) { a.push_back("--grace-period-ms"); a.push_back(std::to_string(worker_grace)); }
+    if (fail) {
+      a.push_back("--fail-at-step"); a.push_back(std::to_string(fail->at_step.value_or(cfg_.steps / 2)));
+      a.push_back("--fail-rank"); a.push_back(std::to_string(fail->targets.empty() ? 0 : fail->targets[0]));
+    }
+    for (auto& s : cfg_.trainer_args) a.push_back(s);
+    lr.argv = a;
+    std::map<std::string, std::string> env{{"GRACE_EVENTS_FILE", events_path_.string()},
+                                           {"GRACE_INCARNATION", std::to_string(incarnation)}};
+    lr.start_ns = now_ns();
+    lr.pid = spawn(a, run_dir_ / ("launch-" + std::to_string(index) + ".log"), env, true);
+    launcher_ = lr.pid;
+    note_event("launch", {{"launch", index}, {"launcher_pid", lr.pid}, {"base_incarnation", incarnation}});
+    if (cfg_.verbose) spdlog::info("launch {} (pid {}, incarnation {})", index, lr.pid, incarnation);
+    return lr;
+  }
+
+  void poll_events() {
+    for (auto& e : read_events(events_path_, events_offset_)) {
+      view_.apply(e);
+      if (e.name == "restored") check_restore(e);
+      res_.events.push_back(std::move(e));
+    }
+  }
+
+  void check_restore(const event& e) {
+    std::string path = e.j.value("path", "");
+    for (auto& r : res_.restores)
+      if (r.path == path && r.incarnation == e.incarnation) return;
+    restore_check rc;
+    rc.path = path;
+    rc.incarnation = e.incarnation;
+    rc.step = e.step();
+    rc.t_ns = e.t_ns;
+    if (!fs::exists(path)) {
+      rc.detail = "gone before it could be verified";
+    } else {
+      std::string out;
+      int code = run_command({cfg_.ckpt_tool, "verify", path}, &out);
+      rc.checked = true;
+      rc.ok = code == 0;
+      while (!out.empty() && out.back() == '\n') out.pop_back();
+      rc.detail = out;
+    }
+    res_.restores.push_back(rc);
+  }
+
+  /// Reaps whatever exited; returns true when the launcher did.
+  bool reap(launch_record& lr) {
+    int st = 0;
+    pid_t p;
+    bool launcher_done = false;
+    while ((p = ::waitpid(-1, &st, WNOHANG)) > 0) {
+      int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+      if (p == lr.pid) {
+        lr.exit_code = code;
+        lr.signal = sig;
+        lr.end_ns = now_ns();
+        launcher_done = true;
+      } else {
+        lr.notes.push_back("orphaned worker pid " + std::to_string(p) + " reaped by the harness: " +
+                           (sig ? "signal " + std::to_string(sig) : "exit " + std::to_string(code)));
+      }
+    }
+    return launcher_done;
+  }
+
+  void watch(launch_record& lr) {
+    std::vector<pid_t> last_children;
+    for (;;) {
+      poll_events();
+      auto kids = children_of(lr.pid);
+      if (!kids.empty()) last_children = kids;
+      if (reap(lr)) break;
+      int64_t now = now_ns();
+      if (now - res_.start_ns > cfg_.job_timeout_ms * 1000000) {
+        res_.timed_out = true;
+        res_.notes.push_back("job timed out after " + std::to_string(cfg_.job_timeout_ms) + " ms: killing it");
+        kill_job(lr.pid, last_children);
+      }
+      progress_active(lr, last_children, now);
+      if (!active_) maybe_fire(lr, last_children, now);
+      sleep_ms(10);
+    }
+    poll_events();
+    // Workers left behind (the launcher was killed): give them time to
+    // notice the lost coordinator and exit, then kill their groups.
+    auto deadline = now_ns() + int64_t(15000) * 1000000;
+    for (;;) {
+      reap(lr);
+      bool any = false;
+      for (pid_t k : last_children) any |= (::kill(-k, 0) == 0);
+      if (!any) break;
+      if (now_ns() > deadline) {
+        for (pid_t k : last_children)
+          if (::kill(-k, 0) == 0) {
+            ::kill(-k, SIGKILL);
+            lr.notes.push_back("straggler process group " + std::to_string(k) + " killed by the harness");
+          }
+        sleep_ms(100);
+        reap(lr);
+        break;
+      }
+      sleep_ms(20);
+    }
+    poll_events();
+  }
+
+  void kill_job(pid_t launcher, const std::vector<pid_t>& kids) {
+    ::kill(launcher, SIGKILL);
+    for (pid_t k : kids) ::kill(-k, SIGKILL);
+  }
+
+  pid_t pid_of_rank(int rank, const std::vector<pid_t>& kids) {
+    auto it = view_.pid_of.find(rank);
+    if (it != view_.pid_of.end() && std::find(kids.begin(), kids.end(), it->second) != kids.end())
+      return static_cast<pid_t>(it->second);
+    return -1;
+  }
+
+  void maybe_fire(launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
+    auto* r = next_fault();
+    if (!r || !view_.running()) return;
+    int64_t est = view_.estimate(now);
+    // Let a restarted group settle for two steps before the next fault.
+    if (est < view_.first_step + 2) return;
+    bool due = (r->f.at_step && est >= static_cast<int64_t>(*r->f.at_step)) ||
+               (r->f.at_ms && now - res_.start_ns >= *r->f.at_ms * 1000000);
+    if (!due) return;
+    r->t_ns = now;
+    r->est_step = est;
+    r->launch = lr.index;
+    r->incarnation = view_.incarnation;
+    r->status = "injected";
+    active_fault a;
+    a.idx = r->index;
+    auto& f = r->f;
+    auto target = [&](size_t i) { return f.targets.size() > i ? f.targets[i] : (cfg_.workers > 1 ? 1 : 0); };
+    auto signal_rank = [&](int rank, int sig) -> pid_t {
+      pid_t p = pid_of_rank(rank, kids);
+      if (p > 0 && ::kill(p, sig) == 0) {
+        r->ranks.push_back(rank);
+        return p;
+      }
+      r->detail += "rank " + std::to_string(rank) + " not found; ";
+      return -1;
+    };
+    switch (f.kind) {
+      case fault_kind::sigterm_worker:
+        r->effective_grace_ms = grace_worker_;
+        signal_rank(target(0), SIGTERM);
+        a.until = active_fault::wait_for::restart;
+        if (grace_worker_) a.deadline_kill_ns = now + int64_t(grace_worker_ + cfg_.grace_kill_slack_ms) * 1000000;
+        break;
+      case fault_kind::sigterm_multi: {
+        std::vector<pid_t> ps;
+        for (size_t i = 0; i < std::max<size_t>(1, f.targets.size()); ++i) ps.push_back(pid_of_rank(target(i), kids));
+        if (f.include_launcher) ::kill(lr.pid, SIGTERM);
+        for (size_t i = 0; i < ps.size(); ++i)
+          if (ps[i] > 0 && ::kill(ps[i], SIGTERM) == 0) r->ranks.push_back(target(i));
+        r->effective_grace_ms = f.include_launcher ? std::max(grace_launcher_, grace_worker_) : grace_worker_;
+        a.until = f.include_launcher ? active_fault::wait_for::launcher_exit : active_fault::wait_for::restart;
+        if (r->effective_grace_ms)
+          a.deadline_kill_ns = now + int64_t(r->effective_grace_ms + cfg_.grace_kill_slack_ms) * 1000000;
+        break;
+      }
+      case fault_kind::sigterm_launcher:
+        r->effective_grace_ms = grace_launcher_;
+        ::kill(lr.pid, SIGTERM);
+        a.until = active_fault::wait_for::launcher_exit;
+        if (grace_launcher_) a.deadline_kill_ns = now + int64_t(grace_launcher_ + cfg_.grace_kill_slack_ms) * 1000000;
+        break;
+      case fault_kind::sigkill_worker:
+        signal_rank(target(0), SIGKILL);
+        a.until = active_fault::wait_for::restart;
+        break;
+      case fault_kind::sigstop_worker: {
+        pid_t p = signal_rank(target(0), SIGSTOP);
+        if (p > 0) a.stopped.push_back(p);
+        if (f.duration_ms > 0) {
+          a.until = active_fault::wait_for::timer;
+          a.timer_ns = now + int64_t(f.duration_ms) * 1000000;
+        } else {
+          a.until = active_fault::wait_for::restart; // for good: the launcher's kill ends it
+        }
+        break;
+      }
+      case fault_kind::sigkill_launcher:
+        ::kill(lr.pid, SIGKILL);
+        a.until = active_fault::wait_for::launcher_exit;
+        break;
+      case fault_kind::step_error: break; // armed at launch (--fail-at-step): never fired from here
+      case fault_kind::flip_byte:
+      case fault_kind::truncate_file:
+      case fault_kind::delete_file:
+      case fault_kind::stale_tmp:
+        // Take the job down with a notice, damage the directory while it
+        // is down, let the scheduler start it again.
+        ::kill(lr.pid, SIGTERM);
+        a.until = active_fault::wait_for::launcher_exit;
+        a.gap = true;
+        break;
+      case fault_kind::fs_full: {
+        if (!res_.fs_mounted) {
+          r->status = "skipped";
+          r->detail = "no small file system could be mounted (needs root and mount(2))";
+          return;
+        }
+        a.filler = ckpt_ / ".chaos-filler";
+        int fd = ::open(a.filler.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        std::vector<char> buf(16384, 0x5a);
+        uint64_t n = 0;
+        while (fd >= 0) {
+          ssize_t w = ::write(fd, buf.data(), buf.size());
+          if (w <= 0) break;
+          n += static_cast<uint64_t>(w);
+        }
+        if (fd >= 0) ::close(fd);
+        r->detail = "filled with " + std::to_string(n) + " bytes";
+        a.until = active_fault::wait_for::timer;
+        a.timer_ns = now + static_cast<int64_t>(double(cfg_.save_every + 3) * view_.step_ns);
+        break;
+      }
+    }
+    note_event("fault", {{"fault", to_string(f.kind)}, {"index", r->index}, {"est_step", est}, {"ranks", r->ranks}});
+    if (cfg_.verbose)
+      spdlog::info("fault {} {} at ~step {} (incarnation {})", r->index, to_string(f.kind), est, view_.incarnation);
+    active_ = a;
+  }
+
+  void progress_active(launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
+    if (!active_) return;
+    auto& a = *active_;
+    auto& r = res_.faults[a.idx];
+    if (a.deadline_kill_ns && now >= a.deadline_kill_ns) {
+      a.deadline_kill_ns = 0;
+      bool killed = false;
+      if (r.f.kind == fault_kind::sigterm_launcher || r.f.include_launcher) {
+        if (alive(lr.pid)) { kill_job(lr.pid, kids); killed = true; }
+      } else if (view_.incarnation == r.incarnation) {
+        for (int rank : r.ranks) {
+          pid_t p = pid_of_rank(rank, kids);
+          if (p > 0) { ::kill(-p, SIGKILL); killed = true; }
+        }
+      }
+      if (killed) {
+        r.deadline_kill = true;
+        r.detail += "grace period over: the platform killed what was still running; ";
+        note_event("deadline_kill", {{"index", r.index}});
+      }
+    }
+    switch (a.until) {
+      case active_fault::wait_for::restart:
+        if (view_.incarnation > r.incarnation && view_.running()) active_.reset();
+        break;
+      case active_fault::wait_for::launcher_exit: break; // handled after the launcher exits
+      case active_fault::wait_for::timer:
+        if (now >= a.timer_ns) {
+          for (pid_t p : a.stopped) ::kill(p, SIGCONT);
+          if (!a.filler.empty()) {
+            std::error_code ec;
+            fs::remove(a.filler, ec);
+          }
+          note_event("fault_end", {{"index", r.index}});
+          active_.reset();
+        }
+        break;
+    }
+  }
+
+  void finish_gap_fault(const launch_record& lr) {
+    auto& r = res_.faults[active_->idx];
+    active_.reset();
+    if (lr.exit_code != 42) {
+      r.status = "skipped";
+      r.detail = "the job did not stop for the preemption (launcher exit " + std::to_string(lr.exit_code) +
+                 "): nothing damaged";
+      return;
+    }
+    uint64_t step = 0;
+    auto newest = newest_checkpoint(ckpt_, &step);
+    r.corrupted_ns = now_ns();
+    try {
+      if (r.f.kind == fault_kind::stale_tmp) {
+        auto tmp = ckpt_ / (".tmp-step-" + std::to_string(step + 1) + "-" + std::to_string(dead_pid()) + "-x");
+        fs::create_directories(tmp);
+        std::ofstream(tmp / "model-00001-of-00001.safetensors") << std::string(1000, '\x01');
+        r.corrupted_path = tmp.string();
+        r.detail += "left " + tmp.filename().string();
+      } else if (!newest) {
+        r.status = "skipped";
+        r.detail = "no checkpoint to damage";
+      } else {
+        auto file = pick_file(*newest, r.f.file);
+        r.corrupted_path = newest->string();
+        auto size = fs::file_size(file);
+        if (r.f.kind == fault_kind::flip_byte) {
+          std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+          uint64_t off = size / 2;
+          f.seekg(off);
+          char c = 0;
+          f.get(c);
+          f.seekp(off);
+          f.put(static_cast<char>(c ^ 0x10));
+          r.detail += "flipped a bit at offset " + std::to_string(off) + " of " + file.filename().string();
+        } else if (r.f.kind == fault_kind::truncate_file) {
+          fs::resize_file(file, size / 2);
+          r.detail += "truncated " + file.filename().string() + " to " + std::to_string(size / 2) + " bytes";
+        } else {
+          fs::remove(file);
+          r.detail += "deleted " + file.filename().string();
+        }
+        r.detail += " in " + newest->filename().string();
+      }
+    } catch (const std::exception& e) {
+      r.status = "skipped";
+      r.detail += std::string("could not damage the checkpoint: ") + e.what();
+    }
+    note_event("damage", {{"index", r.index}, {"path", r.corrupted_path}, {"detail", r.detail}});
+  }
+
+  void end_job() {
+    res_.end_ns = now_ns();
+    // step_error is armed at launch and fires inside the trainer: its
+    // injection time is the step_error event.
+    for (auto& r : res_.faults) {
+      if (r.f.kind != fault_kind::step_error) continue;
+      for (auto& e : res_.events)
+        if (e.name == "step_error") {
+          r.status = "injected";
+          r.t_ns = e.t_ns;
+          r.est_step = e.step();
+          r.incarnation = e.incarnation;
+          r.ranks = {static_cast<int>(e.rank)};
+          r.detail = "--fail-at-step " + std::to_string(r.f.at_step.value_or(0)) + " raised on rank " +
+                     std::to_string(e.rank);
+          for (auto& l : res_.launches)
+            if (e.t_ns >= l.start_ns && (l.end_ns == 0 || e.t_ns <= l.end_ns)) r.launch = l.index;
+          break;
+        }
+    }
+    res_.step_ns = view_.step_ns;
+    std::ifstream f(run_dir_ / "out.json");
+    if (f) {
+      try { f >> res_.out; } catch (...) { res_.notes.push_back("out.json is not valid JSON"); }
+    }
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(ckpt_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      auto name = it->path().filename().string();
+      if (name.rfind(".tmp-", 0) == 0) res_.leftover_temporaries.push_back(name);
+      if (name.rfind("step-", 0) == 0 && name.find(".corrupt-") == std::string::npos) {
+        nlohmann::json c = {{"path", it->path().string()}};
+        std::ifstream m(it->path() / "grace-manifest.json");
+        try {
+          nlohmann::json mj;
+          m >> mj;
+          c["step"] = mj.value("step", 0);
+          c["counters"] = mj.value("counters", nlohmann::json::object());
+        } catch (...) {
+          c["unreadable"] = true;
+        }
+        res_.final_checkpoints.push_back(c);
+      }
+    }
+    fs::remove(ckpt_ / ".chaos-filler", ec);
+    if (res_.fs_mounted) {
+      // Keep the final checkpoints for the user: copy them out first.
+      auto keep = run_dir_ / "ckpt-final";
+      fs::copy(ckpt_, keep, fs::copy_options::recursive, ec);
+      if (::umount2(ckpt_.c_str(), MNT_DETACH) != 0)
+        res_.notes.push_back(std::string("umount failed: ") + std::strerror(errno));
+    }
+  }
+
+  run_config cfg_;
+  run_result res_;
+  job_view view_;
+  fs::path run_dir_, ckpt_, events_path_;
+  uint64_t events_offset_ = 0;
+  pid_t launcher_ = -1;
+  int grace_launcher_ = 0, grace_worker_ = 0;
+  std::optional<active_fault> active_;
+};
+
+} // namespace
+
+std::vector<event> read_events(const fs::path& path, uint64_t& offset) {
+  std::vector<event> out;
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return out;
+  f.seekg(static_cast<std::streamoff>(offset));
+  std::string line;
+  while (true) {
+    auto pos = f.tellg();
+    if (!std::getline(f, line)) break;
+    if (f.eof()) { // incomplete last line: read it next time
+      (void)pos;
+      break;
+    }
+    offset += line.size() + 1;
+    if (line.empty()) continue;
+    try {
+      auto j = nlohmann::json::parse(line);
+      event e;
+      e.name = j.value("event", "");
+      e.t_ns = j.value("t_ns", int64_t(0));
+      e.pid = j.value("pid", int64_t(0));
+      int64_t rank = j.value("rank", int64_t(-1));
+      e.rank = rank >= 4294967295LL ? -1 : rank;
+      e.incarnation = j.value("incarnation", int64_t(0));
+      e.j = std::move(j);
+      out.push_back(std::move(e));
+    } catch (...) {
+      // A torn or foreign line: skip it.
+    }
+  }
+  return out;
+}
+
+int run_command(const std::vector<std::string>& argv, std::string* output) {
+  char tmpl[] = "/tmp/grace-chaos-cmd-XXXXXX";
+  int fd = ::mkstemp(tmpl);
+  if (fd >= 0) ::close(fd);
+  pid_t p = spawn(argv, tmpl, {}, false);
+  int st = 0;
+  while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {}
+  if (output) {
+    std::ifstream f(tmpl);
+    output->assign(std::istreambuf_iterator<char>(f), {});
+  }
+  ::unlink(tmpl);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+run_result run_job(const run_config& cfg, const std::vector<fault>& schedule) {
+  job j(cfg, schedule);
+  return j.run();
+}
+
+} // namespace grace::chaos

@@ -1,0 +1,117 @@
+#pragma once
+/// The harness's scheduler role: runs grace-launch + the trainer under a
+/// fault schedule, injects each fault when its trigger is reached, and
+/// relaunches the job when the launcher exits with the restart code (or
+/// was killed), as a cluster scheduler would. It records everything the
+/// invariant checks need; it judges nothing itself.
+
+#include "runtime/chaos/schedule.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+namespace grace::chaos {
+
+struct run_config {
+  std::string launcher;   ///< grace-launch
+  std::string trainer;    ///< grace-train (or any program embedding Grace that takes the same flags)
+  std::string ckpt_tool;  ///< grace-ckpt
+  int workers = 4;
+  uint64_t steps = 200;
+  int save_every = 20;
+  int step_delay_ms = 20;
+  std::vector<std::string> trainer_args; ///< extra, appended verbatim
+  int launcher_max_restarts = 20;        ///< in-launcher group restarts
+  int max_relaunches = 20;               ///< scheduler relaunches of grace-launch
+  int exit_timeout_ms = 8000;            ///< grace-launch --exit-timeout-ms
+  int64_t job_timeout_ms = 240000;       ///< give up on the whole job after this
+  int grace_kill_slack_ms = 500;         ///< the "platform" kills this long after a grace period ends
+  double step_ns_hint = 25e6;            ///< step time, for "at step X" triggers
+  std::filesystem::path dir;             ///< the run's directory (created, emptied)
+  bool verbose = false;
+};
+
+/// One JSON line of the events file.
+struct event {
+  std::string name;
+  int64_t t_ns = 0;
+  int64_t pid = 0;
+  int64_t rank = -1; ///< -1: the launcher (it writes 2^32-1)
+  int64_t incarnation = 0;
+  nlohmann::json j;
+  int64_t step() const { return j.contains("step") && j["step"].is_number() ? j["step"].get<int64_t>() : -1; }
+};
+
+/// What happened to one scheduled fault.
+struct fault_record {
+  fault f;
+  size_t index = 0;
+  std::string status = "not reached"; ///< injected, skipped, not reached
+  std::string detail;
+  int64_t t_ns = 0;          ///< injection time (wall)
+  int64_t est_step = -1;     ///< the harness's estimate of the step in flight at injection
+  int launch = -1;           ///< which launcher run it hit
+  int64_t incarnation = -1;  ///< group incarnation it hit
+  std::vector<int> ranks;    ///< workers signalled
+  int effective_grace_ms = 0;
+  bool deadline_kill = false; ///< the platform's kill at the end of a grace period was needed
+  std::string corrupted_path; ///< checkpoint faults: step dir (or tmp dir) touched
+  int64_t corrupted_ns = 0;
+};
+
+struct launch_record {
+  int index = 0;
+  pid_t pid = -1;
+  int64_t start_ns = 0, end_ns = 0;
+  int exit_code = -1; ///< -1: killed by `signal`
+  int signal = 0;
+  int grace_ms = 0;
+  int64_t base_incarnation = 0;
+  std::vector<std::string> argv;
+  std::vector<std::string> notes; ///< stragglers killed, orphans reaped with their codes
+};
+
+/// A `restored` event checked while the job ran (the directory may be
+/// pruned later).
+struct restore_check {
+  std::string path;
+  int64_t incarnation = 0;
+  int64_t step = 0;
+  int64_t t_ns = 0;
+  bool checked = false; ///< false: gone before we could look
+  bool ok = false;
+  std::string detail;
+};
+
+struct run_result {
+  std::vector<event> events;
+  std::vector<fault_record> faults;
+  std::vector<launch_record> launches;
+  std::vector<restore_check> restores;
+  nlohmann::json out;            ///< the trainer's out.json (null if missing)
+  std::vector<std::string> leftover_temporaries; ///< `.tmp-*` in the checkpoint dir at the end
+  std::vector<nlohmann::json> final_checkpoints; ///< {path, step, counters} of what is left
+  std::vector<std::string> notes;
+  bool timed_out = false;
+  bool fs_mounted = false;
+  int64_t start_ns = 0, end_ns = 0;
+  double step_ns = 0; ///< measured
+};
+
+/// Runs the job under `schedule`; throws std::runtime_error only for
+/// harness problems (cannot create the directory, cannot start a process).
+run_result run_job(const run_config& cfg, const std::vector<fault>& schedule);
+
+/// Runs `argv` to completion; stdout+stderr into `output`. Returns the exit
+/// code (128 + signal if killed).
+int run_command(const std::vector<std::string>& argv, std::string* output = nullptr);
+
+/// Reads events appended to `path` since `offset` (complete lines only).
+std::vector<event> read_events(const std::filesystem::path& path, uint64_t& offset);
+
+} // namespace grace::chaos
