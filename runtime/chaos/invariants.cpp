@@ -59,7 +59,7 @@ bool stops_launcher(const fault_record& r) {
 
 verdict job_finished(const check_input& in) {
   auto& res = *in.res;
-  verdict v{"job_finished"};
+  verdict v{"job_finished", verdict_status::skip, ""};
   if (res.launches.empty()) {
     v.status = verdict_status::fail;
     v.detail = "the launcher never ran";
@@ -85,7 +85,7 @@ verdict job_finished(const check_input& in) {
 
 verdict exactly_once(const check_input& in) {
   auto& res = *in.res;
-  verdict v{"exactly_once"};
+  verdict v{"exactly_once", verdict_status::skip, ""};
   std::vector<std::string> bad;
   int checked = 0;
   auto expect_sum = [](int64_t n) { return n * (n + 1) / 2; };
@@ -126,7 +126,7 @@ verdict exactly_once(const check_input& in) {
 
 verdict bit_identical(const check_input& in) {
   auto& res = *in.res;
-  verdict v{"bit_identical"};
+  verdict v{"bit_identical", verdict_status::skip, ""};
   if (step_error_scheduled(*in.cfg, res)) {
     v.detail = "the run stops on the injected step error";
     return v;
@@ -149,7 +149,7 @@ verdict bit_identical(const check_input& in) {
 
 verdict no_corrupt_restore(const check_input& in) {
   auto& res = *in.res;
-  verdict v{"no_corrupt_restore"};
+  verdict v{"no_corrupt_restore", verdict_status::skip, ""};
   std::vector<std::string> bad;
   int verified = 0, unverifiable = 0;
   for (auto& r : res.restores) {
@@ -192,7 +192,7 @@ verdict no_corrupt_restore(const check_input& in) {
 }
 
 verdict no_temp_left(const check_input& in) {
-  verdict v{"no_temp_left"};
+  verdict v{"no_temp_left", verdict_status::skip, ""};
   auto& t = in.res->leftover_temporaries;
   v.status = t.empty() ? verdict_status::pass : verdict_status::fail;
   if (t.empty()) {
@@ -207,7 +207,7 @@ verdict no_temp_left(const check_input& in) {
 
 verdict exit_codes(const check_input& in) {
   auto& res = *in.res;
-  verdict v{"exit_codes"};
+  verdict v{"exit_codes", verdict_status::skip, ""};
   std::vector<std::string> bad;
   std::map<int64_t, std::vector<const fault_record*>> by_inc;
   for (auto& f : res.faults)
@@ -270,7 +270,7 @@ verdict exit_codes(const check_input& in) {
 
 verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
   auto& res = *in.res;
-  verdict v{"work_lost"};
+  verdict v{"work_lost", verdict_status::skip, ""};
   std::vector<std::string> bad;
   int measured = 0;
   for (auto& f : res.faults) {

@@ -105,8 +105,10 @@ std::string draw_timeline(const fs::path& dir, const run_config& cfg, const run_
     if (e.name == "committed_local") saves << ts(e.t_ns) << " " << s << "\n";
     if (e.name == "restored" && e.rank == 0) restores << ts(e.t_ns) << " " << s << "\n";
   }
-  saves << "\n";
-  restores << "\n";
+  saves << "0 NaN\n";
+  restores << "0 NaN\n";
+  saves.close();
+  restores.close();
   {
     std::ofstream d(dir / "timeline.dat");
     for (int r = 0; r < cfg.workers; ++r) {
@@ -126,7 +128,7 @@ std::string draw_timeline(const fs::path& dir, const run_config& cfg, const run_
      << "set title 'grace-chaos: step of each worker over time (" << cfg.workers << " workers, " << cfg.steps
      << " steps)'\n"
      << "set xlabel 'seconds since the job started'\nset ylabel 'completed step'\n"
-     << "set key outside right top\nset grid\nset yrange [0:" << cfg.steps + 5 << "]\n";
+     << "set key outside right top noenhanced\nset termoption noenhanced\nset grid\nset yrange [0:" << cfg.steps + 5 << "]\n";
   int n = 0;
   for (auto& e : res.events)
     if (e.name == "group_started" || (e.name == "chaos_launch"))

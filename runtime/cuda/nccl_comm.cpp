@@ -201,8 +201,13 @@ nccl_comm::~nccl_comm() {
 void nccl_comm::abort() {
   if (aborted_.exchange(true, std::memory_order_acq_rel)) return;
   std::lock_guard<std::mutex> lock(impl_->mu);
-  cudaSetDevice(device_); // this may be another thread: NCCL calls act on the current device
+  // Usually called from a watcher thread: act on this comm's device, then
+  // leave that thread's current device as it was.
+  int previous = -1;
+  const bool had_device = cudaGetDevice(&previous) == cudaSuccess;
+  cudaSetDevice(device_);
   impl_->abort_locked();
+  if (had_device) cudaSetDevice(previous);
 }
 
 status nccl_comm::allreduce_sum(float* device_data, size_t n) {

@@ -24,7 +24,7 @@
 #include "runtime/device_copy.hpp"
 #include "runtime/mlp.hpp"
 
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>
 
 using namespace grace;
 

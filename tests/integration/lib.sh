@@ -1,0 +1,91 @@
+# Shared helpers for the integration tests: real processes on loopback.
+# Needs GRACE_LAUNCH, GRACE_TRAIN, GRACE_CKPT (set by CTest).
+set -euo pipefail
+: "${GRACE_LAUNCH:?}" "${GRACE_TRAIN:?}" "${GRACE_CKPT:?}"
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+
+WORK=$(mktemp -d /tmp/grace-it.XXXXXX)
+cleanup() {
+  local rc=$?
+  pkill -KILL -f "$WORK" 2>/dev/null || true
+  if [ $rc -eq 0 ]; then rm -rf "$WORK"; else echo "(kept $WORK for inspection)"; fi
+}
+trap cleanup EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pass() { echo "ok: $*"; }
+
+json() { # json FILE KEY
+  "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
+}
+
+# events FILE FILTER-EXPR: prints matching events (python expression on e)
+events() {
+  "$PY" - "$1" "$2" <<'PYEOF'
+import json, sys
+for line in open(sys.argv[1]):
+    try: e = json.loads(line)
+    except Exception: continue
+    if eval(sys.argv[2], {}, {"e": e}): print(json.dumps(e))
+PYEOF
+}
+
+count_events() { events "$1" "$2" | wc -l; }
+
+# reference NPROC ARGS...: checksum of an uninterrupted run (cached per config)
+reference() {
+  local nproc=$1; shift
+  local key
+  key=$(echo "$nproc $*" | md5sum | cut -c1-12)
+  local dir="$WORK/ref-$key"
+  if [ ! -f "$dir/out.json" ]; then
+    mkdir -p "$dir"
+    (cd "$dir" && "$GRACE_LAUNCH" --quiet --nproc "$nproc" --checkpoint-dir ck -- \
+        "$GRACE_TRAIN" --output out.json "$@" >log.txt 2>&1) || { cat "$dir/log.txt"; fail "reference run failed"; }
+  fi
+  json "$dir/out.json" weights_checksum
+}
+
+# start_job DIR NPROC [LAUNCH-ARGS --] TRAIN-ARGS...: starts the launcher in the background, sets JOB_PID
+start_job() {
+  local dir=$1 nproc=$2; shift 2
+  local largs=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do largs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  mkdir -p "$dir"
+  (cd "$dir" && GRACE_EVENTS_FILE="$dir/events.jsonl" exec "$GRACE_LAUNCH" --nproc "$nproc" \
+      --checkpoint-dir ck "${largs[@]}" -- "$GRACE_TRAIN" --output out.json "$@" >log.txt 2>&1) &
+  JOB_PID=$!
+}
+
+wait_job() { # wait_job -> sets JOB_RC
+  set +e
+  wait "$JOB_PID"
+  JOB_RC=$?
+  set -e
+}
+
+workers_of() { pgrep -P "$1" -f grace-train || true; }
+
+# wait_for_workers PID N: until N workers run and have joined (events)
+wait_for_training() {
+  local dir=$1 n=$2
+  for _ in $(seq 1 200); do
+    if [ -f "$dir/events.jsonl" ] && [ "$(count_events "$dir/events.jsonl" "e['event']=='first_step'")" -ge "$n" ]; then
+      return 0
+    fi
+    sleep 0.05
+  done
+  cat "$dir/log.txt"
+  fail "workers did not start training"
+}
+
+check_finished() { # check_finished DIR STEPS REF
+  local dir=$1 steps=$2 ref=$3
+  [ "$JOB_RC" -eq 0 ] || { tail -30 "$dir/log.txt"; fail "$dir: launcher exit $JOB_RC, expected 0"; }
+  [ "$(json "$dir/out.json" steps_done)" -eq "$steps" ] || fail "$dir: steps_done != $steps"
+  [ "$(json "$dir/out.json" step_index_sum)" -eq $((steps * (steps + 1) / 2)) ] || fail "$dir: a step ran twice or never"
+  [ "$(json "$dir/out.json" weights_checksum)" = "$ref" ] || fail "$dir: final weights differ from the uninterrupted run"
+  [ -z "$(find "$dir/ck" -maxdepth 1 -name '.tmp-*')" ] || fail "$dir: temporary directory left behind"
+}
