@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   app.add_option("--exit-timeout-ms", exit_timeout_ms, "wait this long for the rest of the group to exit");
   app.add_option("--dead-after-ms", dead_ms, "declare a silent worker dead after this long");
   app.add_flag("--quiet", o.quiet, "no progress lines");
-  app.add_option("command", o.command, "the worker program and its arguments (after --)")->required();
+  app.add_option("command", o.command, "the worker program and its arguments (after --)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

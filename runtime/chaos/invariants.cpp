@@ -284,6 +284,11 @@ verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
     }
     l.applicable = true;
     l.bound = cls == loss_class::notice ? 0 : cls == loss_class::hard ? 1 : in.cfg->save_every;
+    if (cls == loss_class::periodic) {
+      // A full disk earlier in the run may have swallowed one periodic save each.
+      for (auto& g : res.faults)
+        if (injected(g) && g.f.kind == fault_kind::fs_full && g.t_ns < f.t_ns) l.bound += in.cfg->save_every;
+    }
     for (auto& e : res.events) {
       if (e.incarnation != f.incarnation || e.rank < 0 || e.t_ns < f.t_ns - 5000000000LL) continue;
       if (e.name == "exit" || e.name == "committed_local") l.reached = std::max(l.reached, e.step());
