@@ -53,6 +53,12 @@ struct coordinator_state {
 
 using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
 
+/// The actor system's clock, not the wall clock: under the deterministic
+/// test scheduler failure verdicts follow simulated time.
+int64_t now_ns(self_ptr self) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+}
+
 msg<proto::KvReply> kv_reply(bool ok, const std::vector<uint8_t>* value, const std::string& err) {
   return make<proto::KvReply>([&](auto b) {
     b.setOk(ok);
@@ -231,7 +237,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         st.workers.emplace(rank, handle);
         st.ranks.emplace(caf::actor_cast<caf::actor_addr>(sender), rank);
         self->monitor(handle);
-        st.members->add(rank, mono_ns(), j.getCompletedStep());
+        st.members->add(rank, now_ns(self), j.getCompletedStep());
         st.log->info("rank {} joined (pid {} on {}, step {}), {}/{} members", rank, j.getPid(),
                      str(j.getHost()), j.getCompletedStep(), st.workers.size(), st.cfg.world_size);
         auto prefix = st.cfg.run_id + "/" + std::to_string(st.cfg.incarnation) + "/";
@@ -331,7 +337,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         if (!r) return;
         auto h = r->get();
         if (h.getIncarnation() != self->state.cfg.incarnation) return;
-        self->state.members->heartbeat(h.getRank(), mono_ns(), h.getCompletedStep(), h.getLastStepNs());
+        self->state.members->heartbeat(h.getRank(), now_ns(self), h.getCompletedStep(), h.getLastStepNs());
       },
       [self](msg<proto::CheckpointSaved>& m) {
         auto r = decode(m);
@@ -380,7 +386,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
       },
       [self](tick_atom) {
         auto& st = self->state;
-        for (auto& v : st.members->check(mono_ns())) {
+        for (auto& v : st.members->check(now_ns(self))) {
           if (v.what == verdict::slow) {
             st.log->warn("rank {} is slow: {}", v.rank, v.detail);
             emit_event("slow", {{"slow_rank", v.rank}, {"detail", v.detail}});

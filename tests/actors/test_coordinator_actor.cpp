@@ -25,7 +25,8 @@ struct fixture {
   coordinator_actor coord;
   std::vector<std::unique_ptr<caf::scoped_actor>> workers;
 
-  explicit fixture(uint32_t world, std::string token = "tok") {
+  explicit fixture(uint32_t world, std::string token = "tok",
+                   std::chrono::milliseconds dead_after = std::chrono::milliseconds(5000)) {
     spdlog::set_level(spdlog::level::err);  // expected losses at teardown are not news
     register_message_types(cfg);
     cfg.set("scheduler.policy", caf::atom("testing"));
@@ -35,6 +36,7 @@ struct fixture {
     cc.world_size = world;
     cc.run_id = "run";
     cc.token = std::move(token);
+    cc.dead_after = dead_after;
     coord = spawn_coordinator(*sys, cc);
     run();
     for (uint32_t r = 0; r < world; ++r) workers.push_back(std::make_unique<caf::scoped_actor>(*sys));
@@ -275,5 +277,28 @@ TEST_CASE("coordinator: one member's error goes to all, naming its origin", "[co
     CHECK(e->getOriginRank() == 2);
     CHECK(e->getStep() == 33);
     CHECK(str(e->getMessage()).find("division by zero") != std::string::npos);
+  }
+}
+
+TEST_CASE("coordinator: a silent member is declared dead in simulated time", "[coordinator][jit]") {
+  fixture f(3, "tok", std::chrono::milliseconds(1000));
+  f.join_all(3);
+  auto beat = [](uint32_t rank, uint64_t step) {
+    return make<proto::Heartbeat>([&](auto b) { b.setRank(rank); b.setCompletedStep(step); });
+  };
+  // Ranks 0 and 1 keep sending heartbeats; rank 2 is frozen (SIGSTOP).
+  for (int i = 1; i <= 6; ++i) {
+    f.w(0)->send(f.coord, beat(0, 10 + i));
+    f.w(1)->send(f.coord, beat(1, 10 + i));
+    f.run();
+    f.sched->advance_time(std::chrono::milliseconds(250));
+    f.run();
+    if (i < 4) CHECK_FALSE(f.next<proto::PeerLost>(0));  // 750 ms of silence: not yet
+  }
+  for (size_t r = 0; r < 2; ++r) {
+    auto lost = f.expect<proto::PeerLost>(r);
+    CHECK(lost->getRank() == 2);
+    CHECK(str(lost->getDetail()).find("no heartbeat") != std::string::npos);
+    CHECK(f.expect<proto::CheckpointAt>(r)->getKind() == proto::CheckpointKind::JIT);
   }
 }
