@@ -71,7 +71,7 @@ workers_of() { pgrep -P "$1" -f grace-train || true; }
 # wait_for_workers PID N: until N workers run and have joined (events)
 wait_for_training() {
   local dir=$1 n=$2
-  for _ in $(seq 1 200); do
+  for _ in $(seq 1 1200); do   # up to 60 s on a loaded machine
     if [ -f "$dir/events.jsonl" ] && [ "$(count_events "$dir/events.jsonl" "e['event']=='first_step'")" -ge "$n" ]; then
       return 0
     fi
