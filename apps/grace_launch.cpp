@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
                "restart code; forward SIGTERM/SIGINT as a preemption notice.\n"
                "  grace-launch --nproc 4 -- grace-train --steps 1000"};
   grace::launch_options o;
-  int grace_ms = 0, exit_timeout_ms = 15000, dead_ms = 3000;
+  int grace_ms = 0, exit_timeout_ms = 15000, dead_ms = 3000, hang_ms = 0;
   app.add_option("--nproc", o.nproc, "workers on this node")->check(CLI::Range(1, 4096));
   app.add_option("--nnodes", o.nnodes, "nodes in the job")->check(CLI::Range(1, 4096));
   app.add_option("--node-rank", o.node_rank, "this node's index (0 hosts the coordinator)");
@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
   app.add_option("--grace-period-ms", grace_ms, "grace period carried by a forwarded notice")->check(CLI::NonNegativeNumber);
   app.add_option("--exit-timeout-ms", exit_timeout_ms, "wait this long for the rest of the group to exit");
   app.add_option("--dead-after-ms", dead_ms, "declare a silent worker dead after this long");
+  app.add_option("--hang-timeout-ms", hang_ms, "declare a worker hung (and treat it as dead) when its "
+                                               "completed step does not move for this long (0: off)");
   app.add_flag("--quiet", o.quiet, "no progress lines");
   app.add_option("command", o.command, "the worker program and its arguments (after --)");
   try {
@@ -36,6 +38,7 @@ int main(int argc, char** argv) {
   o.grace_period = std::chrono::milliseconds(grace_ms);
   o.exit_timeout = std::chrono::milliseconds(exit_timeout_ms);
   o.dead_after = std::chrono::milliseconds(dead_ms);
+  o.hang_after = std::chrono::milliseconds(hang_ms);
   spdlog::set_pattern("[%H:%M:%S.%e] [launch] %v");
   return grace::run_launcher(o);
 }

@@ -153,6 +153,7 @@ int run_launcher(const launch_options& in) {
     cc.token = token;
     cc.incarnation = incarnation;
     cc.dead_after = o.dead_after;
+    cc.hung_after = o.hang_after;
     coord = spawn_coordinator(sys, cc);
     auto p = sys.middleman().publish(coord, port, host.c_str(), true);
     if (!p) {

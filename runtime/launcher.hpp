@@ -23,6 +23,7 @@ struct launch_options {
   std::chrono::milliseconds grace_period{0}; ///< deadline carried by a forwarded notice
   std::chrono::milliseconds exit_timeout{15000}; ///< wait for the rest after one exits
   std::chrono::milliseconds dead_after{3000};
+  std::chrono::milliseconds hang_after{0}; ///< alive but no progress this long: hung (0: off)
   std::vector<std::string> command;
   bool quiet = false;
 };
