@@ -9,6 +9,7 @@
 #include "actors/signal_watcher.hpp"
 #include "runtime/checkpoint.hpp"
 #include "runtime/control.hpp"
+#include "runtime/deadline.hpp"
 #include "runtime/events.hpp"
 #include "runtime/snapshot.hpp"
 #include "runtime/system.hpp"
@@ -41,12 +42,6 @@ checkpoint_kind to_checkpoint_kind(ckpt_kind k) {
   return checkpoint_kind::manual;
 }
 
-/// p95 of a small sample window.
-int64_t p95(std::vector<int64_t> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, (v.size() * 95) / 100)];
-}
 
 } // namespace
 
@@ -295,9 +290,10 @@ struct session::impl {
       }
       // Countdown: the chief keeps time for the final save.
       if (ctl->deadline_ns && cluster.is_chief() && !final_proposed && ctl->committed_id) {
-        int64_t margin = static_cast<int64_t>(opts.margin_factor * double(p95(step_ns) + p95(save_ns)));
-        int64_t left = ctl->deadline_ns - wall_ns();
-        if (left <= margin) {
+        int64_t margin = final_save_margin(step_ns, save_ns, opts.margin_factor);
+        int64_t now = wall_ns();
+        int64_t left = ctl->deadline_ns - now;
+        if (final_save_due(ctl->deadline_ns, now, margin)) {
           final_proposed = true;
           log->info("grace period: {} ms left, margin {} ms: proposing the final save", left / 1000000,
                     margin / 1000000);
@@ -353,10 +349,6 @@ result<uint64_t> session::attach() {
   set_event_identity(d.cluster.rank, d.cluster.incarnation);
   d.log->info("grace: rank {}/{} (cluster from {}), incarnation {}, checkpoints in {}", d.cluster.rank,
               d.cluster.world_size, d.cluster.source, d.cluster.incarnation, d.opts.checkpoint_dir);
-  for (auto& t : d.tensors)
-    if (t.memory != memory_kind::host)
-      return error{errc::invalid_input, "tensor '" + t.name + "' is in device memory: this build's "
-                                        "embedding API handles host tensors only"};
 
   // Restore first, so the join carries the restored step.
   d.store = std::make_unique<checkpoint_store>(d.opts.checkpoint_dir, d.opts.keep_last);
