@@ -11,6 +11,9 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
+#include <caf/io/middleman.hpp>
+
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -404,6 +407,19 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
       },
     };
   });
+}
+
+result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
+                                              std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto h = sys.middleman().remote_actor<coordinator_actor>(host, port);
+    if (h) return *h;
+    if (std::chrono::steady_clock::now() > deadline)
+      return error{errc::disconnected, "cannot reach the coordination service at " + host + ":" +
+                                           std::to_string(port) + ": " + sys.render(h.error())};
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 } // namespace grace

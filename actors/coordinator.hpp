@@ -5,6 +5,7 @@
 /// The logic lives in runtime/agreement and runtime/membership.
 
 #include "messages/caf_types.hpp"
+#include "runtime/error.hpp"
 
 #include <caf/fwd.hpp>
 #include <caf/replies_to.hpp>
@@ -47,5 +48,10 @@ struct coordinator_config {
 };
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg);
+
+/// Connects to a published coordinator, retrying until `timeout` (it may
+/// still be starting). The error names the address and CAF's reason.
+result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
+                                              std::chrono::milliseconds timeout);
 
 } // namespace grace

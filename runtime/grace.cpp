@@ -400,18 +400,10 @@ result<uint64_t> session::attach() {
                                               sys.render(port.error())};
     }
   } else {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    for (;;) {
-      auto h = sys.middleman().remote_actor<coordinator_actor>(d.cluster.coordinator_host,
-                                                               d.cluster.coordinator_port);
-      if (h) { d.coord = *h; break; }
-      if (std::chrono::steady_clock::now() > deadline)
-        return error{errc::disconnected, "cannot reach the coordination service at " +
-                                             d.cluster.coordinator_host + ":" +
-                                             std::to_string(d.cluster.coordinator_port) + ": " +
-                                             sys.render(h.error())};
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    auto h = connect_coordinator(sys, d.cluster.coordinator_host, d.cluster.coordinator_port,
+                                 std::chrono::seconds(30));
+    if (!h) return h.err();
+    d.coord = *h;
   }
   peer_watcher_config pc;
   pc.rank = d.cluster.rank;

@@ -164,17 +164,12 @@ int run_launcher(const launch_options& in) {
     }
     port = *p;
   } else {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    for (;;) {
-      auto h = sys.middleman().remote_actor<coordinator_actor>(host, port);
-      if (h) { coord = *h; break; }
-      if (std::chrono::steady_clock::now() > deadline) {
-        spdlog::error("grace-launch: cannot reach the coordination service at {}:{}: {}", host, port,
-                      sys.render(h.error()));
-        return exit_code::usage;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto h = connect_coordinator(sys, host, port, std::chrono::seconds(60));
+    if (!h) {
+      spdlog::error("grace-launch: {}", h.err().message);
+      return exit_code::usage;
     }
+    coord = *h;
   }
   set_event_identity(launcher_rank, incarnation);
   auto say = [&](const std::string& line) {
