@@ -1,9 +1,17 @@
 // grace-train: the reference synchronous data-parallel trainer. Built only
-// on Grace's public API (runtime/grace.hpp) plus the MLP and the Gloo
-// communicator, so it doubles as the example a research trainer copies.
+// on Grace's public API (runtime/grace.hpp) plus a compute backend and its
+// collective (the MLP and Gloo on CPU; in a CUDA build also mlp_cuda and
+// NCCL), so it doubles as the example a research trainer copies.
+#include "runtime/device_copy.hpp"
 #include "runtime/gloo_comm.hpp"
 #include "runtime/grace.hpp"
 #include "runtime/mlp.hpp"
+#ifdef GRACE_HAVE_CUDA
+#include "runtime/cuda/device.hpp"
+#include "runtime/cuda/device_snapshot.hpp"
+#include "runtime/cuda/mlp_cuda.hpp"
+#include "runtime/cuda/nccl_comm.hpp"
+#endif
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -11,9 +19,107 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <thread>
 #include <unistd.h>
+
+namespace {
+
+/// What the training loop needs from a compute backend and its collective,
+/// so one loop drives the CPU backend (grace::mlp + Gloo) and the CUDA one
+/// (grace::mlp_cuda + NCCL). The model is shared by the closures; the
+/// collective is connected after attach(), which gives rank and world size.
+struct trainer_backend {
+  /// Parameters and optimizer state, registered with the session (host or
+  /// device memory; same names, shapes and dtypes on both backends).
+  std::vector<grace::tensor_ref> tensors;
+  std::function<float(uint64_t step, int rank, int world)> compute_gradients;
+  std::function<void()> apply_gradients;
+  std::function<uint64_t()> weights_checksum;
+  /// Joins the collective of `world` > 1 ranks, registers its abort with the
+  /// session, and returns the in-place gradient allreduce.
+  std::function<grace::result<std::function<grace::status()>>(grace::session&, int rank, int world)>
+      connect;
+};
+
+constexpr std::chrono::seconds collective_timeout{30};
+
+trainer_backend cpu_backend(const grace::mlp_config& mc) {
+  auto model = std::make_shared<grace::mlp>(mc);
+  trainer_backend b;
+  b.tensors = model->tensors();
+  b.compute_gradients = [model](uint64_t step, int rank, int world) {
+    return model->compute_gradients(step, rank, world);
+  };
+  b.apply_gradients = [model] { model->apply_gradients(); };
+  b.weights_checksum = [model] { return model->weights_checksum(); };
+  b.connect = [model](grace::session& g, int rank,
+                      int world) -> grace::result<std::function<grace::status()>> {
+    auto c = grace::gloo_comm::connect(g.rendezvous_store(), g.rendezvous_prefix() + "gloo", rank, world,
+                                       collective_timeout);
+    if (!c) return grace::error{c.err().code, "gloo rendezvous failed: " + c.err().message};
+    // Shared with the abort handler, which may run on another thread until
+    // the session is gone.
+    std::shared_ptr<grace::gloo_comm> comm = std::move(c.value());
+    g.set_abort_handler([comm] { comm->abort(); });
+    return std::function<grace::status()>(
+        [comm, model] { return comm->allreduce_sum(model->grad_data(), model->grad_size()); });
+  };
+  return b;
+}
+
+#ifdef GRACE_HAVE_CUDA
+grace::result<trainer_backend> cuda_backend(const grace::mlp_config& mc, int device) {
+  auto created = grace::mlp_cuda::create(mc, device);
+  if (!created) return created.err();
+  std::shared_ptr<grace::mlp_cuda> model = std::move(created.value());
+  trainer_backend b;
+  b.tensors = model->tensors();
+  // A CUDA failure in a step throws grace::cuda_error: Grace reports it to
+  // the coordinator as a failed step, which stops the group.
+  b.compute_gradients = [model](uint64_t step, int rank, int world) {
+    return model->compute_gradients(step, rank, world);
+  };
+  b.apply_gradients = [model] { model->apply_gradients(); };
+  b.weights_checksum = [model] { return model->weights_checksum(); };
+  b.connect = [model](grace::session& g, int rank,
+                      int world) -> grace::result<std::function<grace::status()>> {
+    auto c = grace::nccl_comm::connect(g.rendezvous_store(), g.rendezvous_prefix() + "nccl", rank, world,
+                                       model->device(), collective_timeout);
+    if (!c) return grace::error{c.err().code, "nccl rendezvous failed: " + c.err().message};
+    std::shared_ptr<grace::nccl_comm> comm = std::move(c.value());
+    g.set_abort_handler([comm] { comm->abort(); });
+    return std::function<grace::status()>(
+        [comm, model] { return comm->allreduce_sum(model->grad_data(), model->grad_size()); });
+  };
+  return b;
+}
+
+/// GRACE_LOCAL_RANK (set by grace-launch), 0 when unset; -1 when malformed.
+int local_rank_from_environment() {
+  const char* v = std::getenv("GRACE_LOCAL_RANK");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  long r = std::strtol(v, &end, 10);
+  return (*end == '\0' && r >= 0 && r < (1 << 20)) ? static_cast<int>(r) : -1;
+}
+#endif
+
+/// Zeroes a registered tensor wherever it lives.
+grace::status zero_tensor(const grace::tensor_ref& t) {
+  if (t.memory == grace::memory_kind::host) {
+    std::memset(t.data, 0, t.bytes());
+    return {};
+  }
+  std::vector<char> zeros(t.bytes(), 0);
+  return grace::device_copy_to_device(t.data, zeros.data(), zeros.size(), t.device);
+}
+
+} // namespace
 
 int main(int argc, char** argv) {
   // Before any thread: SIGTERM/SIGINT are read by Grace's signal watcher.
@@ -64,10 +170,13 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : grace::exit_code::usage;
   }
 
+#ifndef GRACE_HAVE_CUDA
   if (device == "cuda") {
-    spdlog::error("--device cuda: this build has no usable CUDA device (no GPU or no CUDA backend); use --device cpu");
+    spdlog::error("--device cuda: this build has no CUDA backend (configured without nvcc/cuBLAS/NCCL); "
+                  "rebuild with -DGRACE_CUDA=ON (see docs/GPU.md) or use --device cpu");
     return grace::exit_code::usage;
   }
+#endif
 
   grace::options opts;
   opts.checkpoint_dir = checkpoint_dir;
@@ -89,45 +198,78 @@ int main(int argc, char** argv) {
   }
   grace::session g(opts);  // blocks SIGTERM/SIGINT for every later thread
 
+  // After the session: initialising the CUDA driver may start threads, and
+  // they must inherit the blocked signals.
+#ifdef GRACE_HAVE_CUDA
+  const int local_rank = local_rank_from_environment();
+  if (local_rank < 0) {
+    spdlog::error("GRACE_LOCAL_RANK='{}': expected a non-negative integer (grace-launch sets it)",
+                  std::getenv("GRACE_LOCAL_RANK"));
+    return grace::exit_code::usage;
+  }
+  auto choice = grace::choose_backend(device, local_rank);
+  if (!choice) {
+    spdlog::error("{}", choice.err().message);
+    return grace::exit_code::usage;
+  }
+  spdlog::info("{}", choice->explanation);
+  const bool use_cuda = choice->kind == grace::backend_kind::cuda;
+#else
+  spdlog::info("device: cpu (--device {})", device == "auto" ? "auto: this build has no CUDA backend" : device);
+  const bool use_cuda = false;
+#endif
+
   auto world_hint = opts.cluster ? opts.cluster->world_size
                                  : (std::getenv("GRACE_WORLD_SIZE") ? std::atoi(std::getenv("GRACE_WORLD_SIZE")) : 1);
   if (auto st = grace::validate(mc, world_hint); !st) {
     spdlog::error("{}", st.err().message);
     return grace::exit_code::usage;
   }
-  grace::mlp model(mc);
+  trainer_backend backend;
+  if (!use_cuda) {
+    backend = cpu_backend(mc);
+  } else {
+#ifdef GRACE_HAVE_CUDA
+    // Device tensors are snapshotted and restored through this hook.
+    grace::register_cuda_device_copy();
+    auto b = cuda_backend(mc, choice->device);
+    if (!b) {
+      spdlog::error("cuda backend: {}", b.err().message);
+      return b.err().code == grace::errc::invalid_input ? grace::exit_code::usage : restart_code;
+    }
+    backend = std::move(b.value());
+#endif
+  }
   int64_t steps_done = 0, step_index_sum = 0;
-  auto tensors = model.tensors();
-  std::vector<grace::tensor_ref> momentum_backup;
+  const auto& tensors = backend.tensors;
   for (auto& t : tensors) g.register_tensor(t);
   g.register_counter("steps_done", &steps_done);
   g.register_counter("step_index_sum", &step_index_sum);
 
-  std::vector<std::vector<char>> saved_momentum;
   auto start = g.attach();
   if (!start) {
     spdlog::error("{}", start.err().message);
     return start.err().code == grace::errc::invalid_input ? grace::exit_code::usage : grace::exit_code::restart;
   }
-  spdlog::info("device: cpu ({})", device == "auto" ? "auto: this build has no CUDA backend in use" : "requested");
   if (skip_optimizer_restore && *start > 0) {
     for (auto& t : tensors)
-      if (t.name.rfind("optimizer.", 0) == 0) std::memset(t.data, 0, t.bytes());
+      if (t.name.rfind("optimizer.", 0) == 0)
+        if (auto st = zero_tensor(t); !st) {
+          spdlog::error("--skip-optimizer-restore: {}", st.err().message);
+          return grace::exit_code::fatal;
+        }
     spdlog::warn("--skip-optimizer-restore: optimizer state zeroed after restore (broken on purpose)");
   }
   const int rank = static_cast<int>(g.rank()), world = static_cast<int>(g.world_size());
 
-  std::unique_ptr<grace::gloo_comm> comm;
+  std::function<grace::status()> allreduce_gradients; // empty for a world of one
   if (world > 1) {
-    auto c = grace::gloo_comm::connect(g.rendezvous_store(), g.rendezvous_prefix() + "gloo", rank, world,
-                                       std::chrono::seconds(30));
+    auto c = backend.connect(g, rank, world);
     if (!c) {
-      spdlog::error("gloo rendezvous failed: {}", c.err().message);
+      spdlog::error("{}", c.err().message);
       return restart_code;
     }
-    comm = std::move(c.value());
-    auto* raw = comm.get();
-    g.set_abort_handler([raw] { raw->abort(); });
+    allreduce_gradients = std::move(c.value());
   }
 
   const bool tty = ::isatty(STDERR_FILENO) && rank == 0;
@@ -139,12 +281,12 @@ int main(int argc, char** argv) {
     auto r = g.run([&](uint64_t step) {
       if (fail_at == step && rank == fail_rank)
         throw std::runtime_error("injected failure at step " + std::to_string(step));
-      loss = model.compute_gradients(step - 1, rank, world);
-      if (comm) {
-        auto st = comm->allreduce_sum(model.grad_data(), model.grad_size());
+      loss = backend.compute_gradients(step - 1, rank, world);
+      if (allreduce_gradients) {
+        auto st = allreduce_gradients();
         if (!st) throw grace::step_failure(st.err());
       }
-      model.apply_gradients();
+      backend.apply_gradients();
       ++steps_done;
       step_index_sum += static_cast<int64_t>(step);
       if (step_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms));
@@ -172,7 +314,7 @@ int main(int argc, char** argv) {
     return grace::exit_code::fatal;
   }
   char hex[32];
-  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)model.weights_checksum());
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)backend.weights_checksum());
   if (rank == 0) {
     spdlog::info("finished {} steps; weights checksum {}", steps, hex);
     if (!output.empty()) {

@@ -24,6 +24,7 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
+#include "runtime/device_copy.hpp"
 #include "runtime/safetensors.hpp"
 
 namespace grace {
@@ -757,14 +758,31 @@ result<restored_checkpoint> checkpoint_store::load(const fs::path& step_dir,
       return invalid(step_dir, "tensor '" + t.name + "': expected " + dtype_name(t.type) + " " +
                                    shape_str(t.shape) + ", checkpoint has " + dtype_name(e.type) + " " +
                                    shape_str(e.shape));
-    if (t.memory == memory_kind::device)
-      return error{errc::failed, "tensor '" + t.name + "': device tensors need the CUDA backend"};
+    if (t.memory == memory_kind::device && !device_copy_available())
+      return error{errc::failed, "tensor '" + t.name +
+                                     "': device tensors need the CUDA backend (this process has not "
+                                     "registered its device copy; see runtime/device_copy.hpp)"};
     if (!t.data && e.bytes() > 0)
-      return error{errc::invalid_input, "tensor '" + t.name + "' has no host memory to restore into"};
+      return error{errc::invalid_input, "tensor '" + t.name + "' has no " +
+                                            (t.memory == memory_kind::device ? "device" : "host") +
+                                            " memory to restore into"};
   }
+  // Device tensors: the format is the same as for host ones (a checkpoint
+  // written on a GPU loads on a CPU and vice versa), so read into a host
+  // staging buffer, reused across tensors, and copy that to the device.
+  std::vector<unsigned char> staging;
   for (auto& t : into) {
     auto& l = by_name.at(t.name);
-    if (auto st = safetensors::read_tensor(l.file, *l.h, *l.e, t.data); !st) return st.err();
+    if (t.memory == memory_kind::device) {
+      const size_t bytes = static_cast<size_t>(l.e->bytes());
+      if (staging.size() < bytes) staging.resize(bytes);
+      if (auto st = safetensors::read_tensor(l.file, *l.h, *l.e, staging.data()); !st) return st.err();
+      if (bytes > 0)
+        if (auto st = device_copy_to_device(t.data, staging.data(), bytes, t.device); !st)
+          return error{st.err().code, "tensor '" + t.name + "': " + st.err().message};
+    } else {
+      if (auto st = safetensors::read_tensor(l.file, *l.h, *l.e, t.data); !st) return st.err();
+    }
     out.loaded.push_back(t.name);
   }
   for (auto& [name, l] : by_name)

@@ -149,7 +149,7 @@ public:
   status verify(uint64_t step) const;
   status verify(const std::filesystem::path& step_dir) const;
 
-  /// Restores the newest checkpoint that verifies into `into` (host memory).
+  /// Restores the newest checkpoint that verifies into `into` (host memory, or device memory through the registered device-copy hook).
   result<restored_checkpoint> restore_latest(const std::vector<tensor_ref>& into) const;
   /// Restores one specific step (it must verify).
   result<restored_checkpoint> restore(uint64_t step, const std::vector<tensor_ref>& into) const;

@@ -15,11 +15,13 @@ inline int64_t p95(std::vector<int64_t> v) {
   return v[std::min(v.size() - 1, (v.size() * 95) / 100)];
 }
 
-/// Time to keep in hand before the deadline: the final step still to run
-/// plus the final save, each at its p95, times a safety factor.
+/// Time to keep in hand before the deadline: `steps` steps still to run
+/// (the one in flight on a peer and the agreed one: 2), plus the final save,
+/// each at its p95, times a safety factor, plus a fixed allowance for the
+/// agreement's round trips.
 inline int64_t final_save_margin(const std::vector<int64_t>& step_ns, const std::vector<int64_t>& save_ns,
-                                 double factor) {
-  return static_cast<int64_t>(factor * double(p95(step_ns) + p95(save_ns)));
+                                 double factor, int steps = 2, int64_t allowance_ns = 5'000'000) {
+  return static_cast<int64_t>(factor * double(steps * p95(step_ns) + p95(save_ns))) + allowance_ns;
 }
 
 /// True once the time left before the deadline is within the margin.

@@ -10,6 +10,7 @@
 #include "runtime/checkpoint.hpp"
 #include "runtime/control.hpp"
 #include "runtime/deadline.hpp"
+#include "runtime/device_copy.hpp"
 #include "runtime/events.hpp"
 #include "runtime/snapshot.hpp"
 #include "runtime/system.hpp"
@@ -290,7 +291,7 @@ struct session::impl {
       }
       // Countdown: the chief keeps time for the final save.
       if (ctl->deadline_ns && cluster.is_chief() && !final_proposed && ctl->committed_id) {
-        int64_t margin = final_save_margin(step_ns, save_ns, opts.margin_factor);
+        int64_t margin = final_save_margin(step_ns, save_ns, opts.margin_factor, opts.margin_steps);
         int64_t now = wall_ns();
         int64_t left = ctl->deadline_ns - now;
         if (final_save_due(ctl->deadline_ns, now, margin)) {
@@ -350,6 +351,10 @@ result<uint64_t> session::attach() {
   d.log->info("grace: rank {}/{} (cluster from {}), incarnation {}, checkpoints in {}", d.cluster.rank,
               d.cluster.world_size, d.cluster.source, d.cluster.incarnation, d.opts.checkpoint_dir);
 
+  for (auto& t : d.tensors)
+    if (t.memory == memory_kind::device && !device_copy_available())
+      return error{errc::invalid_input, "tensor '" + t.name + "' is in device memory but no CUDA device-copy "
+                                        "hook is registered (a CUDA build calls register_cuda_device_copy())"};
   // Restore first, so the join carries the restored step.
   d.store = std::make_unique<checkpoint_store>(d.opts.checkpoint_dir, d.opts.keep_last);
   if (d.cluster.is_chief()) d.store->remove_stale_temporaries();

@@ -42,7 +42,8 @@ struct options {
   std::function<bool()> notice_callback;  ///< polled; true is a notice
   std::chrono::milliseconds poll_interval{1000};
   std::chrono::milliseconds grace_period{0}; ///< time from notice to kill (0: none)
-  double margin_factor = 1.5;             ///< final-save margin = factor * (p95 step + p95 save)
+  double margin_factor = 2.0;             ///< final-save margin = factor * (margin_steps * p95 step + p95 save) + 5 ms
+  int margin_steps = 2;                   ///< steps left to run after the proposal (in flight + agreed)
   // behaviour
   bool throw_on_stop = false;             ///< run() throws grace::stop_requested instead of returning stop
   std::chrono::milliseconds wait_timeout{60000}; ///< longest wait at a step boundary
@@ -81,7 +82,8 @@ public:
   session(const session&) = delete;
   session& operator=(const session&) = delete;
 
-  /// Registers state to checkpoint (before attach()). Host memory.
+  /// Registers state to checkpoint (before attach()): host memory, or device
+  /// memory when the CUDA backend is built in (copied through pinned buffers).
   void register_tensor(tensor_ref t);
   /// Registers a counter saved in the manifest (epoch, samples seen...).
   void register_counter(const std::string& name, int64_t* value);

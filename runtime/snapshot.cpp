@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/checkpoint.hpp"
+#include "runtime/device_copy.hpp"
 
 namespace grace {
 
@@ -61,13 +62,27 @@ status snapshot_buffers::capture(const std::vector<tensor_ref>& tensors) {
                                             dtype_name(t.type) + " " + shape_str(t.shape) +
                                             " but the buffers were allocated for '" + s.name + "' " +
                                             dtype_name(s.type) + " " + shape_str(s.shape)};
-    if (t.memory == memory_kind::device)
-      return error{errc::failed, "capture: tensor '" + t.name + "': device tensors need the CUDA backend"};
+    if (t.memory == memory_kind::device && !device_copy_available())
+      return error{errc::failed, "capture: tensor '" + t.name +
+                                     "': device tensors need the CUDA backend (this process has not "
+                                     "registered its device copy; see runtime/device_copy.hpp)"};
     if (s.bytes > 0 && !t.data)
       return error{errc::invalid_input, "capture: tensor '" + t.name + "' has no data"};
   }
-  for (size_t i = 0; i < tensors.size(); ++i)
-    if (slots_[i].bytes) std::memcpy(base_ + slots_[i].offset, tensors[i].data, slots_[i].bytes);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto& t = tensors[i];
+    auto& s = slots_[i];
+    if (!s.bytes) continue;
+    if (t.memory == memory_kind::device) {
+      // The hook returns when the bytes are in our buffer; a failure (a lost
+      // device, a bad pointer) leaves this set half filled, which is harmless:
+      // a failed capture is never submitted to the writer.
+      if (auto st = device_copy_to_host(base_ + s.offset, t.data, s.bytes, t.device); !st)
+        return error{st.err().code, "capture: tensor '" + t.name + "': " + st.err().message};
+    } else {
+      std::memcpy(base_ + s.offset, t.data, s.bytes);
+    }
+  }
   return {};
 }
 

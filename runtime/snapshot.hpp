@@ -52,7 +52,9 @@ public:
 
   /// Copies the tensors' current bytes in. `tensors` must match the layout
   /// (same order, names, dtypes, shapes) -> otherwise errc::invalid_input.
-  /// Device tensors -> errc::failed until the CUDA backend provides the copy.
+  /// Device tensors are copied through runtime/device_copy.hpp (the CUDA
+  /// backend's pinned side-stream copy once `register_cuda_device_copy()` ran);
+  /// without a registered copy -> errc::failed, before any byte is copied.
   /// While a writer still owns this set -> errc::overloaded.
   status capture(const std::vector<tensor_ref>& tensors);
 

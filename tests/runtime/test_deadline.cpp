@@ -17,14 +17,14 @@ TEST_CASE("deadline: p95 of a window", "[deadline]") {
 TEST_CASE("deadline: the final save is proposed when time left reaches the margin", "[deadline]") {
   const int64_t ms = 1'000'000;
   std::vector<int64_t> steps(20, 10 * ms), saves{200 * ms};
-  auto margin = final_save_margin(steps, saves, 1.5);
-  CHECK(margin == 315 * ms);  // 1.5 * (10 + 200) ms
+  auto margin = final_save_margin(steps, saves, 1.5, 2, 5 * ms);
+  CHECK(margin == 335 * ms);  // 1.5 * (2 * 10 + 200) ms + 5 ms
   const int64_t deadline = 10'000 * ms;
-  CHECK_FALSE(final_save_due(deadline, deadline - 316 * ms, margin));
-  CHECK(final_save_due(deadline, deadline - 315 * ms, margin));
+  CHECK_FALSE(final_save_due(deadline, deadline - 336 * ms, margin));
+  CHECK(final_save_due(deadline, deadline - 335 * ms, margin));
   CHECK(final_save_due(deadline, deadline + 5 * ms, margin));  // already late: propose at once
   // A shorter deadline (a later notice) makes it due earlier.
   CHECK(final_save_due(deadline / 2, deadline / 2 - 100 * ms, margin));
-  // No measurements yet: the margin is 0, the save is due only at the deadline.
-  CHECK(final_save_margin({}, {}, 1.5) == 0);
+  // No measurements yet and no allowance: due only at the deadline.
+  CHECK(final_save_margin({}, {}, 1.5, 2, 0) == 0);
 }
