@@ -1,0 +1,193 @@
+#!/usr/bin/python3
+"""Turns bench/run's results.jsonl into the table of docs/BENCHMARKS.md:
+measured value, baseline measured in the same run, ratio, goal, met?.
+Every number is the median over the run's repetitions."""
+import json
+import sys
+
+
+def median(v):
+    v = sorted(x for x in v if x is not None)
+    if not v:
+        return None
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+
+
+def sel(row, **kw):
+    return [r for r in rows if r.get("row") == row and "error" not in r and all(r.get(k) == v for k, v in kw.items())]
+
+
+def med(row, key, **kw):
+    return median([r.get(key) for r in sel(row, **kw)])
+
+
+env = (sel("env") or [{}])[0]
+torch_ok = env.get("torch") == 1
+torch_why = env.get("torch_why") or "python3-torch unavailable"
+table = []
+
+
+def add(name, value, baseline, ratio, goal, met):
+    table.append((name, value, baseline, ratio, goal, met))
+
+
+def fmt(x, unit, digits=2):
+    if x is None:
+        return "n/a"
+    return ("%." + str(digits) + "f %s") % (x, unit)
+
+
+def yes(b):
+    return "n/a" if b is None else ("yes" if b else "NO")
+
+
+rtt_idle = med("rtt", "median_us", busy=0)
+rtt_busy = med("rtt", "median_us", busy=1)
+rtt_txt = "RTT %s idle / %s busy" % (fmt(rtt_idle, "us", 1), fmt(rtt_busy, "us", 1))
+add("1 loopback TCP round trip (baseline)", fmt(rtt_idle, "us idle", 1), fmt(rtt_busy, "us busy", 1), "-", "-", "-")
+
+groups = {}
+for r in sel("group"):
+    groups.setdefault((r.get("trainer", "as built"), r["nproc"]), []).append(r)
+TRAINERS = ("as built", "cpu-only link")
+
+
+def tag(trainer):
+    return "" if trainer == "as built" else " [grace-train-cpu]"
+
+
+for trainer in TRAINERS:
+    for n in sorted(k[1] for k in groups if k[0] == trainer):
+        g = groups[(trainer, n)]
+        m = lambda k: median([r.get(k) for r in g])
+        over = " (%d procs on 2 cores)" % n if n > 2 else ""
+        agreed = m("agreed_ms")
+        add("1a reaction N=%d%s: SIGTERM -> agreed%s" % (n, tag(trainer), over), fmt(agreed, "ms"), rtt_txt,
+            "%.0fx idle RTT" % (agreed * 1e3 / rtt_idle) if agreed and rtt_idle else "-", "< 2 ms", yes(agreed < 2))
+        if trainer == "as built":
+            na, ca = m("notice_ms"), m("claim_to_agreed_ms")
+            add("   of which claim -> agreed (coordinator, N=%d)" % n, fmt(ca, "ms"),
+                "SIGTERM->notice %s, notice->claim %s" % (fmt(na, "ms"), fmt(median(
+                    [r["agreed_ms"] - r["notice_ms"] - r["claim_to_agreed_ms"] for r in g
+                     if r.get("notice_ms") is not None and r.get("claim_to_agreed_ms") is not None]), "ms")),
+                "-", "< 2 ms", yes(ca is not None and ca < 2))
+            add("1b reaction N=%d: SIGTERM -> committed" % n, fmt(m("committed_ms"), "ms"),
+                "step %d ms + write %s" % (m("step_ms"), fmt(m("write_ms"), "ms")), "-", "-", "-")
+        ov = m("overhead_ms")
+        add("1c reaction N=%d%s: SIGTERM -> all exited" % (n, tag(trainer)), fmt(m("exited_ms"), "ms"),
+            "step %d ms + write %s" % (m("step_ms"), fmt(m("write_ms"), "ms")), "overhead %s" % fmt(ov, "ms"),
+            "overhead < 5 ms", yes(ov < 5))
+        errs = [r for r in rows if r.get("row") == "group" and r.get("nproc") == n and
+                r.get("trainer", "as built") == trainer and "error" in r]
+        if errs:
+            add("   N=%d%s failed runs" % (n, tag(trainer)), str(len(errs)), errs[0]["error"][:60], "-", "-", "-")
+
+for mbr in (64, 256):
+    a = med("agreement", "median_ns", members=mbr)
+    add("1d agreement alone, %d members (state machine)" % mbr, fmt(a / 1e3 if a else None, "us"), rtt_txt,
+        "-", "< 2 ms", yes(a is not None and a < 2e6))
+    c = med("coordinator", "median_ms", members=mbr)
+    add("1e agreement, %d members (coordinator actor, 1 process)" % mbr, fmt(c, "ms", 3), rtt_txt, "-", "< 2 ms",
+        yes(c is not None and c < 2))
+
+ov = med("step", "overhead_ns")
+add("2 per-step cost of run(step_fn), nothing pending", fmt(med("step", "run_ns"), "ns", 1),
+    "direct call %s" % fmt(med("step", "direct_ns"), "ns", 1), "+%s" % fmt(ov, "ns", 1), "< 100 ns",
+    yes(ov is not None and ov < 100))
+
+for b in sorted({r["bytes"] for r in sel("ckpt")}):
+    lab = "%d MiB" % (b >> 20) if b < (1 << 30) else "%d GiB" % (b >> 30)
+    n = len(sel("ckpt", bytes=b))
+    save = med("ckpt", "save_gbps", bytes=b)
+    ddw = med("dd", "gbps", mode="write", bytes=b)
+    add("3a checkpoint save %s (x%d)" % (lab, n), fmt(save, "GB/s"), "dd O_DIRECT %s" % fmt(ddw, "GB/s"),
+        "%.0f%%" % (100 * save / ddw), ">= 90%", yes(save / ddw >= 0.9))
+    if torch_ok:
+        ts = med("torch_save", "save_gbps", bytes=b)
+        add("3b checkpoint save %s vs torch.save+fsync" % lab, fmt(save, "GB/s"), "torch %s" % fmt(ts, "GB/s"),
+            "%.2fx" % (save / ts), ">= 2.5x", yes(save / ts >= 2.5))
+    else:
+        add("3b checkpoint save %s vs torch.save+fsync" % lab, fmt(save, "GB/s"), "not measured: " + torch_why,
+            "-", ">= 2.5x", "n/a")
+    od = med("odirect", "save_gbps", bytes=b)
+    if od:
+        add("3e   O_DIRECT writer prototype %s (bench only)" % lab, fmt(od, "GB/s"), "dd O_DIRECT %s" % fmt(ddw, "GB/s"),
+            "%.0f%%" % (100 * od / ddw), ">= 90%", yes(od / ddw >= 0.9))
+    rest = med("ckpt", "restore_gbps", bytes=b)
+    # The disk's read limit: the better of O_DIRECT and buffered (readahead)
+    # sequential reads of a file that is not in the page cache.
+    ddr = max(x for x in (med("dd", "gbps", mode="read", bytes=b), med("dd", "gbps", mode="read_cold", bytes=b), 0) if x)
+    add("3c restore (cold read+verify+load) %s" % lab, fmt(rest, "GB/s"), "best dd read %s" % fmt(ddr, "GB/s"),
+        "%.0f%%" % (100 * rest / ddr), ">= 90%", yes(rest / ddr >= 0.9))
+    if torch_ok:
+        tl = med("torch_save", "load_gbps", bytes=b)
+        add("3d restore %s vs torch.load (cold)" % lab, fmt(rest, "GB/s"), "torch %s" % fmt(tl, "GB/s"),
+            "%.2fx" % (rest / tl), ">= 2.5x", yes(rest / tl >= 2.5))
+    else:
+        add("3d restore %s vs torch.load (cold)" % lab, fmt(rest, "GB/s"), "not measured: " + torch_why, "-",
+            ">= 2.5x", "n/a")
+
+for b in sorted({r["bytes"] for r in sel("snapshot")}):
+    lab = "%d MiB" % (b >> 20)
+    c = med("snapshot", "capture_ms", bytes=b)
+    m = med("snapshot", "memcpy_ms", bytes=b)
+    add("4 training stall: snapshot capture %s" % lab, fmt(c, "ms", 1), "memcpy (warm) %s" % fmt(m, "ms", 1),
+        "%.2fx" % (c / m), "<= 1.2x", yes(c / m <= 1.2))
+
+torch_restart = {}
+for r in sel("torchrun"):
+    torch_restart.setdefault(r["nproc"], []).append(r["exit_to_ready_ms"])
+for trainer in TRAINERS:
+    for n in sorted(k[1] for k in groups if k[0] == trainer):
+        g = groups[(trainer, n)]
+        ready = median([r.get("exit_to_ready_ms") for r in g])
+        first = median([r.get("exit_to_first_step_ms") for r in g])
+        t = median(torch_restart.get(n, []))
+        if t:
+            base, ratio, met = "torchrun %s" % fmt(t, "ms", 0), "%.1fx faster" % (t / ready), yes(t / ready >= 10)
+        else:
+            why = torch_why if not torch_ok else "torchrun not run for %d workers (BENCH_TORCH_NPROC)" % n
+            base, ratio, met = "not measured: " + why, "-", "n/a"
+        add("5a restart N=%d%s: exit(42) -> collectives ready" % (n, tag(trainer)), fmt(ready, "ms", 0), base, ratio,
+            ">= 10x", met)
+        if trainer == "as built":
+            add("5b restart N=%d: exit(42) -> first resumed step done" % n, fmt(first, "ms", 0),
+                "restore %s" % fmt(median([r.get("restore_ms") for r in g]), "ms"), "-", "-", "-")
+
+for f in sorted({r["floats"] for r in sel("allreduce")}):
+    gm = med("allreduce", "median_ms", impl="grace", floats=f)
+    tm = med("allreduce", "median_ms", impl="torch", floats=f)
+    lab = "%d floats (%s MiB)" % (f, f * 4 / 1048576)
+    if tm:
+        add("6 allreduce 2 procs, %s" % lab, fmt(gm, "ms", 3), "torch gloo %s" % fmt(tm, "ms", 3), "%.2fx" % (gm / tm),
+            "parity: <= 1.25x torch", yes(gm / tm <= 1.25))
+    else:
+        add("6 allreduce 2 procs, %s" % lab, fmt(gm, "ms", 3), "not measured: " + torch_why, "-", "parity", "n/a")
+
+allg = [r for k in groups for r in groups[k]]
+for kind, bound in (("sigterm", 0), ("sigkill", 1)):
+    lost = [r.get(kind + "_lost") for r in allg if r.get(kind + "_lost") is not None]
+    if lost:
+        add("7 lost work, %s of one worker (%d runs)" % ("notice (SIGTERM)" if kind == "sigterm" else "SIGKILL", len(lost)),
+            "max %d steps" % max(lost), "-", "-", "<= %d step%s" % (bound, "" if bound == 1 else "s"),
+            yes(max(lost) <= bound))
+
+w = [max(len(str(r[i])) for r in table + [("row", "measured", "baseline (same run)", "ratio", "goal", "met?")])
+     for i in range(6)]
+hdr = ("row", "measured", "baseline (same run)", "ratio", "goal", "met?")
+line = lambda r: "| " + " | ".join(str(r[i]).ljust(w[i]) for i in range(6)) + " |"
+print(line(hdr))
+print("|" + "|".join("-" * (w[i] + 2) for i in range(6)) + "|")
+for r in table:
+    print(line(r))
+notes = [r["what"] for r in sel("note")]
+el = sel("elapsed")
+print()
+print("medians over %s repetitions (4 GiB: 1); torch %s; load at start %s; %s s total" %
+      (env.get("reps"), env.get("torch_version"), env.get("load"), el[0]["s"] if el else "?"))
+for n in notes:
+    print("note: " + n)
