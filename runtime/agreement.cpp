@@ -115,6 +115,9 @@ actions agreement::propose(ckpt_kind kind, uint64_t lower_bound) {
 }
 
 actions agreement::maybe_agree() {
+  // Cheap test first: with one ack per message a full scan per ack would make
+  // an agreement quadratic in the cluster size.
+  if (acks_.size() < live_.size()) return {};
   for (auto r : live_)
     if (!acks_.count(r)) return {};
   if (live_.empty()) {

@@ -134,6 +134,11 @@ public:
   /// Upper bound for one shard (a single larger tensor gets its own shard).
   void set_shard_bytes(uint64_t b) noexcept { shard_bytes_ = b ? b : 1; }
   uint64_t shard_bytes() const noexcept { return shard_bytes_; }
+  /// Shards are written with O_DIRECT (falling back to buffered writes where
+  /// the filesystem refuses it); false forces buffered writes. The files are
+  /// byte-identical either way; this exists for tests and comparisons.
+  void set_direct_io(bool on) noexcept { direct_io_ = on; }
+  bool direct_io() const noexcept { return direct_io_; }
 
   /// Writes and atomically commits `step-<meta.step>`, then prunes old ones.
   /// The tensors' bytes must not change until it returns.
@@ -175,6 +180,7 @@ private:
   std::filesystem::path dir_;
   int keep_last_;
   uint64_t shard_bytes_ = default_shard_bytes;
+  bool direct_io_ = true;
 };
 
 } // namespace grace

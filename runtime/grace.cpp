@@ -25,6 +25,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <thread>
 #include <unistd.h>
@@ -595,6 +597,13 @@ status session::finish() {
   d.reason = "finished";
   emit_event("finished", {{"step", d.completed}});
   return {};
+}
+
+void session::quick_exit(int code) {
+  if (impl_->writer) impl_->writer->wait_idle();
+  spdlog::shutdown();
+  std::fflush(nullptr);
+  std::_Exit(code);
 }
 
 int session::exit_code() const { return impl_->code; }

@@ -1,5 +1,7 @@
 #include "runtime/cuda/device.hpp"
 
+#include <sys/stat.h>
+
 #include <cuda_runtime_api.h>
 
 #include <cstdlib>
@@ -7,6 +9,13 @@
 namespace grace {
 
 int cuda_device_count(std::string* why) {
+  // No NVIDIA kernel driver: say so without initialising the CUDA runtime,
+  // which costs ~100 ms per process (a restart pays it on its critical path).
+  struct stat sb;
+  if (::stat("/proc/driver/nvidia/version", &sb) != 0 && ::stat("/dev/nvidiactl", &sb) != 0) {
+    if (why) *why = "no NVIDIA driver (/proc/driver/nvidia/version and /dev/nvidiactl are absent)";
+    return 0;
+  }
   // Without a driver cudaGetDeviceCount returns cudaErrorInsufficientDriver
   // (35) and leaves the count untouched: start from 0.
   int count = 0;
