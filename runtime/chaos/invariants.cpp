@@ -284,10 +284,16 @@ verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
     }
     l.applicable = true;
     l.bound = cls == loss_class::notice ? 0 : cls == loss_class::hard ? 1 : in.cfg->save_every;
-    if (cls == loss_class::periodic) {
-      // A full disk earlier in the run may have swallowed one periodic save each.
-      for (auto& g : res.faults)
-        if (injected(g) && g.f.kind == fault_kind::fs_full && g.t_ns < f.t_ns) l.bound += in.cfg->save_every;
+    bool disk_was_full = std::any_of(res.faults.begin(), res.faults.end(), [&](const fault_record& g) {
+      return injected(g) && g.f.kind == fault_kind::fs_full && g.t_ns < f.t_ns;
+    });
+    int64_t fallback = -1; // newest checkpoint committed before the damage, other than the damaged one
+    if (cls == loss_class::periodic && disk_was_full) {
+      // A full disk swallowed periodic saves: the restore can only fall back
+      // to the newest intact checkpoint, which may be older than one interval.
+      for (auto& e : res.events)
+        if (e.name == "committed_local" && e.t_ns < f.corrupted_ns && e.j.value("path", "") != f.corrupted_path)
+          fallback = std::max(fallback, e.step());
     }
     for (auto& e : res.events) {
       if (e.incarnation != f.incarnation || e.rank < 0 || e.t_ns < f.t_ns - 5000000000LL) continue;
@@ -316,6 +322,11 @@ verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
     }
     if (first > 0) l.restored = std::max(l.restored, first - 1);
     l.lost = std::max<int64_t>(0, l.reached - l.restored);
+    if (fallback >= 0 && l.reached - fallback > l.bound) {
+      l.bound = l.reached - fallback;
+      l.detail += "bound widened to the newest intact checkpoint (step " + std::to_string(fallback) +
+                  ": a full disk swallowed periodic saves); ";
+    }
     l.ok = l.lost <= l.bound;
     ++measured;
     l.detail += "reached " + std::to_string(l.reached) + ", restored " + std::to_string(l.restored) + " in incarnation " +
