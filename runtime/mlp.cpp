@@ -14,15 +14,6 @@ extern "C" void openblas_set_num_threads(int);
 
 namespace grace {
 
-namespace {
-
-/// One BLAS thread per worker: results stay bit-identical run to run and the
-/// runtime keeps its cores.
-void blas_single_thread() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
-
 uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
   auto p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) {
@@ -32,7 +23,15 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
   return h;
 }
 
-constexpr uint64_t fnv_offset = 0xcbf29ce484222325ull;
+namespace {
+
+/// One BLAS thread per worker: results stay bit-identical run to run and the
+/// runtime keeps its cores.
+void blas_single_thread() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
 
 } // namespace
 

@@ -43,6 +43,11 @@ status validate(const mlp_config& cfg, int world = 0);
 /// to x, so the task is learnable.
 int make_sample(const mlp_config& cfg, uint64_t index, float* x);
 
+/// FNV-1a 64 over bytes, continuing from `h` (start with fnv_offset): the
+/// weights checksum shared by the CPU and CUDA models, so both agree.
+uint64_t fnv1a(uint64_t h, const void* data, size_t n);
+constexpr uint64_t fnv_offset = 0xcbf29ce484222325ull;
+
 class mlp {
 public:
   /// Throws std::invalid_argument on a config `validate` rejects; use

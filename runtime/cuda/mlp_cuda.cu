@@ -112,16 +112,6 @@ __global__ void sgd_kernel(float* w, float* v, const float* g, size_t n, float l
   if (e < n) kernels::sgd_momentum(w[e], v[e], g[e], lr, mu, wd);
 }
 
-uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
-  auto p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-constexpr uint64_t fnv_offset = 0xcbf29ce484222325ull;
 
 template <class T>
 T* device_alloc(size_t n) {
