@@ -14,12 +14,14 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <set>
 #include <system_error>
+#include <thread>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -320,26 +322,153 @@ private:
   std::future<int> pending_[staging_buffers::count]; ///< each buffer's write in flight (errno or 0)
 };
 
-/// Streams a file through xxh3; sets `size`.
-result<std::string> checksum_file(const fs::path& p, uint64_t& size) {
-  fd_guard f(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f.fd < 0) return invalid(p, "cannot open: " + errno_str(errno));
+/// Receives a file's bytes in order: (file offset, bytes, count).
+using chunk_sink = std::function<void(uint64_t, const unsigned char*, size_t)>;
+
+/// Files at least this big are read with O_DIRECT, smaller ones buffered.
+constexpr uint64_t direct_read_min = 8u << 20;
+
+/// `pread` until `n` bytes or the end of the file: the count, or -errno. An
+/// O_DIRECT refusal (EINVAL) switches the descriptor to buffered reads.
+ssize_t pread_full(int fd, unsigned char* buf, size_t n, off_t off) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd, buf + done, n - done, off + static_cast<off_t>(done));
+    if (r < 0) {
+      const int e = errno;
+      if (e == EINTR) continue;
+      const int fl = e == EINVAL ? ::fcntl(fd, F_GETFL) : -1;
+      if (fl >= 0 && (fl & O_DIRECT) && ::fcntl(fd, F_SETFL, fl & ~O_DIRECT) == 0) continue;
+      return -e;
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  return static_cast<ssize_t>(done);
+}
+
+/// Reads a whole file front to back once, hashing it with xxh3 and handing
+/// every piece to `sink` (may be empty); returns the hash.
+///
+/// The file must be `expected_size` bytes (the manifest's). Large files are
+/// read with O_DIRECT into the pooled staging buffers, each 64 MiB chunk as
+/// two concurrent 32 MiB reads, the next chunk in flight while this one is
+/// hashed and handed on: no page-cache pages to allocate (slow on this VM,
+/// as for writes) and two requests queued at the disk, where a buffered
+/// read leaves it to readahead. Small files, and filesystems without
+/// O_DIRECT, are read buffered.
+result<uint64_t> stream_file(const fs::path& p, uint64_t expected_size, const chunk_sink& sink) {
+  fd_guard f;
+  bool direct = false;
+  if (expected_size >= direct_read_min) {
+    f.fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    direct = f.fd >= 0;
+  }
+  if (f.fd < 0) f.fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) return invalid(p, errno == ENOENT ? "missing" : "cannot open: " + errno_str(errno));
+  struct stat sb {};
+  if (::fstat(f.fd, &sb) != 0) return invalid(p, "cannot stat: " + errno_str(errno));
+  if (!S_ISREG(sb.st_mode)) return invalid(p, "not a regular file");
+  const auto size = static_cast<uint64_t>(sb.st_size);
+  if (size != expected_size)
+    return invalid(p, "size " + std::to_string(size) + " but the manifest says " + std::to_string(expected_size) +
+                          " (truncated or partially written)");
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(), &XXH3_freeState);
   if (!st) throw std::bad_alloc();
   XXH3_64bits_reset(st.get());
-  std::unique_ptr<char[]> buf(new char[read_chunk]);
-  size = 0;
-  for (;;) {
-    ssize_t r = ::read(f.fd, buf.get(), read_chunk);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return invalid(p, "read failed: " + errno_str(errno));
+  auto short_read = [&](ssize_t r) {
+    return invalid(p, r < 0 ? "read failed: " + errno_str(static_cast<int>(-r))
+                            : std::string("shorter than its size while reading (changed underneath?)"));
+  };
+
+  if (!direct) {
+    std::unique_ptr<unsigned char[]> buf(new unsigned char[static_cast<size_t>(std::min<uint64_t>(size, read_chunk)) + 1]);
+    for (uint64_t off = 0; off < size;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(read_chunk, size - off));
+      const ssize_t r = pread_full(f.fd, buf.get(), n, static_cast<off_t>(off));
+      if (r != static_cast<ssize_t>(n)) return short_read(r);
+      XXH3_64bits_update(st.get(), buf.get(), n);
+      if (sink) sink(off, buf.get(), n);
+      off += n;
     }
-    if (r == 0) break;
-    XXH3_64bits_update(st.get(), buf.get(), static_cast<size_t>(r));
-    size += static_cast<uint64_t>(r);
+    return XXH3_64bits_digest(st.get());
   }
-  return hex64(XXH3_64bits_digest(st.get()));
+
+  // Direct: chunk i lives in staging buffer i % 2. The futures are declared
+  // after the buffers so they are waited for before the buffers go back to
+  // the pool, on every path out.
+  staging_buffers bufs;
+  constexpr size_t chunk = staging_buffers::bytes, half = chunk / 2, align = staging_buffers::align;
+  const uint64_t chunks = (size + chunk - 1) / chunk;
+  struct piece {
+    std::future<ssize_t> read;
+    size_t want = 0;
+  };
+  std::array<std::array<piece, 2>, staging_buffers::count> inflight;
+  const int fd = f.fd;
+  auto issue = [&](uint64_t i) {
+    unsigned char* buf = bufs[static_cast<int>(i % staging_buffers::count)];
+    auto& slot = inflight[i % staging_buffers::count];
+    const uint64_t off = i * chunk;
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, size - off));
+    for (size_t h = 0; h < 2; ++h) {
+      const size_t begin = h * half;
+      slot[h].want = begin < n ? std::min(half, n - begin) : 0;
+      if (slot[h].want == 0) continue;
+      // Ask for whole blocks: at the end of the file the read stops short.
+      const size_t ask = (slot[h].want + align - 1) & ~(align - 1);
+      const off_t at = static_cast<off_t>(off + begin);
+      slot[h].read = std::async(std::launch::async, [fd, buf, begin, ask, at] {
+        return pread_full(fd, buf + begin, ask, at);
+      });
+    }
+  };
+  issue(0);
+  if (chunks > 1) issue(1);
+  for (uint64_t i = 0; i < chunks; ++i) {
+    auto& slot = inflight[i % staging_buffers::count];
+    for (auto& pc : slot) {
+      if (pc.want == 0) continue;
+      const ssize_t r = pc.read.get();
+      if (r != static_cast<ssize_t>(pc.want)) return short_read(r);
+    }
+    const unsigned char* buf = bufs[static_cast<int>(i % staging_buffers::count)];
+    const uint64_t off = i * chunk;
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, size - off));
+    XXH3_64bits_update(st.get(), buf, n);
+    if (sink) sink(off, buf, n);
+    if (i + staging_buffers::count < chunks) issue(i + staging_buffers::count);
+  }
+  return XXH3_64bits_digest(st.get());
+}
+
+/// Checks one listed file's size and checksum, handing its bytes to `sink`.
+status check_file(const fs::path& step_dir, const checkpoint_file& f, const chunk_sink& sink = {}) {
+  const auto p = step_dir / f.name;
+  auto h = stream_file(p, f.size, sink);
+  if (!h) return h.err();
+  if (hex64(*h) != f.xxh3)
+    return invalid(p, "checksum mismatch: xxh3 " + hex64(*h) + ", manifest says " + f.xxh3 + " (file corrupted)");
+  return {};
+}
+
+bool is_shard(const std::string& name) {
+  const std::string suffix = ".safetensors";
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// Copies `n` bytes, on two threads when it is large (restores end with one
+/// copy of the whole state; one core does not saturate memory here).
+void copy_large(void* dst, const void* src, size_t n) {
+  constexpr size_t parallel_min = 32u << 20;
+  if (n < parallel_min || std::thread::hardware_concurrency() < 2) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  const size_t first = (n / 2) & ~size_t(4095);
+  std::thread t([=] { std::memcpy(dst, src, first); });
+  std::memcpy(static_cast<char*>(dst) + first, static_cast<const char*>(src) + first, n - first);
+  t.join();
 }
 
 /// Reads a small JSON file defensively (size-limited, no exceptions).
@@ -840,111 +969,200 @@ result<std::vector<stored_tensor>> checkpoint_store::read_tensors(const fs::path
 
 status checkpoint_store::verify(uint64_t step) const { return verify(step_path(step)); }
 
-status checkpoint_store::verify(const fs::path& step_dir) const {
-  auto m = read_manifest(step_dir);
+namespace {
+
+struct shard_layout {
+  const checkpoint_file* file; ///< its manifest entry
+  safetensors::header h;
+};
+
+/// A step directory checked down to, but not including, the file checksums.
+struct step_contents {
+  checkpoint_manifest manifest;
+  std::vector<shard_layout> shards;
+};
+
+/// Manifest, directory name, every listed file present, every shard header
+/// valid, the index agreeing with the shards. A header or index that does
+/// not parse is first checked against its checksum: "file corrupted" says
+/// more than the parse error it causes.
+result<step_contents> check_structure(const checkpoint_store& store, const fs::path& step_dir) {
+  auto m = store.read_manifest(step_dir);
   if (!m) return m.err();
   uint64_t name_step = 0;
   if (parse_step_name(step_dir.filename().string(), name_step) && name_step != m->step)
     return invalid(step_dir, "directory is step " + std::to_string(name_step) + " but the manifest says " +
                                  std::to_string(m->step));
-  bool has_index = false;
-  std::set<std::string> listed;
-  for (auto& f : m->files) {
-    listed.insert(f.name);
+  step_contents out;
+  out.manifest = std::move(*m);
+  const checkpoint_file* index = nullptr;
+  for (auto& f : out.manifest.files) {
     auto p = step_dir / f.name;
     std::error_code ec;
     if (!fs::is_regular_file(fs::status(p, ec))) return invalid(p, "missing");
-    uint64_t size = 0;
-    auto sum = checksum_file(p, size);
-    if (!sum) return sum.err();
-    if (size != f.size)
-      return invalid(p, "size " + std::to_string(size) + " but the manifest says " + std::to_string(f.size) +
-                            " (truncated or partially written)");
-    if (*sum != f.xxh3)
-      return invalid(p, "checksum mismatch: xxh3 " + *sum + ", manifest says " + f.xxh3 + " (file corrupted)");
-    if (f.name == index_name) has_index = true;
+    if (f.name == index_name) index = &f;
+    if (!is_shard(f.name)) continue;
+    auto h = safetensors::read_header(p);
+    if (!h) {
+      if (auto c = check_file(step_dir, f); !c) return c.err();
+      return h.err();
+    }
+    out.shards.push_back({&f, std::move(*h)});
   }
-  // Structure: every shard parses, and the index agrees with the shards.
-  auto tensors = read_tensors(step_dir);
-  if (!tensors) return tensors.err();
-  if (has_index) {
+  if (index) {
     auto ip = step_dir / index_name;
-    auto j = read_json(ip);
-    if (!j) return j.err();
-    auto wm = j->find("weight_map");
-    if (wm == j->end() || !wm->is_object()) return invalid(ip, "no weight_map object");
-    std::map<std::string, std::string> where;
-    for (auto& t : *tensors) where[t.name] = t.file;
-    for (auto& [name, file] : wm->items()) {
-      if (!file.is_string()) return invalid(ip, "weight_map entry '" + name + "' is not a string");
-      auto it = where.find(name);
-      if (it == where.end() || it->second != file.get<std::string>())
-        return invalid(ip, "weight_map says '" + name + "' is in " + file.get<std::string>() +
-                               ", which does not hold it");
+    auto check_index = [&]() -> status {
+      auto j = read_json(ip);
+      if (!j) return j.err();
+      auto wm = j->find("weight_map");
+      if (wm == j->end() || !wm->is_object()) return invalid(ip, "no weight_map object");
+      std::map<std::string, std::string> where;
+      for (auto& s : out.shards)
+        for (auto& t : s.h.tensors) where[t.name] = s.file->name;
+      for (auto& [name, file] : wm->items()) {
+        if (!file.is_string()) return invalid(ip, "weight_map entry '" + name + "' is not a string");
+        auto it = where.find(name);
+        if (it == where.end() || it->second != file.get<std::string>())
+          return invalid(ip, "weight_map says '" + name + "' is in " + file.get<std::string>() +
+                                 ", which does not hold it");
+      }
+      return {};
+    };
+    if (auto st = check_index(); !st) {
+      if (auto c = check_file(step_dir, *index); !c) return c.err();
+      return st.err();
     }
   }
+  return out;
+}
+
+status check_files(const fs::path& step_dir, const checkpoint_manifest& m) {
+  for (auto& f : m.files)
+    if (auto st = check_file(step_dir, f); !st) return st;
   return {};
 }
 
-result<restored_checkpoint> checkpoint_store::load(const fs::path& step_dir,
-                                                   const std::vector<tensor_ref>& into) const {
-  auto m = read_manifest(step_dir);
-  if (!m) return m.err();
+} // namespace
+
+status checkpoint_store::verify(const fs::path& step_dir) const {
+  auto c = check_structure(*this, step_dir);
+  if (!c) return c.err();
+  return check_files(step_dir, c->manifest);
+}
+
+result<restored_checkpoint> checkpoint_store::load(const fs::path& step_dir, const std::vector<tensor_ref>& into,
+                                                   const std::vector<void*>& staging, bool& corrupt) const {
+  corrupt = true;
+  auto c = check_structure(*this, step_dir);
+  if (!c) return c.err();
   struct located {
-    fs::path file;
-    const safetensors::header* h;
+    size_t shard;
     const safetensors::tensor_entry* e;
   };
-  std::vector<std::pair<fs::path, safetensors::header>> headers;
-  headers.reserve(m->files.size());
-  for (auto& f : m->files) {
-    if (f.name.size() < 12 || f.name.compare(f.name.size() - 12, 12, ".safetensors") != 0) continue;
-    auto h = safetensors::read_header(step_dir / f.name);
-    if (!h) return h.err();
-    headers.emplace_back(step_dir / f.name, std::move(*h));
-  }
   std::unordered_map<std::string, located> by_name;
-  for (auto& [p, h] : headers)
-    for (auto& e : h.tensors) by_name[e.name] = located{p, &h, &e};
+  for (size_t s = 0; s < c->shards.size(); ++s)
+    for (auto& e : c->shards[s].h.tensors) by_name[e.name] = located{s, &e};
 
   // Check everything before writing a byte into the caller's memory, so a
-  // mismatch leaves the registered tensors untouched.
-  restored_checkpoint out;
+  // mismatch leaves the registered tensors untouched. A mismatch in a
+  // checkpoint that fails its checksums is corruption (skip it), otherwise
+  // the caller's error.
+  auto caller_error = [&](error e) -> error {
+    if (auto v = check_files(step_dir, c->manifest); !v) return v.err();
+    corrupt = false;
+    return e;
+  };
+  if (!staging.empty() && staging.size() != into.size()) {
+    corrupt = false;
+    return error{errc::invalid_input, "restore staging has " + std::to_string(staging.size()) +
+                                          " buffers for " + std::to_string(into.size()) + " tensors"};
+  }
   std::set<std::string> registered;
+  size_t total = 0;
   for (auto& t : into) {
     registered.insert(t.name);
     auto it = by_name.find(t.name);
     if (it == by_name.end())
-      return invalid(step_dir, "registered tensor '" + t.name + "' is missing from the checkpoint");
+      return caller_error(invalid(step_dir, "registered tensor '" + t.name + "' is missing from the checkpoint"));
     auto& e = *it->second.e;
     if (e.type != t.type || e.shape != t.shape)
-      return invalid(step_dir, "tensor '" + t.name + "': expected " + dtype_name(t.type) + " " +
-                                   shape_str(t.shape) + ", checkpoint has " + dtype_name(e.type) + " " +
-                                   shape_str(e.shape));
-    if (t.memory == memory_kind::device && !device_copy_available())
+      return caller_error(invalid(step_dir, "tensor '" + t.name + "': expected " + dtype_name(t.type) + " " +
+                                                shape_str(t.shape) + ", checkpoint has " + dtype_name(e.type) +
+                                                " " + shape_str(e.shape)));
+    if (t.memory == memory_kind::device && !device_copy_available()) {
+      corrupt = false;
       return error{errc::failed, "tensor '" + t.name +
                                      "': device tensors need the CUDA backend (this process has not "
                                      "registered its device copy; see runtime/device_copy.hpp)"};
-    if (!t.data && e.bytes() > 0)
+    }
+    if (!t.data && e.bytes() > 0) {
+      corrupt = false;
       return error{errc::invalid_input, "tensor '" + t.name + "' has no " +
                                             (t.memory == memory_kind::device ? "device" : "host") +
                                             " memory to restore into"};
+    }
+    total += static_cast<size_t>(e.bytes());
   }
-  // Device tensors: the format is the same as for host ones (a checkpoint
-  // written on a GPU loads on a CPU and vice versa), so read into a host
-  // staging buffer, reused across tensors, and copy that to the device.
-  std::vector<unsigned char> staging;
-  for (auto& t : into) {
-    auto& l = by_name.at(t.name);
-    if (t.memory == memory_kind::device) {
-      const size_t bytes = static_cast<size_t>(l.e->bytes());
-      if (staging.size() < bytes) staging.resize(bytes);
-      if (auto st = safetensors::read_tensor(l.file, *l.h, *l.e, staging.data()); !st) return st.err();
-      if (bytes > 0)
-        if (auto st = device_copy_to_device(t.data, staging.data(), bytes, t.device); !st)
+
+  // One pass over every file: read (O_DIRECT), hash, and scatter the
+  // registered tensors' bytes into the staging buffers. Only when every
+  // checksum matched do the bytes move on to the caller's tensors.
+  std::unique_ptr<unsigned char[]> own;
+  std::vector<unsigned char*> dst(into.size());
+  if (staging.empty()) {
+    own.reset(new unsigned char[total + 1]);
+    size_t at = 0;
+    for (size_t i = 0; i < into.size(); ++i) {
+      dst[i] = own.get() + at;
+      at += static_cast<size_t>(by_name.at(into[i].name).e->bytes());
+    }
+  } else {
+    for (size_t i = 0; i < into.size(); ++i) dst[i] = static_cast<unsigned char*>(staging[i]);
+  }
+  struct target {
+    uint64_t begin, end; ///< absolute file offsets
+    unsigned char* dst;
+  };
+  std::vector<std::vector<target>> targets(c->shards.size());
+  for (size_t i = 0; i < into.size(); ++i) {
+    auto& l = by_name.at(into[i].name);
+    if (l.e->bytes() == 0) continue;
+    const uint64_t base = c->shards[l.shard].h.data_start;
+    targets[l.shard].push_back({base + l.e->begin, base + l.e->end, dst[i]});
+  }
+  for (auto& t : targets)
+    std::sort(t.begin(), t.end(), [](const target& a, const target& b) { return a.begin < b.begin; });
+  for (auto& f : c->manifest.files) {
+    chunk_sink sink;
+    const std::vector<target>* ts = nullptr;
+    for (size_t s = 0; s < c->shards.size(); ++s)
+      if (c->shards[s].file == &f) ts = &targets[s];
+    size_t first = 0;
+    if (ts && !ts->empty())
+      sink = [ts, &first](uint64_t off, const unsigned char* p, size_t n) {
+        const uint64_t end = off + n;
+        while (first < ts->size() && (*ts)[first].end <= off) ++first;
+        for (size_t k = first; k < ts->size() && (*ts)[k].begin < end; ++k) {
+          const auto& t = (*ts)[k];
+          const uint64_t b = std::max(t.begin, off), e = std::min(t.end, end);
+          std::memcpy(t.dst + (b - t.begin), p + (b - off), static_cast<size_t>(e - b));
+        }
+      };
+    if (auto st = check_file(step_dir, f, sink); !st) return st.err();
+  }
+
+  corrupt = false;
+  restored_checkpoint out;
+  for (size_t i = 0; i < into.size(); ++i) {
+    auto& t = into[i];
+    const size_t bytes = static_cast<size_t>(by_name.at(t.name).e->bytes());
+    if (bytes > 0) {
+      if (t.memory == memory_kind::device) {
+        if (auto st = device_copy_to_device(t.data, dst[i], bytes, t.device); !st)
           return error{st.err().code, "tensor '" + t.name + "': " + st.err().message};
-    } else {
-      if (auto st = safetensors::read_tensor(l.file, *l.h, *l.e, t.data); !st) return st.err();
+      } else if (t.data != dst[i]) {
+        copy_large(t.data, dst[i], bytes);
+      }
     }
     out.loaded.push_back(t.name);
   }
@@ -953,24 +1171,25 @@ result<restored_checkpoint> checkpoint_store::load(const fs::path& step_dir,
   std::sort(out.unregistered.begin(), out.unregistered.end());
   out.found = true;
   out.path = step_dir;
-  out.manifest = std::move(*m);
+  out.manifest = std::move(c->manifest);
   return out;
 }
 
-result<restored_checkpoint> checkpoint_store::restore_latest(const std::vector<tensor_ref>& into) const {
+result<restored_checkpoint> checkpoint_store::restore_latest(const std::vector<tensor_ref>& into,
+                                                             const std::vector<void*>& staging) const {
   auto all = try_list();
   if (!all) return all.err();
   std::vector<skipped_checkpoint> skipped;
   for (auto it = all->rbegin(); it != all->rend(); ++it) {
     if (it->temporary || it->set_aside) continue;
-    auto v = verify(it->path);
-    if (!v) {
-      spdlog::warn("checkpoint {}: skipped on restore: {}", it->path.string(), v.err().message);
-      skipped.push_back({it->step, it->path, v.err().message});
+    bool corrupt = false;
+    auto r = load(it->path, into, staging, corrupt);
+    if (!r) {
+      if (!corrupt) return r.err();
+      spdlog::warn("checkpoint {}: skipped on restore: {}", it->path.string(), r.err().message);
+      skipped.push_back({it->step, it->path, r.err().message});
       continue;
     }
-    auto r = load(it->path, into);
-    if (!r) return r.err();
     r->skipped = std::move(skipped);
     spdlog::info("restored checkpoint step {} from {} ({} tensors, {} unregistered ignored, {} newer skipped)",
                  r->manifest.step, r->path.string(), r->loaded.size(), r->unregistered.size(),
@@ -985,12 +1204,13 @@ result<restored_checkpoint> checkpoint_store::restore_latest(const std::vector<t
   return none;
 }
 
-result<restored_checkpoint> checkpoint_store::restore(uint64_t step, const std::vector<tensor_ref>& into) const {
+result<restored_checkpoint> checkpoint_store::restore(uint64_t step, const std::vector<tensor_ref>& into,
+                                                      const std::vector<void*>& staging) const {
   auto p = step_path(step);
   std::error_code ec;
   if (!fs::exists(p, ec)) return invalid(p, "no checkpoint for step " + std::to_string(step));
-  if (auto v = verify(p); !v) return v.err();
-  return load(p, into);
+  bool corrupt = false;
+  return load(p, into, staging, corrupt);
 }
 
 std::vector<fs::path> checkpoint_store::stale_temporaries() const {

@@ -154,10 +154,23 @@ public:
   status verify(uint64_t step) const;
   status verify(const std::filesystem::path& step_dir) const;
 
-  /// Restores the newest checkpoint that verifies into `into` (host memory, or device memory through the registered device-copy hook).
-  result<restored_checkpoint> restore_latest(const std::vector<tensor_ref>& into) const;
+  /// Restores the newest checkpoint that verifies into `into` (host memory,
+  /// or device memory through the registered device-copy hook). Checkpoints
+  /// that fail verification are skipped (reported in `skipped`), never
+  /// deleted; a checkpoint that verifies but does not match `into` (name,
+  /// dtype, shape) is an error. Nothing is written into `into` unless the
+  /// whole checkpoint verified.
+  ///
+  /// One read of each file: O_DIRECT, hashed and scattered into `staging`
+  /// on the way, then copied into `into` once every checksum matched.
+  /// `staging`: one host buffer per tensor of `into`, same order, each at
+  /// least that tensor's bytes (a session passes its pre-faulted snapshot
+  /// buffers, see `snapshot_buffers::regions`); empty: allocated here.
+  result<restored_checkpoint> restore_latest(const std::vector<tensor_ref>& into,
+                                             const std::vector<void*>& staging = {}) const;
   /// Restores one specific step (it must verify).
-  result<restored_checkpoint> restore(uint64_t step, const std::vector<tensor_ref>& into) const;
+  result<restored_checkpoint> restore(uint64_t step, const std::vector<tensor_ref>& into,
+                                      const std::vector<void*>& staging = {}) const;
 
   /// Parses `grace-manifest.json` of a step directory.
   result<checkpoint_manifest> read_manifest(const std::filesystem::path& step_dir) const;
@@ -173,8 +186,10 @@ public:
   std::filesystem::path step_path(uint64_t step) const;
 
 private:
-  result<restored_checkpoint> load(const std::filesystem::path& step_dir,
-                                   const std::vector<tensor_ref>& into) const;
+  /// Verifies and restores one step directory. `corrupt`: the failure is
+  /// the checkpoint's (skip it), not the caller's.
+  result<restored_checkpoint> load(const std::filesystem::path& step_dir, const std::vector<tensor_ref>& into,
+                                   const std::vector<void*>& staging, bool& corrupt) const;
   void prune(uint64_t committed_step);
 
   std::filesystem::path dir_;

@@ -384,8 +384,11 @@ result<uint64_t> session::attach() {
   // Restore first, so the join carries the restored step.
   d.store = std::make_unique<checkpoint_store>(d.opts.checkpoint_dir, d.opts.keep_last);
   if (d.cluster.is_chief()) d.store->remove_stale_temporaries();
+  // The snapshot buffers first: the restore reads into them (warm pages,
+  // and a checkpoint that fails verification never touches the tensors).
+  d.buffers = std::make_shared<snapshot_buffers>(d.tensors);
   auto t0 = mono_ns();
-  auto restored = d.store->restore_latest(d.tensors);
+  auto restored = d.store->restore_latest(d.tensors, d.buffers->regions());
   if (!restored) return restored.err();
   for (auto& s : restored->skipped)
     d.log->warn("skipped checkpoint {}: {}", s.path.string(), s.reason);
@@ -403,7 +406,6 @@ result<uint64_t> session::attach() {
   d.restored_step = d.last_saved_step = d.completed;
   d.ctl->started = d.completed;
   d.ctl->completed = d.completed;
-  d.buffers = std::make_shared<snapshot_buffers>(d.tensors);
   d.writer = std::make_unique<checkpoint_writer>(*d.store);
   d.start_warmer();
 

@@ -94,6 +94,13 @@ void snapshot_buffers::keep_warm() const {
   (void)sink;
 }
 
+std::vector<void*> snapshot_buffers::regions() noexcept {
+  std::vector<void*> out;
+  out.reserve(slots_.size());
+  for (auto& s : slots_) out.push_back(base_ + s.offset);
+  return out;
+}
+
 std::vector<snapshot_tensor> snapshot_buffers::view() const {
   std::vector<snapshot_tensor> out;
   out.reserve(slots_.size());

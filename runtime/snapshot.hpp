@@ -66,6 +66,11 @@ public:
   /// The captured tensors, pointing into these buffers.
   std::vector<snapshot_tensor> view() const;
 
+  /// Each tensor's region, in layout order: where a restore stages the
+  /// checkpoint's bytes (`checkpoint_store::restore_latest`), so they are
+  /// read into warm pages and the buffers then hold the restored state.
+  std::vector<void*> regions() noexcept;
+
   /// Sum of tensor bytes (without alignment padding).
   size_t total_bytes() const noexcept { return total_bytes_; }
 
