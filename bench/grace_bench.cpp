@@ -5,7 +5,7 @@
 //
 //   grace-bench rtt --iters 20000 [--busy]        loopback TCP round trip
 //   grace-bench agreement --members 256 --reps 200 grace::agreement, claim -> agreed
-//   grace-bench ckpt --bytes B --dir D             checkpoint_store save, cold restore
+//   grace-bench ckpt --bytes B --dir D [--shard-bytes S]  checkpoint_store save, cold restore
 //   grace-bench snapshot --bytes B --reps 7        snapshot capture vs memcpy
 //   grace-bench odirect --bytes B --dir D          prototype O_DIRECT writer (proposed fix)
 //   grace-bench allreduce --rank R --size 2 --store DIR --floats a,b --reps 10
@@ -209,6 +209,7 @@ int mode_ckpt(const std::map<std::string, std::string>& a) {
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   grace::checkpoint_store store(dir, 1);
+  if (a.count("shard-bytes")) store.set_shard_bytes(get_u(a, "shard-bytes", 0));
   grace::checkpoint_meta meta;
   meta.step = 1;
   meta.kind = grace::checkpoint_kind::manual;
@@ -236,7 +237,7 @@ int mode_ckpt(const std::map<std::string, std::string>& a) {
               "\"save_gbps\":%.4f,\"restore_s\":%.4f,\"restore_gbps\":%.4f}\n",
               (unsigned long long)bytes, save_s, r->write_seconds, r->fsync_seconds, bytes / save_s / 1e9,
               restore_s, bytes / restore_s / 1e9);
-  std::filesystem::remove_all(dir, ec);
+  if (!a.count("keep")) std::filesystem::remove_all(dir, ec);
   return 0;
 }
 

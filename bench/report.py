@@ -77,10 +77,16 @@ for trainer in TRAINERS:
                 "-", "< 2 ms", yes(ca is not None and ca < 2))
             add("1b reaction N=%d: SIGTERM -> committed" % n, fmt(m("committed_ms"), "ms"),
                 "step %d ms + write %s" % (m("step_ms"), fmt(m("write_ms"), "ms")), "-", "-", "-")
-        ov = m("overhead_ms")
+        # One step is the group's measured step time (with 4 and 8 workers on
+        # 2 cores it exceeds the configured delay); the overhead against the
+        # configured delay is in results.jsonl as overhead_ms.
+        ov = m("overhead_measured_step_ms")
+        if ov is None:
+            ov = m("overhead_ms")
+        st = m("measured_step_ms")
         add("1c reaction N=%d%s: SIGTERM -> all exited" % (n, tag(trainer)), fmt(m("exited_ms"), "ms"),
-            "step %d ms + write %s" % (m("step_ms"), fmt(m("write_ms"), "ms")), "overhead %s" % fmt(ov, "ms"),
-            "overhead < 5 ms", yes(ov < 5))
+            "step %s (measured; %d configured) + write %s" % (fmt(st, "ms"), m("step_ms"), fmt(m("write_ms"), "ms")),
+            "overhead %s" % fmt(ov, "ms"), "overhead < 5 ms", yes(ov is not None and ov < 5))
         errs = [r for r in rows if r.get("row") == "group" and r.get("nproc") == n and
                 r.get("trainer", "as built") == trainer and "error" in r]
         if errs:

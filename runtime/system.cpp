@@ -4,6 +4,7 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/atom.hpp>
 #include <caf/io/middleman.hpp>
 
 namespace grace {
@@ -19,6 +20,7 @@ actor_runtime::actor_runtime(const system_options& opts) : cfg_(std::make_unique
   cfg.load<caf::io::middleman>();
   register_message_types(cfg);
   cfg.set("scheduler.max-threads", opts.scheduler_threads);
+  if (opts.sharing_scheduler) cfg.set("scheduler.policy", caf::atom("sharing"));
   cfg.set("middleman.heartbeat-interval", caf::timespan{opts.middleman_heartbeat});
   cfg.set("middleman.connection-timeout", caf::timespan{opts.connection_timeout});
   sys_ = std::make_unique<caf::actor_system>(cfg);

@@ -16,6 +16,13 @@ struct system_options {
   /// Scheduler threads: few, so training keeps its cores (CAF would start
   /// max(cores, 4) polling threads).
   size_t scheduler_threads = 2;
+  /// CAF's `sharing` policy: one queue and a condition variable. The default
+  /// work-stealing policy polls (sleeping 50 us between attempts for 25 ms
+  /// after any job), which on 2 cores shared by 8 workers delays every
+  /// protocol hop: SIGTERM -> agreed at N=8 took 1.9-2.5 ms with it and
+  /// 1.6-1.75 ms with sharing (docs/BENCHMARKS.md). Grace's actors are few
+  /// and short-lived per message, so stealing buys nothing.
+  bool sharing_scheduler = true;
   /// CAF's node-level failure detection is off by default in 0.17; a frozen
   /// peer (SIGSTOP) is never noticed without it. Must match on every node.
   std::chrono::milliseconds middleman_heartbeat{500};
