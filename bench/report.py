@@ -87,6 +87,10 @@ for trainer in TRAINERS:
         add("1c reaction N=%d%s: SIGTERM -> all exited" % (n, tag(trainer)), fmt(m("exited_ms"), "ms"),
             "step %s (measured; %d configured) + write %s" % (fmt(st, "ms"), m("step_ms"), fmt(m("write_ms"), "ms")),
             "overhead %s" % fmt(ov, "ms"), "overhead < 5 ms", yes(ov is not None and ov < 5))
+        if trainer == "as built" and m("after_step_overhead_ms") is not None:
+            add("   of which after the agreed step (commit, %d exits), N=%d" % (n, n),
+                fmt(m("after_step_overhead_ms"), "ms"), "write %s + snapshot excluded" % fmt(m("write_ms"), "ms"),
+                "-", "-", "-")
         errs = [r for r in rows if r.get("row") == "group" and r.get("nproc") == n and
                 r.get("trainer", "as built") == trainer and "error" in r]
         if errs:
@@ -181,6 +185,24 @@ for kind, bound in (("sigterm", 0), ("sigkill", 1)):
         add("7 lost work, %s of one worker (%d runs)" % ("notice (SIGTERM)" if kind == "sigterm" else "SIGKILL", len(lost)),
             "max %d steps" % max(lost), "-", "-", "<= %d step%s" % (bound, "" if bound == 1 else "s"),
             yes(max(lost) <= bound))
+
+# 7b: grace-chaos faults, grouped by kind. The bound is the harness's
+# work_lost invariant for that fault (0 for a notice; up to the periodic
+# save interval when a checkpoint is damaged or the disk is full).
+chaos = [r for r in sel("chaos_fault") if r.get("status") == "injected" and r.get("lost") is not None]
+broken = [r for r in sel("chaos_fault") if "error" in r]
+kinds = {}
+for r in chaos:
+    kinds.setdefault(r["kind"], []).append(r)
+for kind in sorted(kinds):
+    rs = kinds[kind]
+    lost = [r["lost"] for r in rs]
+    bounds = sorted(set(r["bound"] for r in rs))
+    add("7b lost work, grace-chaos %s (%d faults)" % (kind, len(rs)), "max %d steps" % max(lost),
+        "median %d" % median(lost), "-", "within bound (%s)" % "/".join(str(b) for b in bounds),
+        yes(all(r["ok"] for r in rs)))
+if broken:
+    add("7b grace-chaos runs without a report", str(len(broken)), broken[0]["error"][:60], "-", "-", "-")
 
 w = [max(len(str(r[i])) for r in table + [("row", "measured", "baseline (same run)", "ratio", "goal", "met?")])
      for i in range(6)]
