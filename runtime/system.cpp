@@ -23,6 +23,7 @@ actor_runtime::actor_runtime(const system_options& opts) : cfg_(std::make_unique
   if (opts.sharing_scheduler) cfg.set("scheduler.policy", caf::atom("sharing"));
   cfg.set("middleman.heartbeat-interval", caf::timespan{opts.middleman_heartbeat});
   cfg.set("middleman.connection-timeout", caf::timespan{opts.connection_timeout});
+  cfg.set("middleman.workers", opts.middleman_workers);
   sys_ = std::make_unique<caf::actor_system>(cfg);
 }
 

@@ -3,6 +3,7 @@
 /// or launcher) and decides which actor runs where. Nothing else spawns.
 
 #include <chrono>
+#include <cstddef>
 #include <memory>
 
 namespace caf {
@@ -23,6 +24,13 @@ struct system_options {
   /// 1.6-1.75 ms with sharing (docs/BENCHMARKS.md). Grace's actors are few
   /// and short-lived per message, so stealing buys nothing.
   bool sharing_scheduler = true;
+  /// BASP worker threads of CAF's middleman (CAF's default is 1 on 2 cores).
+  /// 0 deserializes an incoming message on the multiplexer thread and
+  /// enqueues it to the actor directly: one thread handoff less per hop.
+  /// Grace's messages are small, so there is nothing to parallelize;
+  /// claim -> agreed went from 1.45 to 1.05 ms (N=2) and 2.4 to 2.1 ms
+  /// (N=8), medians of 5 interleaved runs (docs/BENCHMARKS.md).
+  size_t middleman_workers = 0;
   /// CAF's node-level failure detection is off by default in 0.17; a frozen
   /// peer (SIGSTOP) is never noticed without it. Must match on every node.
   std::chrono::milliseconds middleman_heartbeat{500};
