@@ -116,6 +116,11 @@ for b in sorted({r["bytes"] for r in sel("ckpt")}):
     ddw = med("dd", "gbps", mode="write", bytes=b)
     add("3a checkpoint save %s (x%d)" % (lab, n), fmt(save, "GB/s"), "dd O_DIRECT %s" % fmt(ddw, "GB/s"),
         "%.0f%%" % (100 * save / ddw), ">= 90%", yes(save / ddw >= 0.9))
+    ddlw = med("dd_layout", "gbps", mode="write", bytes=b)
+    if ddlw:
+        nf = sel("dd_layout", bytes=b)[0]["files"]
+        add("   3a vs dd in the checkpoint's layout (%d files of 1 GiB)" % nf, fmt(save, "GB/s"),
+            "dd O_DIRECT %s" % fmt(ddlw, "GB/s"), "%.0f%%" % (100 * save / ddlw), ">= 90%", yes(save / ddlw >= 0.9))
     if torch_ok:
         ts = med("torch_save", "save_gbps", bytes=b)
         add("3b checkpoint save %s vs torch.save+fsync" % lab, fmt(save, "GB/s"), "torch %s" % fmt(ts, "GB/s"),
@@ -133,6 +138,11 @@ for b in sorted({r["bytes"] for r in sel("ckpt")}):
     ddr = max(x for x in (med("dd", "gbps", mode="read", bytes=b), med("dd", "gbps", mode="read_cold", bytes=b), 0) if x)
     add("3c restore (cold read+verify+load) %s" % lab, fmt(rest, "GB/s"), "best dd read %s" % fmt(ddr, "GB/s"),
         "%.0f%%" % (100 * rest / ddr), ">= 90%", yes(rest / ddr >= 0.9))
+    ddlr = med("dd_layout", "gbps", mode="read", bytes=b)
+    if ddlr:
+        nf = sel("dd_layout", bytes=b)[0]["files"]
+        add("   3c vs dd in the checkpoint's layout (%d files of 1 GiB)" % nf, fmt(rest, "GB/s"),
+            "dd O_DIRECT %s" % fmt(ddlr, "GB/s"), "%.0f%%" % (100 * rest / ddlr), ">= 90%", yes(rest / ddlr >= 0.9))
     if torch_ok:
         tl = med("torch_save", "load_gbps", bytes=b)
         add("3d restore %s vs torch.load (cold)" % lab, fmt(rest, "GB/s"), "torch %s" % fmt(tl, "GB/s"),
