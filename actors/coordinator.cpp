@@ -178,11 +178,23 @@ std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& act
   return reply;
 }
 
+/// Tells the host (grace-launch) about a failure verdict.
+void report_to_host(self_ptr self, uint32_t rank, const std::string& why) {
+  auto& st = self->state;
+  if (!st.cfg.on_member_lost) return;
+  try {
+    st.cfg.on_member_lost(rank, st.cfg.incarnation, why);
+  } catch (const std::exception& e) {
+    st.log->error("member-lost hook threw: {}", e.what());
+  }
+}
+
 void member_lost(self_ptr self, uint32_t rank, const std::string& why) {
   auto& st = self->state;
   if (st.left.count(rank)) return;
   uint64_t completed = st.members->completed(rank);
   st.members->remove(rank);
+  report_to_host(self, rank, why);
   dispatch(self, st.agree->on_member_lost(rank, completed, why));
 }
 
@@ -365,15 +377,18 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
                                                    "rank " + std::to_string(e.getRank()) + " at step " +
                                                        std::to_string(e.getStep()) + ": " + str(e.getMessage())));
       },
-      [self](msg<proto::Leave>& m) {
+      // A request: the worker waits for the answer before it exits, so its
+      // connection loss that follows is never taken for a failure.
+      [self](msg<proto::Leave>& m) -> bool {
         auto& st = self->state;
         auto r = decode(m);
-        if (!r) return;
+        if (!r) return false;
         auto rank = r->get().getRank();
-        if (!st.workers.count(rank)) return;
+        if (!st.workers.count(rank)) return false;
         st.left.insert(rank);
         st.members->remove(rank);
         dispatch(self, st.agree->on_leave(rank));
+        return true;
       },
       [self](incarnation_atom, uint32_t incarnation) -> uint32_t {
         if (incarnation == self->state.cfg.incarnation && !self->state.workers.empty())
@@ -401,6 +416,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
             st.ranks.erase(caf::actor_cast<caf::actor_addr>(it->second));
             self->demonitor(it->second.address());
           }
+          report_to_host(self, v.rank, why);
           dispatch(self, st.agree->on_member_lost(v.rank, v.completed, why));
         }
         self->delayed_send(self, st.cfg.heartbeat_check, tick_atom::value);

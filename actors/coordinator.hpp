@@ -12,6 +12,7 @@
 #include <caf/typed_actor.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -30,7 +31,7 @@ using coordinator_actor = caf::typed_actor<
   caf::reacts_to<msg<proto::CheckpointSaved>>,
   caf::reacts_to<msg<proto::ProposeFinal>>,
   caf::reacts_to<msg<proto::ErrorReport>>,
-  caf::reacts_to<msg<proto::Leave>>,
+  caf::replies_to<msg<proto::Leave>>::with<bool>,
   caf::replies_to<incarnation_atom, uint32_t>::with<uint32_t>,
   caf::replies_to<status_atom>::with<std::string>,
   caf::reacts_to<tick_atom>,
@@ -45,6 +46,13 @@ struct coordinator_config {
   std::chrono::milliseconds dead_after{5000};
   std::chrono::milliseconds hung_after{0};
   std::shared_ptr<spdlog::logger> log;
+  /// The host's hook for failure verdicts: called (on the coordinator's
+  /// actor thread) once for each member declared dead or hung - connection
+  /// lost or heartbeat silence - but never for a member that left on
+  /// purpose. grace-launch uses it to SIGKILL its own declared-dead worker
+  /// at once (a frozen process would otherwise hold the restart until the
+  /// exit timeout). Must not block.
+  std::function<void(uint32_t rank, uint32_t incarnation, const std::string& why)> on_member_lost;
 };
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg);

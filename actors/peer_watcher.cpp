@@ -63,6 +63,10 @@ peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor 
     self->set_down_handler([self](caf::down_msg& dm) {
       self->state.log->error("coordination service lost ({}): stopping", self->system().render(dm.reason));
       emit_event("coordinator_lost", {});
+      {
+        std::lock_guard<std::mutex> g(self->state.ctl->m);
+        self->state.ctl->coordinator_gone = true;
+      }
       lose(self, "coordination service lost");
     });
     return {

@@ -58,9 +58,7 @@ public:
   std::optional<int> shutdown_code;
   int64_t deadline_ns = 0;                    ///< grace-period deadline (chief keeps time)
 
-  /// Called from outside the trainer thread to unblock a collective stuck on
-  /// a dead peer (closes the Gloo context / ncclCommAbort). Set by the trainer.
-  std::function<void()> abort_collectives;
+  bool coordinator_gone = false;              ///< the coordination service is unreachable
 
   /// Sets the flag and wakes a trainer waiting at a step boundary.
   /// Call with `m` held.
@@ -69,15 +67,62 @@ public:
     cv.notify_all();
   }
 
-  /// Aborts collectives (outside the lock: the callback may block briefly).
+  /// Installs (or, with an empty function, clears) the handler that unblocks
+  /// a collective stuck on a dead peer (closes the Gloo context /
+  /// ncclCommAbort). Set by the trainer; called from actor threads.
+  void set_abort_handler(std::function<void()> f) {
+    std::lock_guard<std::mutex> g(m);
+    abort_collectives_ = std::move(f);
+  }
+
+  /// Aborts collectives, if a handler is armed. Runs the handler outside the
+  /// lock (it may block briefly) but counted, so disarm() can wait for it.
   void abort() {
-    std::function<void()> f;
+    {
+      std::function<void()> f;
+      {
+        std::lock_guard<std::mutex> g(m);
+        if (!abort_collectives_) return;
+        f = abort_collectives_;
+        ++aborts_running_;
+      }
+      try {
+        f();
+      } catch (...) {
+        // A handler must not throw; an abort is best effort anyway.
+      }
+      // `f` (and whatever it captured) is released before the count drops,
+      // so after disarm() no abort call holds the communicator.
+    }
     {
       std::lock_guard<std::mutex> g(m);
-      f = abort_collectives;
+      --aborts_running_;
     }
-    if (f) f();
+    abort_cv_.notify_all();
   }
+
+  /// Clears the handler and waits until an abort already running has
+  /// returned. Afterwards the handler is never called again, so what it
+  /// points at (the communicator) may be destroyed. Why this is needed: the
+  /// peer watcher calls abort() on a ClusterError / PeerLost from an actor
+  /// thread, which races with the trainer thread tearing the communicator
+  /// down once run() returned stop. Never call from inside the handler.
+  void disarm() {
+    std::unique_lock<std::mutex> lk(m);
+    abort_collectives_ = nullptr;
+    abort_cv_.wait(lk, [this] { return aborts_running_ == 0; });
+  }
+
+  /// True while a handler is installed (tests, diagnostics).
+  bool armed() {
+    std::lock_guard<std::mutex> g(m);
+    return static_cast<bool>(abort_collectives_);
+  }
+
+private:
+  std::function<void()> abort_collectives_;  ///< guarded by `m`
+  int aborts_running_ = 0;                   ///< guarded by `m`
+  std::condition_variable abort_cv_;
 };
 
 } // namespace grace

@@ -1,9 +1,7 @@
 #include "runtime/gloo_comm.hpp"
 
-#include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
 #include <gloo/common/error.h>
+#include <gloo/context.h>
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -12,12 +10,14 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/tcp/address.h>
 #include <gloo/transport/pair.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -32,9 +32,15 @@ namespace {
 /// How abort() unblocks a pending collective in this Gloo version
 /// (Debian 0.0~git20220518):
 ///
-/// - A ring allreduce blocks in tcp::UnboundBuffer::waitRecv/waitSend on
-///   buffers the algorithm creates internally, so abortWaitRecv() is out of
-///   reach.
+/// - The collectives here are written on unbound buffers we create and
+///   register (arm()), so abort() calls their abortWaitRecv()/abortWaitSend():
+///   the blocked wait returns false at once. The flag is sticky, so an abort
+///   between arm() and the wait is not lost. (gloo::allreduce & co. create
+///   their buffers internally, out of reach: a rank blocked in them could
+///   hang. Short timed waits are no way out either: a waitRecv/waitSend
+///   that times out signals an exception to every pair of the context.)
+/// - So the peers fail promptly too (they may be blocked on us), the pairs'
+///   sockets are shut down. Why this way:
 /// - transport::Pair::close() only closes the socket: local waiters are not
 ///   woken and would sit until the timeout.
 /// - tcp::Pair::signalExceptionExternal / tcp::Context::signalException do
@@ -118,13 +124,6 @@ void ignore_sigpipe_once() {
   });
 }
 
-void sum_floats(void* out, const void* a, const void* b, size_t n) {
-  auto o = static_cast<float*>(out);
-  auto x = static_cast<const float*>(a);
-  auto y = static_cast<const float*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
-}
-
 bool mentions_timeout(const std::string& what) {
   return what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
 }
@@ -192,10 +191,19 @@ gloo_comm::~gloo_comm() {
   // Pairs close their sockets on destruction; peers see EOF and fail.
   context_.reset();
   device_.reset();
+  graveyard_.clear();
 }
 
 void gloo_comm::abort() {
   if (aborted_.exchange(true, std::memory_order_acq_rel)) return;
+  {
+    // Wake the running collective's waits (see the note at the top).
+    std::lock_guard<std::mutex> g(active_m_);
+    for (auto* b : active_) {
+      b->abortWaitRecv();
+      b->abortWaitSend();
+    }
+  }
   if (!context_) return;
   std::vector<sockaddr_storage> addrs;
   for (int i = 0; i < size_; ++i) {
@@ -225,22 +233,102 @@ error gloo_comm::map_exception(const char* op, std::chrono::steady_clock::time_p
   return classify(op, aborted(), timed_out);
 }
 
+bool gloo_comm::arm(std::initializer_list<gloo::transport::UnboundBuffer*> bufs) {
+  std::lock_guard<std::mutex> g(active_m_);
+  if (aborted()) return false;
+  active_.assign(bufs.begin(), bufs.end());
+  return true;
+}
+
+void gloo_comm::release(std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& bufs, bool failed) {
+  {
+    std::lock_guard<std::mutex> g(active_m_);
+    active_.clear();
+  }
+  if (failed)
+    for (auto& b : bufs) graveyard_.push_back(std::move(b));
+  bufs.clear();
+}
+
+namespace {
+std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  // Never 0 or negative: Gloo reads kUnsetTimeout (-1) as "the context's".
+  return std::max(left, std::chrono::milliseconds(1));
+}
+} // namespace
+
+void gloo_comm::wait_recv(gloo::transport::UnboundBuffer& b, std::chrono::steady_clock::time_point deadline) {
+  if (!b.waitRecv(nullptr, left_until(deadline)))
+    throw gloo::IoException("communicator aborted while waiting to receive");
+}
+
+void gloo_comm::wait_send(gloo::transport::UnboundBuffer& b, std::chrono::steady_clock::time_point deadline) {
+  if (!b.waitSend(nullptr, left_until(deadline)))
+    throw gloo::IoException("communicator aborted while waiting to send");
+}
+
+namespace {
+/// Slot of step `step` of the collective with tag `tag`: both ends compute
+/// the same one, and no two collectives of one comm share a slot.
+uint64_t slot_of(uint32_t tag, uint32_t step) { return (uint64_t(tag) << 24) | step; }
+} // namespace
+
 status gloo_comm::allreduce_sum(float* data, size_t n) {
   if (auto st = precheck("allreduce"); !st) return st;
   if (n == 0 || size_ == 1) return status::success();
   const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout_;
+  const int w = size_, r = rank_;
+  const int right = (r + 1) % w, left = (r + w - 1) % w;
+  const size_t base = n / size_t(w), rem = n % size_t(w);
+  auto mod = [w](int x) { return ((x % w) + w) % w; };
+  // Chunk c: [off(c), off(c) + len(c)); the first `rem` chunks get one more.
+  auto off = [=](int c) { return size_t(c) * base + std::min(size_t(c), rem); };
+  auto len = [=](int c) { return base + (size_t(c) < rem ? 1 : 0); };
+  const size_t max_len = base + (rem ? 1 : 0);
+  if (scratch_.size() < max_len) scratch_.resize(max_len);
+  const uint32_t tag = next_tag_++;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
   try {
-    gloo::AllreduceOptions opts(context_);
-    opts.setOutput(data, n);
-    opts.setReduceFunction(&sum_floats);
-    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    opts.setTag(next_tag_++);
-    opts.setTimeout(timeout_);
-    gloo::allreduce(opts);
+    bufs.push_back(context_->createUnboundBuffer(data, n * sizeof(float)));
+    bufs.push_back(context_->createUnboundBuffer(scratch_.data(), max_len * sizeof(float)));
+    auto& dbuf = *bufs[0];
+    auto& sbuf = *bufs[1];
+    if (!arm({&dbuf, &sbuf})) throw gloo::IoException("communicator aborted");
+    // Reduce-scatter: at step s rank r passes chunk r-s to the right and
+    // adds chunk r-s-1 from the left (incoming + own). Chunk c starts at
+    // rank c and is complete at rank c-1 after w-1 steps: one fixed order.
+    for (int s = 0; s < w - 1; ++s) {
+      const int sc = mod(r - s), rc = mod(r - s - 1);
+      if (len(sc)) dbuf.send(right, slot_of(tag, uint32_t(s)), off(sc) * sizeof(float), len(sc) * sizeof(float));
+      if (len(rc)) {
+        sbuf.recv(left, slot_of(tag, uint32_t(s)), 0, len(rc) * sizeof(float));
+        wait_recv(sbuf, deadline);
+        float* own = data + off(rc);
+        const float* in = scratch_.data();
+        for (size_t i = 0, m = len(rc); i < m; ++i) own[i] = in[i] + own[i];
+      }
+      if (len(sc)) wait_send(dbuf, deadline);
+    }
+    // Allgather: rank r owns chunk r+1; pass complete chunks around the
+    // ring (copies only, so every rank ends with the same bits).
+    for (int s = 0; s < w - 1; ++s) {
+      const int sc = mod(r + 1 - s), rc = mod(r - s);
+      const uint32_t step = uint32_t(w - 1 + s);
+      if (len(sc)) dbuf.send(right, slot_of(tag, step), off(sc) * sizeof(float), len(sc) * sizeof(float));
+      if (len(rc)) {
+        dbuf.recv(left, slot_of(tag, step), off(rc) * sizeof(float), len(rc) * sizeof(float));
+        wait_recv(dbuf, deadline);
+      }
+      if (len(sc)) wait_send(dbuf, deadline);
+    }
   } catch (...) {
     failed_.store(true, std::memory_order_release);
+    release(bufs, true);
     return map_exception("allreduce", start);
   }
+  release(bufs, false);
   return status::success();
 }
 
@@ -252,17 +340,27 @@ status gloo_comm::broadcast(float* data, size_t n, int root) {
                                           std::to_string(size_)};
   if (n == 0 || size_ == 1) return status::success();
   const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout_;
+  const uint32_t tag = next_tag_++;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
   try {
-    gloo::BroadcastOptions opts(context_);
-    opts.setOutput(data, n);
-    opts.setRoot(root);
-    opts.setTag(next_tag_++);
-    opts.setTimeout(timeout_);
-    gloo::broadcast(opts);
+    bufs.push_back(context_->createUnboundBuffer(data, n * sizeof(float)));
+    auto& b = *bufs[0];
+    if (!arm({&b})) throw gloo::IoException("communicator aborted");
+    if (rank_ == root) {
+      for (int p = 0; p < size_; ++p)
+        if (p != root) b.send(p, slot_of(tag, 0));
+      for (int p = 0; p < size_ - 1; ++p) wait_send(b, deadline);
+    } else {
+      b.recv(root, slot_of(tag, 0));
+      wait_recv(b, deadline);
+    }
   } catch (...) {
     failed_.store(true, std::memory_order_release);
+    release(bufs, true);
     return map_exception("broadcast", start);
   }
+  release(bufs, false);
   return status::success();
 }
 
@@ -270,15 +368,32 @@ status gloo_comm::barrier() {
   if (auto st = precheck("barrier"); !st) return st;
   if (size_ == 1) return status::success();
   const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout_;
+  const uint32_t tag = next_tag_++;
+  // Everyone reports to rank 0, which releases everyone once all arrived.
+  if (tokens_.size() < size_t(size_)) tokens_.assign(size_t(size_), 0);
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
   try {
-    gloo::BarrierOptions opts(context_);
-    opts.setTag(next_tag_++);
-    opts.setTimeout(timeout_);
-    gloo::barrier(opts);
+    bufs.push_back(context_->createUnboundBuffer(tokens_.data(), tokens_.size()));
+    auto& b = *bufs[0];
+    if (!arm({&b})) throw gloo::IoException("communicator aborted");
+    if (rank_ == 0) {
+      for (int p = 1; p < size_; ++p) b.recv(p, slot_of(tag, 0), size_t(p), 1);
+      for (int p = 1; p < size_; ++p) wait_recv(b, deadline);
+      for (int p = 1; p < size_; ++p) b.send(p, slot_of(tag, 1), 0, 1);
+      for (int p = 1; p < size_; ++p) wait_send(b, deadline);
+    } else {
+      b.send(0, slot_of(tag, 0), size_t(rank_), 1);
+      b.recv(0, slot_of(tag, 1), 0, 1);
+      wait_send(b, deadline);
+      wait_recv(b, deadline);
+    }
   } catch (...) {
     failed_.store(true, std::memory_order_release);
+    release(bufs, true);
     return map_exception("barrier", start);
   }
+  release(bufs, false);
   return status::success();
 }
 

@@ -14,8 +14,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "runtime/error.hpp"
 
@@ -27,6 +30,7 @@ class PrefixStore;
 } // namespace rendezvous
 namespace transport {
 class Device;
+class UnboundBuffer;
 } // namespace transport
 } // namespace gloo
 
@@ -46,9 +50,11 @@ public:
   gloo_comm(const gloo_comm&) = delete;
   gloo_comm& operator=(const gloo_comm&) = delete;
 
-  /// In-place sum over all ranks (ring algorithm). For a fixed world size
-  /// the summation order is fixed, so results are bit-identical across runs
-  /// and across ranks. n == 0 is a no-op on every rank.
+  /// In-place sum over all ranks: ring reduce-scatter + allgather written
+  /// here on Gloo's unbound buffers (not gloo::allreduce), so an abort can
+  /// wake every wait. Each chunk is reduced along one fixed path and then
+  /// copied, so results are bit-identical across ranks, and for a fixed
+  /// world size across runs. n == 0 is a no-op on every rank.
   status allreduce_sum(float* data, size_t n);
   /// Copies root's `data` to every rank.
   status broadcast(float* data, size_t n, int root);
@@ -69,6 +75,18 @@ private:
   /// Maps the exception in flight (call inside a catch block only).
   error map_exception(const char* op, std::chrono::steady_clock::time_point start) const;
   status precheck(const char* op) const;
+  /// Registers the running collective's buffers so abort() can wake their
+  /// waits. False if the comm was aborted already (checked under the same
+  /// lock abort() takes, so no abort is lost between check and wait).
+  bool arm(std::initializer_list<gloo::transport::UnboundBuffer*> bufs);
+  /// Unregisters them; on failure keeps them alive until destruction (Gloo
+  /// may still reference a buffer with a pending operation).
+  void release(std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& bufs, bool failed);
+  /// Waits for one completion with what is left of the collective's
+  /// timeout; throws gloo::IoException when aborted (or Gloo's own on
+  /// timeout / a closed pair).
+  void wait_recv(gloo::transport::UnboundBuffer& b, std::chrono::steady_clock::time_point deadline);
+  void wait_send(gloo::transport::UnboundBuffer& b, std::chrono::steady_clock::time_point deadline);
 
   int rank_ = 0;
   int size_ = 1;
@@ -80,6 +98,11 @@ private:
   std::unique_ptr<gloo::rendezvous::PrefixStore> prefix_store_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
+  std::mutex active_m_;
+  std::vector<gloo::transport::UnboundBuffer*> active_;          ///< guarded by active_m_
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> graveyard_;
+  std::vector<float> scratch_;   ///< receive buffer of the reduce-scatter
+  std::vector<char> tokens_;     ///< barrier bytes
 };
 
 } // namespace grace

@@ -182,15 +182,35 @@ struct session::impl {
     }));
   }
 
+  /// No abort may reach the communicator from now on (see
+  /// control_block::disarm): the trainer is about to tear it down.
+  void disarm_abort() { ctl->disarm(); }
+
+  /// Tells the coordinator this worker leaves on purpose, and waits for its
+  /// answer (bounded): once answered, the coordinator no longer treats this
+  /// process's exit as a lost member (no PeerLost, no kill by the launcher).
+  void leave(int c) {
+    if (!attached || !rt) return;
+    {
+      std::lock_guard<std::mutex> g(ctl->m);
+      if (ctl->coordinator_gone) return;  // nobody to tell; don't wait for a timeout
+    }
+    auto m = make<proto::Leave>([&](auto b) {
+      b.setRank(cluster.rank); b.setExitCode(c); b.setCompletedStep(completed);
+    });
+    caf::scoped_actor self{rt->sys()};
+    self->request(coord, std::chrono::seconds(2), std::move(m))
+      .receive([](bool) {},
+               [&](caf::error& e) { log->warn("leave: no answer from the coordinator: {}", rt->sys().render(e)); });
+  }
+
   step_result stop(int c, std::string why) {
+    disarm_abort();
     code = c;
     reason = std::move(why);
     log->info("stopping with exit code {}: {}", c, reason);
     emit_event("exit", {{"code", c}, {"reason", reason}, {"step", completed}});
-    if (attached)
-      to_coordinator(make<proto::Leave>([&](auto b) {
-        b.setRank(cluster.rank); b.setExitCode(c); b.setCompletedStep(completed);
-      }));
+    leave(c);
     if (opts.throw_on_stop) throw stop_requested(c, reason);
     return step_result::stop;
   }
@@ -348,6 +368,7 @@ session::session(options opts) : impl_(std::make_unique<impl>()) {
 
 session::~session() {
   if (!impl_) return;
+  impl_->disarm_abort();
   if (impl_->signals) impl_->signals->stop();
   impl_->stop_warmer();
   if (impl_->writer) impl_->writer->wait_idle();
@@ -562,6 +583,7 @@ step_result session::run(const std::function<void(uint64_t)>& fn) {
 status session::finish() {
   auto& d = *impl_;
   if (!d.attached) return error{errc::invalid_input, "finish() before attach()"};
+  d.disarm_abort();  // no collective runs after the last step
   if (d.signals) d.signals->stop();
   d.writer->wait_idle();
   if (d.cluster.is_chief()) {
@@ -592,9 +614,7 @@ status session::finish() {
                [&](caf::error& e) { err = d.rt->sys().render(e); });
     if (!err.empty()) d.log->warn("finish barrier: {}", err);
   }
-  d.to_coordinator(make<proto::Leave>([&](auto b) {
-    b.setRank(d.cluster.rank); b.setExitCode(0); b.setCompletedStep(d.completed);
-  }));
+  d.leave(0);
   d.code = exit_code::success;
   d.reason = "finished";
   emit_event("finished", {{"step", d.completed}});
@@ -602,8 +622,13 @@ status session::finish() {
 }
 
 void session::quick_exit(int code) {
+  impl_->disarm_abort();
   if (impl_->writer) impl_->writer->wait_idle();
-  spdlog::shutdown();
+  // Flush, never spdlog::shutdown(): shutdown drops the default logger, and
+  // an actor thread still logging through spdlog's free functions (events,
+  // checkpoint messages) would dereference it while we exit.
+  if (impl_->log) impl_->log->flush();
+  spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
   std::fflush(nullptr);
   std::_Exit(code);
 }
@@ -619,8 +644,7 @@ std::shared_ptr<gloo::rendezvous::Store> session::rendezvous_store() { return im
 std::string session::rendezvous_prefix() const { return impl_->prefix; }
 
 void session::set_abort_handler(std::function<void()> f) {
-  std::lock_guard<std::mutex> g(impl_->ctl->m);
-  impl_->ctl->abort_collectives = std::move(f);
+  impl_->ctl->set_abort_handler(std::move(f));
 }
 
 void session::notify(const std::string& detail) {

@@ -120,7 +120,10 @@ public:
   std::shared_ptr<gloo::rendezvous::Store> rendezvous_store();
   std::string rendezvous_prefix() const;
   /// Called from outside the trainer thread to abort a collective stuck on a
-  /// lost peer (close the Gloo context, ncclCommAbort).
+  /// lost peer (close the Gloo context, ncclCommAbort). Disarmed before run()
+  /// returns stop, and in finish(), quick_exit() and ~session: disarming
+  /// waits for an abort already running, and afterwards the handler is never
+  /// called, so the communicator may be destroyed once run() returned stop.
   void set_abort_handler(std::function<void()> f);
   /// A notice from code (tests, or a trainer's own watcher).
   void notify(const std::string& detail);

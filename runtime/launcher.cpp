@@ -17,6 +17,9 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <fcntl.h>
+#include <mutex>
+#include <utility>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -95,6 +98,47 @@ void write_reason(const launch_options& o, int code, const std::string& reason, 
   std::filesystem::rename(tmp, path, ec);
 }
 
+/// Failure verdicts handed from the coordinator's actor thread to the
+/// launcher loop; a pipe wakes the loop's poll at once.
+struct verdict_inbox {
+  struct entry {
+    uint32_t rank;
+    uint32_t incarnation;
+    std::string why;
+  };
+  std::mutex m;
+  std::vector<entry> entries;
+  int pipe_fd[2] = {-1, -1};
+
+  verdict_inbox() {
+    if (::pipe2(pipe_fd, O_CLOEXEC | O_NONBLOCK) != 0) pipe_fd[0] = pipe_fd[1] = -1;
+  }
+  ~verdict_inbox() {
+    for (int fd : pipe_fd)
+      if (fd >= 0) ::close(fd);
+  }
+  void push(uint32_t rank, uint32_t incarnation, const std::string& why) {
+    {
+      std::lock_guard<std::mutex> g(m);
+      entries.push_back({rank, incarnation, why});
+    }
+    if (pipe_fd[1] >= 0) {
+      char c = 1;
+      ssize_t n = ::write(pipe_fd[1], &c, 1);
+      (void)n;
+    }
+  }
+  std::vector<entry> take() {
+    if (pipe_fd[0] >= 0) {
+      char buf[64];
+      while (::read(pipe_fd[0], buf, sizeof buf) > 0) {
+      }
+    }
+    std::lock_guard<std::mutex> g(m);
+    return std::exchange(entries, {});
+  }
+};
+
 } // namespace
 
 int run_launcher(const launch_options& in) {
@@ -144,6 +188,9 @@ int run_launcher(const launch_options& in) {
   actor_runtime rt(so);
   auto& sys = rt.sys();
   coordinator_actor coord;
+  // Shared with the coordinator's hook, so it stays valid on the actor
+  // thread for as long as the coordinator may call it.
+  auto verdicts = std::make_shared<verdict_inbox>();
   uint32_t incarnation = 0;
   if (const char* inc = std::getenv("GRACE_INCARNATION")) incarnation = static_cast<uint32_t>(std::atoi(inc));
   if (o.node_rank == 0) {
@@ -154,6 +201,12 @@ int run_launcher(const launch_options& in) {
     cc.incarnation = incarnation;
     cc.dead_after = o.dead_after;
     cc.hung_after = o.hang_after;
+    // Member-lost verdicts come back here, so a worker the coordinator has
+    // declared dead (frozen, hung) is killed at once instead of holding the
+    // restart until --exit-timeout-ms.
+    cc.on_member_lost = [verdicts](uint32_t rank, uint32_t inc, const std::string& why) {
+      verdicts->push(rank, inc, why);
+    };
     coord = spawn_coordinator(sys, cc);
     auto p = sys.middleman().publish(coord, port, host.c_str(), true);
     if (!p) {
@@ -220,9 +273,21 @@ int run_launcher(const launch_options& in) {
     int live = o.nproc;
     while (live > 0) {
       int timeout_ms = 200;
-      pollfd pfd{sfd, POLLIN, 0};
-      int pr = ::poll(&pfd, 1, timeout_ms);
-      if (pr > 0) {
+      pollfd pfds[2] = {{sfd, POLLIN, 0}, {verdicts->pipe_fd[0], POLLIN, 0}};
+      int pr = ::poll(pfds, verdicts->pipe_fd[0] >= 0 ? 2 : 1, timeout_ms);
+      // Declared dead by the coordinator: kill our own worker now (never a
+      // worker another launcher started, never one of an older group).
+      for (auto& v : verdicts->take()) {
+        if (v.incarnation != incarnation) continue;
+        for (auto& w : workers) {
+          if (w.rank != static_cast<int>(v.rank) || w.exited) continue;
+          say("rank " + std::to_string(w.rank) + " declared lost by the coordinator (" + v.why +
+              "): killing it");
+          emit_event("kill_lost", {{"worker_rank", w.rank}, {"why", v.why}});
+          ::kill(w.pid, SIGKILL);
+        }
+      }
+      if (pr > 0 && (pfds[0].revents & POLLIN)) {
         signalfd_siginfo si;
         while (::read(sfd, &si, sizeof(si)) == sizeof(si)) {
           if (si.ssi_signo == SIGCHLD) continue;

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include <optional>
+#include <tuple>
 
 using namespace grace;
 
@@ -24,6 +25,8 @@ struct fixture {
   caf::scheduler::test_coordinator* sched = nullptr;
   coordinator_actor coord;
   std::vector<std::unique_ptr<caf::scoped_actor>> workers;
+  /// What the coordinator told its host (grace-launch): rank, incarnation, why.
+  std::vector<std::tuple<uint32_t, uint32_t, std::string>> host_verdicts;
 
   explicit fixture(uint32_t world, std::string token = "tok",
                    std::chrono::milliseconds dead_after = std::chrono::milliseconds(5000)) {
@@ -37,6 +40,9 @@ struct fixture {
     cc.run_id = "run";
     cc.token = std::move(token);
     cc.dead_after = dead_after;
+    cc.on_member_lost = [this](uint32_t rank, uint32_t incarnation, const std::string& why) {
+      host_verdicts.emplace_back(rank, incarnation, why);
+    };
     coord = spawn_coordinator(*sys, cc);
     run();
     for (uint32_t r = 0; r < world; ++r) workers.push_back(std::make_unique<caf::scoped_actor>(*sys));
@@ -301,4 +307,50 @@ TEST_CASE("coordinator: a silent member is declared dead in simulated time", "[c
     CHECK(str(lost->getDetail()).find("no heartbeat") != std::string::npos);
     CHECK(f.expect<proto::CheckpointAt>(r)->getKind() == proto::CheckpointKind::JIT);
   }
+}
+
+TEST_CASE("coordinator: a member declared dead is reported to the host once", "[coordinator][host]") {
+  fixture f(3, "tok", std::chrono::milliseconds(1000));
+  f.join_all(3);
+  auto beat = [](uint32_t rank, uint64_t step) {
+    return make<proto::Heartbeat>([&](auto b) { b.setRank(rank); b.setCompletedStep(step); });
+  };
+  // Rank 1 is frozen for good (SIGSTOP, never SIGCONT): silent.
+  for (int i = 1; i <= 8; ++i) {
+    f.w(0)->send(f.coord, beat(0, 10 + i));
+    f.w(2)->send(f.coord, beat(2, 10 + i));
+    f.run();
+    f.sched->advance_time(std::chrono::milliseconds(250));
+    f.run();
+    if (i < 4) CHECK(f.host_verdicts.empty());  // 750 ms of silence: not yet
+  }
+  REQUIRE(f.host_verdicts.size() == 1);  // once, not on every later tick
+  CHECK(std::get<0>(f.host_verdicts[0]) == 1);
+  CHECK(std::get<1>(f.host_verdicts[0]) == 0);  // the current incarnation
+  CHECK(std::get<2>(f.host_verdicts[0]).find("no heartbeat") != std::string::npos);
+  // The survivors are told as before.
+  CHECK(f.expect<proto::PeerLost>(0)->getRank() == 1);
+  CHECK(f.expect<proto::PeerLost>(2)->getRank() == 1);
+}
+
+TEST_CASE("coordinator: a lost connection is reported to the host, a deliberate leave is not",
+          "[coordinator][host]") {
+  fixture f(3);
+  f.join_all(3);
+  // Rank 0 leaves on purpose (finished or stopping): the Leave is answered,
+  // and its exit afterwards is no failure.
+  f.w(0)->send(f.coord, make<proto::Leave>([](auto b) { b.setRank(0); b.setExitCode(3); }));
+  f.run();
+  bool answered = false;
+  f.w(0)->receive([&](bool ok) { answered = ok; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+  CHECK(answered);
+  f.workers[0].reset();
+  f.run();
+  CHECK(f.host_verdicts.empty());
+  // Rank 2's process dies without leaving: reported.
+  f.workers[2].reset();
+  f.run();
+  REQUIRE(f.host_verdicts.size() == 1);
+  CHECK(std::get<0>(f.host_verdicts[0]) == 2);
+  CHECK(std::get<2>(f.host_verdicts[0]).find("connection lost") != std::string::npos);
 }

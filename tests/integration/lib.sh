@@ -20,14 +20,21 @@ json() { # json FILE KEY
   "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
 }
 
-# events FILE FILTER-EXPR: prints matching events (python expression on e)
+# events FILE FILTER-EXPR: prints matching events (python expression on e).
+# A reader that stops after the first line (`| ... readline()`) must not
+# fail the pipeline: with PYTHONUNBUFFERED set, the next print hit a closed
+# pipe (BrokenPipeError, and pipefail made the test fail).
 events() {
   "$PY" - "$1" "$2" <<'PYEOF'
-import json, sys
-for line in open(sys.argv[1]):
-    try: e = json.loads(line)
-    except Exception: continue
-    if eval(sys.argv[2], {}, {"e": e}): print(json.dumps(e))
+import json, os, sys
+try:
+    for line in open(sys.argv[1]):
+        try: e = json.loads(line)
+        except Exception: continue
+        if eval(sys.argv[2], {}, {"e": e}): print(json.dumps(e))
+    sys.stdout.flush()
+except BrokenPipeError:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 PYEOF
 }
 
