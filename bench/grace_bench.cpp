@@ -5,7 +5,7 @@
 //
 //   grace-bench rtt --iters 20000 [--busy]        loopback TCP round trip
 //   grace-bench agreement --members 256 --reps 200 grace::agreement, claim -> agreed
-//   grace-bench ckpt --bytes B --dir D [--shard-bytes S]  checkpoint_store save, cold restore
+//   grace-bench ckpt --bytes B --dir D [--shard-bytes S] [--cold-staging]  checkpoint_store save, cold restore
 //   grace-bench snapshot --bytes B --reps 7        snapshot capture vs memcpy
 //   grace-bench odirect --bytes B --dir D          prototype O_DIRECT writer (proposed fix)
 //   grace-bench allreduce --rank R --size 2 --store DIR --floats a,b --reps 10
@@ -213,6 +213,9 @@ int mode_ckpt(const std::map<std::string, std::string>& a) {
   grace::checkpoint_meta meta;
   meta.step = 1;
   meta.kind = grace::checkpoint_kind::manual;
+  // As a session does at attach (its writer thread): the I/O staging
+  // resident before the first save. --cold-staging skips it.
+  if (!a.count("cold-staging")) grace::checkpoint_store::prepare_io_buffers(bytes);
   auto t0 = clk::now();
   auto r = store.save(snap, meta);
   auto t1 = clk::now();

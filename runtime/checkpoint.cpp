@@ -123,6 +123,15 @@ public:
   staging_buffers& operator=(const staging_buffers&) = delete;
   unsigned char* operator[](int i) const noexcept { return buf_[i].get(); }
 
+  /// Calls f(buffer index, pointer) for the pooled pair while holding the
+  /// pool, i.e. while no save or restore uses it; nothing when it is in use
+  /// or was never allocated.
+  template <class F> static void with_idle_pair(F&& f) {
+    std::lock_guard<std::mutex> lk(pool_mutex());
+    if (pool_free().empty()) return;
+    for (int i = 0; i < count; ++i) f(i, pool_free().back()[i].get());
+  }
+
 private:
   struct free_deleter {
     void operator()(unsigned char* p) const noexcept { std::free(p); }
@@ -138,6 +147,11 @@ private:
   }
   pair buf_;
 };
+
+/// How far prepare_io_buffers has touched the pooled pair (bytes of buffer 0
+/// and 1); only grows.
+std::mutex prepared_mutex;
+size_t prepared[staging_buffers::count] = {0, 0};
 
 /// One output file: sequential writes with the checksum computed on the fly.
 ///
@@ -682,6 +696,35 @@ fs::path checkpoint_store::step_path(uint64_t step) const {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%010" PRIu64, step);
   return dir_ / buf;
+}
+
+void checkpoint_store::prepare_io_buffers(uint64_t state_bytes) {
+  // Files below the O_DIRECT thresholds never use the pair.
+  if (state_bytes < direct_read_min) return;
+  std::lock_guard<std::mutex> lk(prepared_mutex);
+  staging_buffers bufs;
+  // Chunk i of a file lands in buffer i % 2: a state of B bytes uses up to
+  // min(B, 64 MiB) of the first buffer and min(B - 64 MiB, 64 MiB) of the
+  // second (plus a header and alignment: round up to whole pages).
+  const uint64_t want = state_bytes + staging_buffers::align;
+  for (int i = 0; i < staging_buffers::count; ++i) {
+    const uint64_t start = uint64_t(i) * staging_buffers::bytes;
+    if (want <= start) break;
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(want - start, staging_buffers::bytes));
+    if (n <= prepared[i]) continue;
+    std::memset(bufs[i] + prepared[i], 0, n - prepared[i]);
+    prepared[i] = n;
+  }
+}
+
+void checkpoint_store::keep_io_buffers_warm() {
+  std::lock_guard<std::mutex> lk(prepared_mutex);
+  staging_buffers::with_idle_pair([](int i, const unsigned char* b) {
+    unsigned sink = 0;
+    const volatile unsigned char* p = b;
+    for (size_t off = 0; off < prepared[i]; off += staging_buffers::align) sink += p[off];
+    (void)sink;
+  });
 }
 
 result<save_stats> checkpoint_store::save(const std::vector<snapshot_tensor>& tensors,

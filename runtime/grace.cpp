@@ -77,8 +77,10 @@ struct session::impl {
   void start_warmer() {
     warmer = std::thread([this] {
       std::unique_lock<std::mutex> lk(warm_m);
-      while (!warm_cv.wait_for(lk, std::chrono::seconds(2), [this] { return warm_stop; }))
+      while (!warm_cv.wait_for(lk, std::chrono::seconds(2), [this] { return warm_stop; })) {
         buffers->keep_warm();
+        checkpoint_store::keep_io_buffers_warm();
+      }
     });
   }
   void stop_warmer() {
@@ -428,6 +430,10 @@ result<uint64_t> session::attach() {
   d.ctl->started = d.completed;
   d.ctl->completed = d.completed;
   d.writer = std::make_unique<checkpoint_writer>(*d.store);
+  // The first save must not fault in the write staging on its critical
+  // path (after a restore the pages are resident already; this then only
+  // rewrites them, in the writer thread).
+  d.writer->prepare_io(d.buffers->total_bytes());
   d.start_warmer();
 
   // The actor system, and the coordinator: in-process for one worker or

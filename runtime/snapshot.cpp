@@ -122,7 +122,15 @@ struct checkpoint_writer::impl {
   void run() {
     std::unique_lock<std::mutex> lk(mu);
     for (;;) {
-      cv.wait(lk, [&] { return pending.has_value() || stopping; });
+      cv.wait(lk, [&] { return pending.has_value() || stopping || prepare_bytes; });
+      if (prepare_bytes && !stopping) {
+        const uint64_t b = prepare_bytes;
+        prepare_bytes = 0;
+        lk.unlock();
+        checkpoint_store::prepare_io_buffers(b);
+        lk.lock();
+        continue;
+      }
       if (!pending) return; // stopping and drained
       job j = std::move(*pending);
       pending.reset();
@@ -151,6 +159,7 @@ struct checkpoint_writer::impl {
   std::optional<job> pending;
   bool in_flight = false;
   bool stopping = false;
+  uint64_t prepare_bytes = 0; ///< staging to fault in before the first save
   std::thread thread; // last: starts after the members above exist
 };
 
@@ -171,6 +180,14 @@ void checkpoint_writer::submit(std::shared_ptr<snapshot_buffers> buffers, checkp
   impl_->cv.wait(lk, [&] { return !impl_->pending && !impl_->in_flight; });
   buffers->set_busy(true);
   impl_->pending = impl::job{std::move(buffers), std::move(meta), std::move(done)};
+  impl_->cv.notify_all();
+}
+
+void checkpoint_writer::prepare_io(uint64_t state_bytes) {
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->prepare_bytes = state_bytes;
+  }
   impl_->cv.notify_all();
 }
 

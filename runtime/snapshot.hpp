@@ -114,6 +114,10 @@ public:
 
   void submit(std::shared_ptr<snapshot_buffers> buffers, checkpoint_meta meta,
               std::function<void(result<save_stats>)> done);
+  /// Has the writer thread fault in the checkpoint I/O staging for a state
+  /// of `state_bytes` (checkpoint_store::prepare_io_buffers) before its
+  /// first save, off the training thread. Returns at once.
+  void prepare_io(uint64_t state_bytes);
   /// Blocks until nothing is queued or being written.
   void wait_idle();
   /// True while a write is queued or running.

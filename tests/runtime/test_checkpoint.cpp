@@ -17,6 +17,7 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -750,6 +751,42 @@ TEST_CASE("restore reads each file once and scatters across read chunks", "[chec
   REQUIRE_FALSE(wrong.ok());
   CHECK(wrong.err().code == errc::invalid_input);
   CHECK(has(wrong.err().message, "staging"));
+}
+
+TEST_CASE("I/O staging prepared and kept warm while saves and restores use it", "[checkpoint][odirect]") {
+  temp_dir td;
+  // 72 MiB + 1: both staging buffers, the second one partly.
+  std::vector<uint8_t> w((72u << 20) + 1);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  std::vector<tensor_ref> refs{{"w", dtype::u8, {int64_t(w.size())}, w.data()}};
+  checkpoint_store::prepare_io_buffers(0);       // below the O_DIRECT size: nothing to do
+  checkpoint_store::keep_io_buffers_warm();      // nothing prepared yet: harmless
+  checkpoint_store::prepare_io_buffers(w.size());
+  checkpoint_store::prepare_io_buffers(w.size()); // idempotent
+  std::atomic<bool> stop{false};
+  // A session's warmer and writer thread run these alongside saves and
+  // restores on other threads; the bytes written and read must not change.
+  std::thread toucher([&] {
+    while (!stop) {
+      checkpoint_store::keep_io_buffers_warm();
+      checkpoint_store::prepare_io_buffers(w.size() * 2);
+    }
+  });
+  checkpoint_store store(td.path, 2);
+  std::vector<uint8_t> back(w.size());
+  std::vector<tensor_ref> into{{"w", dtype::u8, {int64_t(back.size())}, back.data()}};
+  for (uint64_t step = 1; step <= 3; ++step) {
+    w[step] ^= 0x5a;
+    REQUIRE(store.save(snap(refs), meta_for(step)).ok());
+    std::fill(back.begin(), back.end(), 0);
+    auto r = store.restore_latest(into);
+    REQUIRE(r.ok());
+    REQUIRE(r->found);
+    CHECK(r->manifest.step == step);
+    CHECK(back == w);
+  }
+  stop = true;
+  toucher.join();
 }
 
 TEST_CASE("large checkpoints on a filesystem without O_DIRECT round trip", "[checkpoint][odirect]") {
