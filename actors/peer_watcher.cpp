@@ -95,13 +95,12 @@ peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor 
         if (!r) return;
         auto n = r->get();
         uint64_t started = st.ctl->started.load();
-        st.log->info("termination notice ({}): claiming at step {}", str(n.getDetail()), started);
-        emit_event("notice", {{"source", static_cast<int>(n.getSource())}, {"detail", str(n.getDetail())},
-                              {"deadline_ns", n.getDeadlineNs()}, {"step", started}});
         auto claim = make<proto::Claim>([&](auto b) {
           b.setNotice(n);
           b.setStartedStep(started);
         });
+        // The claim leaves first: the log line and the event are not on the
+        // path to the agreement.
         self->request(st.coord, st.cfg.request_timeout, std::move(claim))
           .then(
             [self](msg<proto::ClaimReply>& rep) {
@@ -116,6 +115,10 @@ peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor 
               self->state.log->error("claim failed: {}", self->system().render(e));
               lose(self, "coordination service unreachable while claiming a notice");
             });
+        st.log->info("termination notice ({}): claiming at step {}", str(n.getDetail()), started);
+        emit_event("notice", {{"source", static_cast<int>(n.getSource())}, {"detail", str(n.getDetail())},
+                              {"deadline_ns", n.getDeadlineNs()}, {"received_ns", n.getReceivedNs()},
+                              {"step", started}});
       },
       [self](msg<proto::CheckpointAt>& m) {
         auto& st = self->state;

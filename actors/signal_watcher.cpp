@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <pthread.h>
 #include <cstdlib>
 #include <ctime>
 #include <fcntl.h>
@@ -29,11 +30,12 @@ void on_signal(int sig) {
   errno = saved;
 }
 
+// The pipe is made once; the handlers are (re)installed by every watcher, so
+// a handler that something else installed since (a test framework, an
+// embedding interpreter) does not swallow the notice.
 void install_handlers() {
-  static bool done = false;
-  if (done) return;
-  done = true;
-  if (::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return;
+  static bool piped = ::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0;
+  if (!piped) return;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -66,10 +68,17 @@ void signal_watcher::stop() {
 }
 
 void signal_watcher::loop() {
+  pthread_setname_np(pthread_self(), "grace.signals");
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  // Every thread the process starts after block_termination_signals() blocks
+  // the signals; this one takes them. Without it a signal to a process with
+  // no thread from before main (no BLAS pool) stayed pending until the next
+  // poll timeout, up to 50 ms. The handler runs here, interrupts poll()
+  // and leaves the byte that the next poll() reads.
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
   bool sent_signal = false, sent_file = false, sent_command = false, sent_callback = false;
   bool polling = !cfg_.notice_file.empty() || !cfg_.notice_command.empty() || cfg_.callback;
   auto next_poll = std::chrono::steady_clock::now();
@@ -83,7 +92,8 @@ void signal_watcher::loop() {
     // Short waits keep stop() prompt; the signal itself wakes us at once.
     pollfd pfd{signal_pipe[0], POLLIN, 0};
     int sig = 0;
-    if (::poll(&pfd, 1, 50) > 0) {
+    int ready = ::poll(&pfd, 1, 50);
+    if (ready > 0 || (ready < 0 && errno == EINTR)) { // EINTR: the handler ran on this thread
       unsigned char b = 0;
       if (::read(signal_pipe[0], &b, 1) == 1) sig = b;
     }

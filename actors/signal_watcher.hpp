@@ -1,6 +1,8 @@
 #pragma once
-/// Watches for termination notices on one dedicated thread: SIGTERM/SIGINT
-/// (blocked in every thread, read here with sigtimedwait), and optional
+/// Watches for termination notices on one dedicated thread ("grace.signals"):
+/// SIGTERM/SIGINT (blocked in every other thread the process starts; this
+/// one unblocks them, so the kernel delivers them here at once; a handler
+/// writes the number to a pipe the thread polls), and optional
 /// watchers polled on an interval: a notice file appearing, a command that
 /// exits 0, a user callback (the hook for cloud maintenance-event queries).
 /// Each notice goes to the sink (the peer watcher) once per source.

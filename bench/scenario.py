@@ -133,6 +133,7 @@ def grace_group(a):
         exits = ev.where("worker_exit", 0)
         all_exited = max(e["t_ns"] for e in exits)
         notice = [e["t_ns"] for e in ev.where("notice", 0)]
+        received = [e["received_ns"] for e in ev.where("notice", 0) if e.get("received_ns")]
         claim = [e["t_ns"] for e in ev.where("claim", 0)]
         proposed = [e["t_ns"] for e in ev.where("proposed", 0)]
         snap = ev.where("snapshot_done", 0)
@@ -143,6 +144,8 @@ def grace_group(a):
         out.update({
             "agreed_ms": ms(t_kill, agreed),
             "notice_ms": ms(t_kill, min(notice)) if notice else None,
+            # the signal watcher's stamp (signal taken) vs the peer watcher's (claim sent)
+            "watcher_ms": ms(t_kill, min(received)) if received else None,
             "claim_to_agreed_ms": ms(min(claim), agreed) if claim else None,
             "proposed_to_agreed_ms": ms(min(proposed), agreed) if proposed else None,
             "committed_ms": ms(t_kill, committed),
