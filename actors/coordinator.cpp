@@ -118,6 +118,8 @@ std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& act
   };
   for (auto& a : acts) {
     using ty = agreement_action::type;
+    // Messages leave before the log line and the event of the same action:
+    // both are a write(2) each, and the members wait for the message.
     switch (a.what) {
       case ty::claim_reply:
         reply = make<proto::ClaimReply>([&](auto b) {
@@ -127,6 +129,11 @@ std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& act
       case ty::propose:
       case ty::agreed: {
         bool agreed = a.what == ty::agreed;
+        to_all(make<proto::CheckpointAt>([&](auto b) {
+          b.setAgreementId(a.id); b.setStep(a.step); b.setKind(wire_kind(a.kind));
+          b.setAgreed(agreed); b.setSaver(a.saver); b.setDeadlineNs(a.deadline_ns);
+          b.setExitAfter(a.exit_after);
+        }));
         st.log->info("{} {} checkpoint #{} at step {}{}", agreed ? "agreed" : "proposing",
                      to_string(a.kind), a.id, a.step,
                      agreed ? fmt::format(" (saver rank {}, {})", a.saver,
@@ -134,20 +141,15 @@ std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& act
                             : std::string(" or later"));
         emit_event(agreed ? "agreed" : "proposed",
                    {{"id", a.id}, {"step", a.step}, {"kind", to_string(a.kind)}, {"saver", a.saver}});
-        to_all(make<proto::CheckpointAt>([&](auto b) {
-          b.setAgreementId(a.id); b.setStep(a.step); b.setKind(wire_kind(a.kind));
-          b.setAgreed(agreed); b.setSaver(a.saver); b.setDeadlineNs(a.deadline_ns);
-          b.setExitAfter(a.exit_after);
-        }));
         break;
       }
       case ty::committed:
-        st.log->info("checkpoint #{} at step {} committed{}", a.id, a.step,
-                     a.exit_after ? ": workers exit for restart" : ": training continues");
-        emit_event("committed", {{"id", a.id}, {"step", a.step}});
         to_all(make<proto::Committed>([&](auto b) {
           b.setAgreementId(a.id); b.setStep(a.step); b.setExitAfter(a.exit_after);
         }));
+        st.log->info("checkpoint #{} at step {} committed{}", a.id, a.step,
+                     a.exit_after ? ": workers exit for restart" : ": training continues");
+        emit_event("committed", {{"id", a.id}, {"step", a.step}});
         break;
       case ty::peer_lost:
         st.log->warn("rank {} lost at step {}: {}", a.rank, a.step, a.message);

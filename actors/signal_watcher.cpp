@@ -69,6 +69,10 @@ void signal_watcher::stop() {
 
 void signal_watcher::loop() {
   pthread_setname_np(pthread_self(), "grace.signals");
+  // The thread's first malloc makes its arena (mmap, munmap, mprotect):
+  // done now rather than on the notice's path.
+  void* volatile warm = std::malloc(64);
+  std::free(warm);
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
