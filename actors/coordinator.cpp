@@ -118,8 +118,8 @@ std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& act
   };
   for (auto& a : acts) {
     using ty = agreement_action::type;
-    // Messages leave before the log line and the event of the same action:
-    // both are a write(2) each, and the members wait for the message.
+    // Proposals and agreements leave before their log line and event (a
+    // write(2) each): the members wait for them.
     switch (a.what) {
       case ty::claim_reply:
         reply = make<proto::ClaimReply>([&](auto b) {
@@ -144,12 +144,14 @@ std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& act
         break;
       }
       case ty::committed:
-        to_all(make<proto::Committed>([&](auto b) {
-          b.setAgreementId(a.id); b.setStep(a.step); b.setExitAfter(a.exit_after);
-        }));
+        // Logged first: not on the latency path, and a worker hosting the
+        // coordinator may _Exit as soon as it sees the commit.
         st.log->info("checkpoint #{} at step {} committed{}", a.id, a.step,
                      a.exit_after ? ": workers exit for restart" : ": training continues");
         emit_event("committed", {{"id", a.id}, {"step", a.step}});
+        to_all(make<proto::Committed>([&](auto b) {
+          b.setAgreementId(a.id); b.setStep(a.step); b.setExitAfter(a.exit_after);
+        }));
         break;
       case ty::peer_lost:
         st.log->warn("rank {} lost at step {}: {}", a.rank, a.step, a.message);

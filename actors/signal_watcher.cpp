@@ -8,10 +8,14 @@
 #include <csignal>
 #include <pthread.h>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <ctime>
 #include <fcntl.h>
 #include <poll.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace grace {
@@ -33,15 +37,43 @@ void on_signal(int sig) {
 // The pipe is made once; the handlers are (re)installed by every watcher, so
 // a handler that something else installed since (a test framework, an
 // embedding interpreter) does not swallow the notice.
-void install_handlers() {
+bool install_handlers() {
   static bool piped = ::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0;
-  if (!piped) return;
+  if (!piped) return false;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  return sigaction(SIGTERM, &sa, nullptr) == 0 && sigaction(SIGINT, &sa, nullptr) == 0;
+}
+// `sh -c command`, true when it exits 0. Not std::system: glibc's sets
+// SIGINT to SIG_IGN for the whole process while the command runs, and this
+// thread is the one SIGINT is delivered to, so a Ctrl-C meanwhile was lost.
+// The child gets the default mask and dispositions.
+bool run_notice_command(const std::string& command) {
+  posix_spawnattr_t attr;
+  if (posix_spawnattr_init(&attr) != 0) return false;
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGTERM);
+  sigaddset(&defaults, SIGINT);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  const char* argv[] = {"sh", "-c", command.c_str(), nullptr};
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, "/bin/sh", nullptr, &attr, const_cast<char* const*>(argv), environ);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    spdlog::warn("notice command could not start: {}", std::strerror(rc));
+    return false;
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return false;
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 } // namespace
 
@@ -56,7 +88,8 @@ void block_termination_signals() {
 signal_watcher::signal_watcher(signal_watcher_config cfg, sink out)
     : cfg_(std::move(cfg)), out_(std::move(out)) {
   block_termination_signals();
-  install_handlers();
+  handlers_ = install_handlers();
+  if (!handlers_) spdlog::warn("no signal pipe or handler ({}): SIGTERM/SIGINT are polled every 50 ms", std::strerror(errno));
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -68,7 +101,6 @@ void signal_watcher::stop() {
 }
 
 void signal_watcher::loop() {
-  pthread_setname_np(pthread_self(), "grace.signals");
   // The thread's first malloc makes its arena (mmap, munmap, mprotect):
   // done now rather than on the notice's path.
   void* volatile warm = std::malloc(64);
@@ -81,8 +113,11 @@ void signal_watcher::loop() {
   // the signals; this one takes them. Without it a signal to a process with
   // no thread from before main (no BLAS pool) stayed pending until the next
   // poll timeout, up to 50 ms. The handler runs here, interrupts poll()
-  // and leaves the byte that the next poll() reads.
-  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  // and leaves the byte that the next poll() reads. Without a handler the
+  // default action would end the process: then stay blocked and poll.
+  if (handlers_) pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  // Named last: a thread with this name is ready (tests rely on it).
+  pthread_setname_np(pthread_self(), "grace.signals");
   bool sent_signal = false, sent_file = false, sent_command = false, sent_callback = false;
   bool polling = !cfg_.notice_file.empty() || !cfg_.notice_command.empty() || cfg_.callback;
   auto next_poll = std::chrono::steady_clock::now();
@@ -120,7 +155,7 @@ void signal_watcher::loop() {
       sent_file = true;
       notify(notice_source::file, "notice file " + cfg_.notice_file);
     }
-    if (!sent_command && !cfg_.notice_command.empty() && std::system(cfg_.notice_command.c_str()) == 0) {
+    if (!sent_command && !cfg_.notice_command.empty() && run_notice_command(cfg_.notice_command)) {
       sent_command = true;
       notify(notice_source::command, "notice command exited 0: " + cfg_.notice_command);
     }

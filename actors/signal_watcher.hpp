@@ -51,6 +51,7 @@ private:
   signal_watcher_config cfg_;
   sink out_;
   std::atomic<bool> stop_{false};
+  bool handlers_ = false; ///< pipe and handlers installed: the thread may unblock the signals
   std::thread thread_;
 };
 
