@@ -3,6 +3,7 @@
 // peer watcher call the abort handler from an actor thread; run() must not
 // return stop while that call is in flight, and never call it afterwards.
 #include "runtime/grace.hpp"
+#include "../temp_dir.hpp"
 
 #include <catch2/catch.hpp>
 #include <spdlog/spdlog.h>
@@ -16,16 +17,8 @@ namespace fs = std::filesystem;
 using namespace grace;
 
 namespace {
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    path = fs::temp_directory_path() / ("grace-session-test-" + std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct temp_dir : grace::testing::temp_dir {
+  temp_dir() : grace::testing::temp_dir("grace-session-test") {}
 };
 } // namespace
 

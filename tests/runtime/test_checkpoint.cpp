@@ -25,27 +25,15 @@
 #include "runtime/checkpoint.hpp"
 #include "runtime/safetensors.hpp"
 #include "runtime/snapshot.hpp"
+#include "../temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace grace;
 
 namespace {
 
-/// A unique directory under the system temp dir, removed on scope exit.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    std::random_device rd;
-    path = fs::temp_directory_path() /
-           ("grace-ckpt-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
-            std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct temp_dir : grace::testing::temp_dir {
+  temp_dir() : grace::testing::temp_dir("grace-ckpt-test") {}
 };
 
 /// A few tensors of different dtypes with deterministic contents.
