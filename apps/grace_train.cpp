@@ -286,8 +286,10 @@ int main(int argc, char** argv) {
   if (world > 1) {
     auto c = backend.connect(g, rank, world);
     if (!c) {
+      // Usually a peer that died before its rendezvous: the session waits
+      // for the cluster's verdict and gives the exit code.
       spdlog::error("{}", c.err().message);
-      return restart_code;
+      g.quick_exit(g.stop_after_failure(c.err()));
     }
     allreduce_gradients = std::move(c.value());
   }
