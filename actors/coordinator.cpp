@@ -48,6 +48,7 @@ struct coordinator_state {
   std::map<caf::actor_addr, uint32_t> ranks;
   std::set<uint32_t> left;
   std::set<uint32_t> lost;  ///< declared lost in this incarnation
+  std::set<uint32_t> refused;  ///< refused (restartable) in this incarnation: their exit is expected
   std::map<std::string, std::vector<uint8_t>> kv;
   std::map<uint64_t, pending_get> gets;
   uint64_t next_get = 0;
@@ -120,6 +121,7 @@ void reset_incarnation(self_ptr self, uint32_t incarnation) {
   st.ranks.clear();
   st.left.clear();
   st.lost.clear();
+  st.refused.clear();
   for (auto& [name, b] : st.barriers)
     for (auto& w : b.waiters) w.deliver(barrier_reply(false, "the group restarted (new incarnation)"));
   st.barriers.clear();
@@ -292,6 +294,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
                         std::to_string(st.cfg.incarnation));
         if (auto why = st.agree->join_refusal(rank)) {
           st.log->warn("rank {} refused: {}", rank, *why);
+          st.refused.insert(rank);
           return refuse(*why, true);
         }
         auto sender = self->current_sender();
@@ -448,6 +451,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
       [self](exited_atom, uint32_t rank, uint32_t incarnation, int32_t code) {
         auto& st = self->state;
         if (incarnation != st.cfg.incarnation || rank >= st.cfg.world_size) return;
+        if (st.refused.count(rank) && !st.workers.count(rank)) return;  // told to restart: its exit is expected
         member_lost(self, rank, loss_reason::dead,
                     code > 128 ? "dead: killed by signal " + std::to_string(code - 128)
                                : "dead: exited with code " + std::to_string(code) + " without leaving",

@@ -298,4 +298,23 @@ actions agreement::on_leave(uint32_t rank, int exit_code) {
   return member_gone(rank);
 }
 
+std::string agreement::state_key() const {
+  std::string k = std::to_string(static_cast<int>(phase_)) + "|";
+  auto set = [&](const std::set<uint32_t>& v) {
+    for (auto r : v) k += std::to_string(r) + ",";
+    k += "|";
+  };
+  set(joined_);
+  set(live_);
+  set(lost_);
+  set(gone_);
+  k += (holder_ ? std::to_string(*holder_) : "-") + "|" + std::to_string(id_) + "|" +
+       std::to_string(static_cast<int>(kind_)) + "|" + std::to_string(lower_bound_) + "|" +
+       std::to_string(deadline_ns_) + "|" + std::to_string(claim_started_) + "|";
+  for (auto& [r, s] : acks_) k += std::to_string(r) + ":" + std::to_string(s) + ",";
+  k += "|" + std::to_string(agreed_step_) + "|" + std::to_string(saver_) + "|" + std::to_string(exit_after_) + "|" +
+       (restored_min_ ? std::to_string(*restored_min_) : "-") + "|" + std::to_string(committed_step_);
+  return k;
+}
+
 } // namespace grace

@@ -168,6 +168,8 @@ public:
   const std::set<uint32_t>& live() const noexcept { return live_; }
   uint32_t world_size() const noexcept { return world_size_; }
   bool all_joined() const noexcept { return joined_.size() == world_size_ && lost_.empty() && gone_.empty(); }
+  /// Every field, compactly: the protocol model's state key and a debug aid.
+  std::string state_key() const;
 
 private:
   actions propose(ckpt_kind kind, uint64_t lower_bound);

@@ -265,7 +265,9 @@ int run_launcher(const launch_options& in) {
         return exit_code::unhealthy;
       }
     }
-    emit_event("group_started", {{"incarnation", incarnation}, {"workers", o.nproc}});
+    nlohmann::json pids = nlohmann::json::object();
+    for (auto& w : workers) pids[std::to_string(w.rank)] = w.pid;
+    emit_event("group_started", {{"incarnation", incarnation}, {"workers", o.nproc}, {"pids", pids}});
 
     // Wait for the group; decide on the first exit that is not success.
     std::optional<std::chrono::steady_clock::time_point> kill_at;

@@ -129,6 +129,9 @@ public:
   int64_t margin_ns() const;
   uint64_t last_saved() const noexcept { return last_saved_; }
   const worker_policy_config& config() const noexcept { return cfg_; }
+  /// The policy's memory, compactly (without timings): the protocol
+  /// model's state key and a debug aid.
+  std::string state_key() const;
 
 private:
   worker_decision after_own_error(const control_state& s, const boundary_input& in);
