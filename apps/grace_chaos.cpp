@@ -173,6 +173,9 @@ int main(int argc, char** argv) {
     ->check(CLI::Range(0, 10000));
   app.add_option("--timeout-s", timeout_s, "give up on one job after this long")->check(CLI::Range(10, 86400));
   app.add_option("--cache-dir", cache_dir, "reference runs cache (default ~/.cache/grace-chaos)");
+  app.add_option("--fs-size-mb", cfg.fs_size_mb,
+                 "fs_full: size of the tmpfs on the checkpoint directory (room for the kept checkpoints)")
+    ->check(CLI::Range(1, 65536));
   app.add_flag("--no-reference", no_reference, "skip the reference run (bit_identical is SKIP)");
   app.add_flag("--print-schedule", print_only, "print the schedule and exit");
   app.add_flag("-v,--verbose", cfg.verbose, "log each launch and fault");

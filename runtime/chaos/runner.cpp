@@ -234,9 +234,10 @@ private:
     bool wants_fs = std::any_of(res_.faults.begin(), res_.faults.end(),
                                 [](auto& r) { return r.f.kind == fault_kind::fs_full; });
     if (wants_fs) {
-      if (::mount("grace-chaos", ckpt_.c_str(), "tmpfs", 0, "size=4m,mode=0755") == 0) {
+      auto opts = "size=" + std::to_string(cfg_.fs_size_mb) + "m,mode=0755";
+      if (::mount("grace-chaos", ckpt_.c_str(), "tmpfs", 0, opts.c_str()) == 0) {
         res_.fs_mounted = true;
-        res_.notes.push_back("checkpoint dir is a 4 MiB tmpfs (for fs_full)");
+        res_.notes.push_back("checkpoint dir is a " + std::to_string(cfg_.fs_size_mb) + " MiB tmpfs (for fs_full)");
       } else {
         res_.notes.push_back(std::string("fs_full: cannot mount a tmpfs on the checkpoint dir (") +
                              std::strerror(errno) + "): fs_full faults are skipped");
