@@ -114,8 +114,15 @@ bool control_block::failure_known() {
 }
 
 void control_block::set_abort_handler(std::function<void()> f) {
-  std::lock_guard<std::mutex> g(m_);
-  abort_collectives_ = std::move(f);
+  bool due = false;
+  {
+    std::lock_guard<std::mutex> g(m_);
+    abort_collectives_ = std::move(f);
+    due = abort_collectives_ && (state_.failure || state_.lost || state_.coordinator_gone);
+  }
+  // An abort that was due before the handler existed (a peer lost while the
+  // trainer was still connecting its collective) is not lost.
+  if (due) abort();
 }
 
 void control_block::abort() {

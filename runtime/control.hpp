@@ -135,7 +135,9 @@ public:
 
   /// Installs (or, with an empty function, clears) the handler that unblocks
   /// a collective stuck on a dead peer (closes the Gloo context /
-  /// ncclCommAbort). Set by the trainer; called from actor threads.
+  /// ncclCommAbort). Set by the trainer; called from actor threads. When a
+  /// loss, a cluster error or the coordinator's loss is already known, the
+  /// new handler is called at once (the abort it would have had).
   void set_abort_handler(std::function<void()> f);
   /// Aborts collectives, if a handler is armed. Runs the handler outside the
   /// lock (it may block briefly) but counted, so disarm() can wait for it.
