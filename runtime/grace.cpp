@@ -299,7 +299,11 @@ struct session::impl {
           return std::nullopt;
         case ty::save_own:
           log->warn("coordination service lost: the chief saves step {} before exiting", d.step);
-          save(d.step, checkpoint_kind::jit, 0, true);
+          if (auto st = save(d.step, checkpoint_kind::jit, 0, true); !st)
+            return stop(opts.restart_exit_code,
+                        "coordination service lost, and the chief's save of step " + std::to_string(d.step) +
+                            " failed: " + st.err().message,
+                        may_throw);
           continue;
         case ty::wait:
           if (d.new_wait)
