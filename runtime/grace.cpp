@@ -189,6 +189,7 @@ struct session::impl {
     ctl->post_save({step, static_cast<bool>(r), snap_ns + write_ns});
     if (!r) {
       log->error("checkpoint step {} failed: {}", step, r.err().message);
+      emit_event("save_failed", {{"step", step}, {"kind", to_string(kind)}, {"error", r.err().message}});
       report_saved(id, step, false, r.err().message, nullptr, snap_ns, write_ns);
       return;
     }
@@ -607,7 +608,13 @@ status session::finish() {
   d.writer->wait_idle();
   if (d.cluster.is_chief()) {
     auto s = d.save(d.completed, checkpoint_kind::final, 0, true);
-    if (!s) return s;
+    if (!s) {
+      // An error (issue: nothing durable holds the last steps), said to the
+      // group on the way out so this exit is not taken for a lost member.
+      d.stop(exit_code::fatal, "the final checkpoint at step " + std::to_string(d.completed) +
+                                   " could not be written: " + s.err().message, false);
+      return s;
+    }
     if (!d.opts.keep_checkpoints_on_success) d.remove_backups();
   }
   d.finish_barrier();
