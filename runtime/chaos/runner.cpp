@@ -579,9 +579,8 @@ private:
   /// A full disk has done its work once a save failed on it: free it then,
   /// not on a step estimate that may outrun the job's last save.
   bool save_failed_since(int64_t t_ns) const {
-    for (auto it = res_.events.rbegin(); it != res_.events.rend() && it->t_ns >= t_ns; ++it)
-      if (it->name == "save_failed") return true;
-    return false;
+    return std::any_of(res_.events.begin(), res_.events.end(),
+                       [&](const event& e) { return e.name == "save_failed" && e.t_ns >= t_ns; });
   }
 
   /// Advances one fault in progress; true once it is over.
