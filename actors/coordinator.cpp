@@ -2,6 +2,7 @@
 
 #include "actors/peer_watcher.hpp"
 #include "runtime/agreement.hpp"
+#include "runtime/deadline.hpp"
 #include "runtime/events.hpp"
 #include "runtime/membership.hpp"
 #include "runtime/rendezvous_table.hpp"
@@ -39,6 +40,10 @@ struct coordinator_state {
   std::set<uint32_t> left;
   std::set<uint32_t> lost;  ///< declared lost in this incarnation
   std::set<uint32_t> refused;  ///< refused (restartable) in this incarnation: their exit is expected
+  int64_t rescue_armed_for = 0;  ///< the deadline (wall ns) the rescue timer is armed for
+  uint64_t rescue_gen = 0;       ///< tags the armed timers; older ones are ignored
+  int64_t rescue_cutoff_ns = 0;
+  int64_t last_saved_ns = 0;     ///< snapshot + write of the newest agreement save reported
   rendezvous_table table;                      ///< keys and barriers (runtime/rendezvous_table)
   std::map<uint64_t, kv_promise> get_waiters;  ///< table waiter id -> the get's promise
   std::map<uint64_t, barrier_promise> barrier_waiters;
@@ -114,12 +119,23 @@ void reset_incarnation(self_ptr self, uint32_t incarnation) {
   st.left.clear();
   st.lost.clear();
   st.refused.clear();
+  st.rescue_armed_for = 0;
+  ++st.rescue_gen;
   deliver(self, st.table.reset("the group restarted (new incarnation)"));
   set_event_identity(launcher_rank, incarnation);
 }
 
+void arm_rescue(self_ptr self);
+std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& acts);
+
 /// Carries out the state machine's actions; returns the claim reply if any.
 std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& acts) {
+  auto reply = carry_out(self, acts);
+  arm_rescue(self);
+  return reply;
+}
+
+std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& acts) {
   auto& st = self->state;
   std::optional<msg<proto::ClaimReply>> reply;
   auto to_all = [&](auto m) {
@@ -192,6 +208,26 @@ std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& act
     }
   }
   return reply;
+}
+
+/// Keeps a rescue timer armed while a round with a grace-period deadline is
+/// unsettled (see runtime/agreement.hpp, "A save that respects its deadline").
+void arm_rescue(self_ptr self) {
+  auto& st = self->state;
+  if (!st.agree->needs_rescue()) {
+    st.rescue_armed_for = 0;
+    return;
+  }
+  const int64_t deadline = st.agree->deadline_ns();
+  if (st.rescue_armed_for == deadline) return;
+  st.rescue_armed_for = deadline;
+  auto t = rescue_margins(st.members->slowest_step_ns(),
+                          std::max(st.members->slowest_save_ns(), st.last_saved_ns));
+  st.rescue_cutoff_ns = t.cutoff_ns;
+  const int64_t delay = std::max<int64_t>(0, deadline - t.rescue_ns - wall_ns());
+  st.log->info("deadline in {} ms: a round still open {} ms before it is rescued (cutoff {} ms later)",
+               (deadline - wall_ns()) / 1000000, t.rescue_ns / 1000000, t.cutoff_ns / 1000000);
+  self->delayed_send(self, std::chrono::nanoseconds(delay), rescue_atom::value, ++st.rescue_gen);
 }
 
 /// Tells the host (grace-launch) about a failure verdict.
@@ -381,7 +417,8 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         if (!r) return;
         auto h = r->get();
         if (h.getIncarnation() != self->state.cfg.incarnation) return;
-        self->state.members->heartbeat(h.getRank(), now_ns(self), h.getCompletedStep(), h.getLastStepNs());
+        self->state.members->heartbeat(h.getRank(), now_ns(self), h.getCompletedStep(), h.getLastStepNs(),
+                                       h.getLastSaveNs());
       },
       [self](msg<proto::CheckpointSaved>& m) {
         auto r = decode(m);
@@ -390,6 +427,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         emit_event("saved", {{"by", s.getRank()}, {"step", s.getStep()}, {"ok", s.getOk()},
                              {"bytes", s.getBytes()}, {"snapshot_ns", s.getSnapshotNs()},
                              {"write_ns", s.getWriteNs()}, {"commit_ns", s.getCommitNs()}});
+        if (s.getOk()) self->state.last_saved_ns = s.getSnapshotNs() + s.getWriteNs();
         dispatch(self, self->state.agree->on_saved(s.getRank(), s.getAgreementId(), s.getStep(), s.getOk(),
                                                    str(s.getError())));
       },
@@ -431,6 +469,28 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
                     code > 128 ? "dead: killed by signal " + std::to_string(code - 128)
                                : "dead: exited with code " + std::to_string(code) + " without leaving",
                     st.members->completed(rank));
+      },
+      [self](rescue_atom, uint64_t gen) {
+        auto& st = self->state;
+        if (gen != st.rescue_gen) return;
+        // Members silent for a third of dead-after are most likely frozen:
+        // the rescue does not wait for them (the cutoff would, briefly).
+        auto silent = st.members->silent(
+          now_ns(self), std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.dead_after).count() / 3);
+        auto acts = st.agree->on_rescue(silent);
+        if (!acts.empty()) {
+          st.log->warn("deadline near and the round is not committed: rescuing it with a just-in-time save");
+          emit_event("rescue", {{"deadline_ns", st.agree->deadline_ns()}});
+        }
+        dispatch(self, acts);
+        self->delayed_send(self, std::chrono::nanoseconds(st.rescue_cutoff_ns), cutoff_atom::value, gen);
+      },
+      [self](cutoff_atom, uint64_t gen) {
+        auto& st = self->state;
+        if (gen != st.rescue_gen) return;
+        auto acts = st.agree->on_cutoff();
+        if (!acts.empty()) st.log->warn("rescue cutoff: agreeing among the acknowledgements received");
+        dispatch(self, acts);
       },
       [self](incarnation_atom, uint32_t incarnation) -> uint32_t {
         if (incarnation == self->state.cfg.incarnation && !self->state.workers.empty())

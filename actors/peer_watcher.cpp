@@ -195,6 +195,7 @@ peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor 
           b.setRank(st.cfg.rank); b.setIncarnation(st.cfg.incarnation);
           b.setCompletedStep(st.ctl->completed.load(std::memory_order_relaxed));
           b.setSentNs(wall_ns()); b.setLastStepNs(st.ctl->last_step_ns.load(std::memory_order_relaxed));
+          b.setLastSaveNs(st.ctl->last_save_ns.load(std::memory_order_relaxed));
         }));
         self->delayed_send(self, st.cfg.heartbeat, tick_atom::value);
       },

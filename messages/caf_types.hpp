@@ -31,6 +31,10 @@ using status_atom = caf::atom_constant<caf::atom("g_status")>;
 /// Launcher -> coordinator: a worker process of (rank, incarnation) exited
 /// with a code (128 + signal when killed) before leaving on purpose.
 using exited_atom = caf::atom_constant<caf::atom("g_exited")>;
+/// Coordinator -> itself: the deadline is near (rescue) / nearer (cutoff),
+/// tagged with the arming's generation.
+using rescue_atom = caf::atom_constant<caf::atom("g_rescue")>;
+using cutoff_atom = caf::atom_constant<caf::atom("g_cutoff")>;
 
 } // namespace grace
 

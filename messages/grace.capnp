@@ -43,6 +43,7 @@ struct Heartbeat {
   completedStep @2 :UInt64;
   sentNs @3 :Int64;           # sender's wall clock, ns since the Unix epoch
   lastStepNs @4 :Int64;       # duration of the last step
+  lastSaveNs @5 :Int64;       # duration (snapshot + write) of the last save, 0: none yet
 }
 
 enum LossReason {

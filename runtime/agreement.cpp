@@ -121,6 +121,7 @@ actions agreement::on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns
 
 actions agreement::propose(ckpt_kind kind, uint64_t lower_bound) {
   ++id_;
+  not_awaited_.clear();  // a rescue sets it again right after
   kind_ = kind;
   lower_bound_ = lower_bound;
   acks_.clear();
@@ -138,9 +139,13 @@ actions agreement::propose(ckpt_kind kind, uint64_t lower_bound) {
 actions agreement::maybe_agree() {
   // Cheap test first: with one ack per message a full scan per ack would make
   // an agreement quadratic in the cluster size.
-  if (acks_.size() < live_.size()) return {};
-  for (auto r : live_)
-    if (!acks_.count(r)) return {};
+  if (acks_.size() + not_awaited_.size() < live_.size()) return {};
+  bool any = false;
+  for (auto r : live_) {
+    if (acks_.count(r)) any = true;
+    else if (!not_awaited_.count(r)) return {};
+  }
+  if (!any && !live_.empty()) return {};  // nobody answered yet
   if (live_.empty()) {
     phase_ = agreement_phase::stopping;
     return {};
@@ -298,6 +303,32 @@ actions agreement::on_leave(uint32_t rank, int exit_code) {
   return member_gone(rank);
 }
 
+bool agreement::needs_rescue() const noexcept {
+  if (deadline_ns_ == 0 || settled(phase_)) return false;
+  if (phase_ == agreement_phase::saving && kind_ == ckpt_kind::jit) return false;  // already saving it
+  return phase_ != agreement_phase::idle;
+}
+
+actions agreement::on_rescue(const std::set<uint32_t>& silent) {
+  if (!needs_rescue() || phase_ == agreement_phase::jit_collect) return {};
+  if (live_.empty()) {
+    phase_ = agreement_phase::stopping;
+    return {};
+  }
+  auto out = propose(ckpt_kind::jit, 0);
+  not_awaited_ = silent;
+  if (phase_ == agreement_phase::jit_collect) append(out, maybe_agree());
+  return out;
+}
+
+actions agreement::on_cutoff() {
+  if (phase_ != agreement_phase::jit_collect || deadline_ns_ == 0) return {};
+  bool any = false;
+  for (auto& [r, s] : acks_) any |= live_.count(r) != 0;
+  if (!any) return {};
+  return agree_jit();
+}
+
 std::string agreement::state_key() const {
   std::string k = std::to_string(static_cast<int>(phase_)) + "|";
   auto set = [&](const std::set<uint32_t>& v) {
@@ -308,6 +339,7 @@ std::string agreement::state_key() const {
   set(live_);
   set(lost_);
   set(gone_);
+  set(not_awaited_);
   k += (holder_ ? std::to_string(*holder_) : "-") + "|" + std::to_string(id_) + "|" +
        std::to_string(static_cast<int>(kind_)) + "|" + std::to_string(lower_bound_) + "|" +
        std::to_string(deadline_ns_) + "|" + std::to_string(claim_started_) + "|";

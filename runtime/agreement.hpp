@@ -50,6 +50,11 @@
 /// | not failed/  | leave with exit code 0        | finishing     | - (claims are answered lost from now on)  |
 /// |   stopping   |                               |               |                                           |
 /// | any          | no survivor left              | stopping      | -                                         |
+/// | unsettled,   | rescue (deadline near, the    | jit_collect   | propose(jit): abort stuck collectives     |
+/// | deadline set |   round not committed)        |               |                                           |
+/// | jit_collect  | cutoff (deadline nearer)      | saving /      | agree among the acks received (a member   |
+/// |              |                               | stopping      |   frozen but not yet declared dead cannot |
+/// |              |                               |               |   hold the save past the deadline)        |
 ///
 /// A join is refused (restartable, `join_refusal`) once a member of the
 /// incarnation was lost or left: the group can no longer train together,
@@ -70,6 +75,17 @@
 /// at once. A loss once a commit with exit is out (stopping) changes nothing.
 /// A second notice during any of this defers to the holder; a cluster error
 /// fails the job (exit 3) whatever the phase.
+///
+/// ## A save that respects its deadline
+/// With a grace period the platform kills the job at the deadline, whether
+/// or not the agreement finished: a member frozen after the notice holds the
+/// agreed step's collectives and is declared dead only after dead-after,
+/// which may be later. So the coordinator acts on the deadline itself: if
+/// nothing with exit is committed by `deadline - rescue margin` (a step and
+/// a save, from the members' heartbeats), it starts a just-in-time round
+/// (`on_rescue`), and at the cutoff a little later agrees among the
+/// acknowledgements it has (`on_cutoff`). The chief's own final-save margin
+/// is larger, so the rescue only acts when the normal path is stuck.
 ///
 #include <algorithm>
 #include <cstdint>
@@ -156,6 +172,18 @@ public:
   /// A member left on purpose: exit code 0 (finished) or another code
   /// (stopping after a commit, or giving up on its own).
   actions on_leave(uint32_t rank, int exit_code);
+  /// The deadline is near and the round is not committed: start a
+  /// just-in-time round (no-op without a deadline, when settled, or when a
+  /// just-in-time round is already collecting or saving).
+  /// `silent`: members whose heartbeats stopped a while ago (frozen, most
+  /// likely): the round does not wait for their acknowledgements.
+  actions on_rescue(const std::set<uint32_t>& silent = {});
+  /// The rescue's cutoff: agree among the acknowledgements received so far
+  /// (no-op unless collecting; nothing to agree without any).
+  actions on_cutoff();
+  /// True while a round with a deadline is unsettled: the coordinator keeps
+  /// a rescue timer armed.
+  bool needs_rescue() const noexcept;
 
   agreement_phase phase() const noexcept { return phase_; }
   uint64_t current_id() const noexcept { return id_; }
@@ -194,6 +222,7 @@ private:
   uint64_t agreed_step_ = 0;
   uint32_t saver_ = 0;
   bool exit_after_ = false;
+  std::set<uint32_t> not_awaited_;        ///< live members a rescue round does not wait for
   std::optional<uint64_t> restored_min_;  ///< lowest step restored by a member that joined
   uint64_t committed_step_ = 0;           ///< newest step an agreement committed
 };

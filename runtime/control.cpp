@@ -65,6 +65,7 @@ void control_block::post_shutdown(int code) {
 }
 
 void control_block::post_save(const save_outcome& s) {
+  if (s.ok) last_save_ns.store(s.duration_ns, std::memory_order_relaxed);
   std::lock_guard<std::mutex> g(m_);
   state_.saves.push_back(s);
   // No flag: finished saves are news only for the next boundary (the

@@ -103,6 +103,7 @@ public:
   std::atomic<uint64_t> started{0};
   std::atomic<uint64_t> completed{0};
   std::atomic<int64_t> last_step_ns{0};
+  std::atomic<int64_t> last_save_ns{0};  ///< snapshot + write of the last save (heartbeats carry it)
 
   // --- posted by the peer watcher and the writer (any thread) ---
   /// A new checkpoint order; returns the trainer's progress read after the

@@ -20,7 +20,8 @@ void membership::add(uint32_t rank, int64_t now_ns, uint64_t completed) {
 
 void membership::remove(uint32_t rank) { members_.erase(rank); }
 
-void membership::heartbeat(uint32_t rank, int64_t now_ns, uint64_t completed, int64_t last_step_ns) {
+void membership::heartbeat(uint32_t rank, int64_t now_ns, uint64_t completed, int64_t last_step_ns,
+                           int64_t last_save_ns) {
   auto it = members_.find(rank);
   if (it == members_.end()) return;
   auto& s = it->second;
@@ -28,6 +29,26 @@ void membership::heartbeat(uint32_t rank, int64_t now_ns, uint64_t completed, in
   if (completed != s.completed) s.last_progress = now_ns;
   s.completed = completed;
   s.last_step_ns = last_step_ns;
+  if (last_save_ns > 0) s.last_save_ns = last_save_ns;
+}
+
+int64_t membership::slowest_step_ns() const {
+  int64_t m = 0;
+  for (auto& [r, s] : members_) m = std::max(m, s.last_step_ns);
+  return m;
+}
+
+std::set<uint32_t> membership::silent(int64_t now_ns, int64_t threshold_ns) const {
+  std::set<uint32_t> out;
+  for (auto& [r, s] : members_)
+    if (now_ns - s.last_seen > threshold_ns) out.insert(r);
+  return out;
+}
+
+int64_t membership::slowest_save_ns() const {
+  int64_t m = 0;
+  for (auto& [r, s] : members_) m = std::max(m, s.last_save_ns);
+  return m;
 }
 
 uint64_t membership::completed(uint32_t rank) const {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,14 @@ public:
   explicit membership(membership_config cfg = {}) : cfg_(cfg) {}
   void add(uint32_t rank, int64_t now_ns, uint64_t completed);
   void remove(uint32_t rank);
-  void heartbeat(uint32_t rank, int64_t now_ns, uint64_t completed, int64_t last_step_ns);
+  void heartbeat(uint32_t rank, int64_t now_ns, uint64_t completed, int64_t last_step_ns,
+                 int64_t last_save_ns = 0);
+  /// The slowest member's last step and last save (0 when none reported):
+  /// what a save before a deadline must leave room for.
+  int64_t slowest_step_ns() const;
+  int64_t slowest_save_ns() const;
+  /// Members not heard from for longer than `threshold_ns` (not yet dead).
+  std::set<uint32_t> silent(int64_t now_ns, int64_t threshold_ns) const;
   /// Members that are not healthy now. Each dead/hung member is reported
   /// once (then removed); slow ones are reported each time they turn slow.
   std::vector<member_verdict> check(int64_t now_ns);
@@ -48,6 +56,7 @@ private:
     int64_t last_progress = 0;
     uint64_t completed = 0;
     int64_t last_step_ns = 0;
+    int64_t last_save_ns = 0;
     bool slow = false;
   };
   membership_config cfg_;

@@ -69,6 +69,7 @@ status snapshot_buffers::capture(const std::vector<tensor_ref>& tensors) {
     if (s.bytes > 0 && !t.data)
       return error{errc::invalid_input, "capture: tensor '" + t.name + "' has no data"};
   }
+  std::lock_guard<std::mutex> g(touch_m_);
   for (size_t i = 0; i < tensors.size(); ++i) {
     auto& t = tensors[i];
     auto& s = slots_[i];
@@ -88,6 +89,7 @@ status snapshot_buffers::capture(const std::vector<tensor_ref>& tensors) {
 
 void snapshot_buffers::keep_warm() const {
   // Reads only: safe alongside a writer thread reading the same pages.
+  std::lock_guard<std::mutex> g(touch_m_);
   unsigned sink = 0;
   const volatile unsigned char* p = base_;
   for (size_t i = 0; i < capacity_; i += page) sink += p[i];

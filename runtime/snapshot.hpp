@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,8 @@ public:
 
   /// Reads one byte per page so the kernel keeps the pages resident and
   /// mapped (cheap; call it periodically between snapshots). Safe to call
-  /// while a writer reads the buffers.
+  /// while a writer reads the buffers; takes turns with capture() (a short
+  /// lock) so it never reads a page a capture is writing.
   void keep_warm() const;
 
   /// The captured tensors, pointing into these buffers.
@@ -92,6 +94,7 @@ private:
   size_t capacity_ = 0;
   size_t total_bytes_ = 0;
   std::atomic<bool> busy_{false};
+  mutable std::mutex touch_m_;  ///< capture() writes, keep_warm() reads: one at a time
 };
 
 class checkpoint_store;

@@ -93,8 +93,11 @@ worker_decision worker_policy::next(const control_state& s, const boundary_input
   if (s.order && s.committed && s.committed->id >= s.order->id &&
       (s.order->exit_after || s.committed->exit_after || s.order->kind == ckpt_kind::jit)) {
     auto step = std::to_string(s.committed->step);
+    // A just-in-time round without a lost peer is the coordinator's rescue
+    // of a round its grace-period deadline would have cut off.
+    const char* why = s.lost ? "peer lost" : s.coordinator_gone ? "coordination service lost" : "deadline near";
     return stop(cfg_.restart_code, s.order->kind == ckpt_kind::jit
-                                       ? "peer lost; just-in-time checkpoint at step " + step + " committed"
+                                       ? std::string(why) + "; just-in-time checkpoint at step " + step + " committed"
                                        : "preempted: checkpoint at step " + step + " committed, restart to resume");
   }
   if (s.order && s.order->kind == ckpt_kind::jit) return follow_jit(s, in);

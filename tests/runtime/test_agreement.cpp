@@ -387,3 +387,74 @@ TEST_CASE("agreement: the launcher can claim", "[agreement]") {
   REQUIRE(ag->step == 12);
   REQUIRE(ag->saver == 0);
 }
+
+TEST_CASE("agreement: a round a frozen member holds is rescued before its deadline", "[agreement][grace]") {
+  // A notice with a grace period; rank 2 freezes before it acknowledges.
+  auto a = joined(3);
+  const int64_t deadline = 5'000'000'000;
+  auto id = find(a.on_claim(1, 7, deadline), ty::propose)->id;
+  a.on_ack(0, id, 7);
+  a.on_ack(1, id, 8);
+  REQUIRE(a.phase() == agreement_phase::proposing);
+  REQUIRE(a.needs_rescue());
+  REQUIRE(a.on_cutoff().empty());  // nothing collected yet: no cutoff
+  auto r = find(a.on_rescue(), ty::propose);
+  REQUIRE(r);
+  CHECK(r->kind == ckpt_kind::jit);
+  CHECK(a.on_rescue().empty());  // once
+  a.on_ack(0, r->id, 7);
+  a.on_ack(1, r->id, 7);
+  // Rank 2 never answers: the cutoff agrees among the acks received.
+  auto ag = find(a.on_cutoff(), ty::agreed);
+  REQUIRE(ag);
+  CHECK(ag->step == 7);
+  CHECK(ag->saver == 0);
+  CHECK(ag->exit_after);
+  CHECK_FALSE(a.needs_rescue());  // a just-in-time save is under way
+  auto c = find(a.on_saved(0, r->id, 7, true, ""), ty::committed);
+  REQUIRE(c);
+  CHECK(a.phase() == agreement_phase::stopping);
+}
+
+TEST_CASE("agreement: no rescue without a deadline or once committed", "[agreement][grace]") {
+  auto a = joined(2);
+  auto id = find(a.on_claim(1, 3, 0), ty::propose)->id;  // no grace period
+  CHECK_FALSE(a.needs_rescue());
+  CHECK(a.on_rescue().empty());
+  a.on_ack(0, id, 3);
+  a.on_ack(1, id, 3);
+  a.on_saved(0, id, 3, true, "");
+  CHECK(a.on_rescue().empty());
+  // With a deadline: the countdown after the first save needs the rescue
+  // armed; the committed final save does not.
+  auto b = joined(2);
+  auto bid = find(b.on_claim(1, 3, 1000), ty::propose)->id;
+  b.on_ack(0, bid, 3);
+  b.on_ack(1, bid, 3);
+  b.on_saved(0, bid, 3, true, "");
+  REQUIRE(b.phase() == agreement_phase::countdown);
+  CHECK(b.needs_rescue());
+  auto fin = find(b.on_propose_final(0, 9), ty::propose);
+  b.on_ack(0, fin->id, 9);
+  b.on_ack(1, fin->id, 9);
+  b.on_saved(0, fin->id, 9, true, "");
+  CHECK(b.phase() == agreement_phase::stopping);
+  CHECK_FALSE(b.needs_rescue());
+}
+
+TEST_CASE("agreement: a rescue does not wait for members already silent", "[agreement][grace]") {
+  auto a = joined(3);
+  auto id = find(a.on_claim(1, 7, 5'000'000'000), ty::propose)->id;
+  a.on_ack(0, id, 7);
+  auto r = find(a.on_rescue({2}), ty::propose);  // rank 2 stopped heartbeating
+  REQUIRE(r);
+  REQUIRE(a.on_ack(0, r->id, 7).empty());
+  auto ag = find(a.on_ack(1, r->id, 7), ty::agreed);  // both others answered: agreed now
+  REQUIRE(ag);
+  CHECK(ag->step == 7);
+  CHECK(ag->saver == 0);
+  // A later round (the saver lost) waits for everyone live again.
+  auto lost = find(a.on_member_lost(0, 7, loss_reason::dead, "dead"), ty::propose);
+  REQUIRE(lost);
+  CHECK(a.on_ack(1, lost->id, 7).empty());  // rank 2 is awaited again
+}

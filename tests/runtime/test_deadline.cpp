@@ -28,3 +28,17 @@ TEST_CASE("deadline: the final save is proposed when time left reaches the margi
   // No measurements yet and no allowance: due only at the deadline.
   CHECK(final_save_margin({}, {}, 1.5, 2, 0) == 0);
 }
+
+TEST_CASE("deadline: the rescue leaves room for a save and acts after the chief's final proposal", "[deadline]") {
+  const int64_t step = 20'000'000, save = 100'000'000;
+  auto t = rescue_margins(step, save);
+  CHECK(t.cutoff_ns == step / 2);
+  CHECK(t.rescue_ns == step / 2 + save + save / 2 + 10'000'000);
+  CHECK(t.rescue_ns - t.cutoff_ns >= save + save / 2);  // the save, with room to spare, after the cutoff
+  std::vector<int64_t> steps(10, step), saves(3, save);
+  CHECK(final_save_margin(steps, saves, 2.0) > t.rescue_ns);  // the chief proposes first
+  // Nothing reported yet: small but positive.
+  auto z = rescue_margins(0, 0);
+  CHECK(z.cutoff_ns == 1'000'000);
+  CHECK(z.rescue_ns == 11'000'000);
+}

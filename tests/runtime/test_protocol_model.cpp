@@ -89,6 +89,7 @@ struct world {
   std::set<uint64_t> disk{restored};
   int notices = 0, deaths = 0, save_failures = 0, coordinator_deaths = 0;
   bool has_deadline = false, time_up = false;
+  int rescue = 0;  ///< the coordinator's deadline rescue: 0 not yet, 1 rescued (cutoff due), 2 done
   int wins = 0;
   bool fault = false, save_failed = false;
 };
@@ -131,7 +132,7 @@ uint64_t key(const world& w) {
   k.put(w.coordinator_alive);
   for (auto s : w.disk) k.put(s);
   k.put(w.notices); k.put(w.deaths); k.put(w.save_failures); k.put(w.coordinator_deaths);
-  k.put(w.time_up); k.put(w.fault); k.put(w.save_failed);
+  k.put(w.time_up); k.put(w.fault); k.put(w.save_failed); k.put(w.rescue);
   for (auto& x : w.m) {
     auto& c = x.ctl;
     k.put(x.alive); k.put(x.joined); k.put(x.detected); k.put(x.stopped); k.put(x.coordinator_seen);
@@ -557,6 +558,18 @@ private:
         n.coordinator_alive = false;
       });
     if (w.has_deadline && !w.time_up) branch([](world& n) { n.time_up = true; });
+    // The coordinator's deadline rescue and its cutoff, once the deadline
+    // is near, at any point after that.
+    if (w.time_up && w.coordinator_alive && w.rescue == 0)
+      branch([this](world& n) {
+        n.rescue = 1;
+        dispatch(n, n.coord.on_rescue());
+      });
+    if (w.coordinator_alive && w.rescue == 1)
+      branch([this](world& n) {
+        n.rescue = 2;
+        dispatch(n, n.coord.on_cutoff());
+      });
   }
 
   void check_end(const world& w) {

@@ -202,6 +202,7 @@ TEST_CASE("worker_policy: the peer watcher's acknowledgement for an idle trainer
 TEST_CASE("worker_policy: a commit without a save (state already durable) stops the round", "[policy]") {
   worker_policy p(cfg(1), 20);
   control_state s;
+  s.lost = loss_info{loss_kind::peer_dead, 2, 20, "dead"};
   s.order = order(2, 0, ckpt_kind::jit, false);
   s.acked_for_trainer = 2;
   s.committed = commit_info{2, 20, true};
@@ -330,4 +331,20 @@ TEST_CASE("worker_policy: a new wait gets a new deadline", "[policy]") {
   REQUIRE(d.reason == wait_reason::commit);
   CHECK(d.new_wait);
   CHECK(d.deadline_ns == 1090 * ms);
+}
+
+TEST_CASE("worker_policy: a just-in-time round without a lost peer is the deadline rescue", "[policy][grace]") {
+  worker_policy p(cfg(1), 0);
+  control_state s;
+  s.deadline_ns = 1000 * ms;
+  s.order = order(4, 0, ckpt_kind::jit, false);
+  auto a = p.next(s, at(9, 0, boundary_mode::collective_failed));
+  REQUIRE(a.what == ty::ack_jit);
+  p.acked(4);
+  s.order = order(4, 9, ckpt_kind::jit, true, 0, true);
+  s.committed = commit_info{4, 9, true};
+  auto stop = p.next(s, at(9));
+  REQUIRE(stop.what == ty::stop);
+  CHECK(stop.code == 42);
+  CHECK(stop.message == "deadline near; just-in-time checkpoint at step 9 committed");
 }
