@@ -78,6 +78,14 @@ msg<proto::Welcome> refuse(const std::string& reason) {
   return make<proto::Welcome>([&](auto b) { b.setAccepted(false); b.setReason(reason); });
 }
 
+/// A refusal the worker's launcher can recover from by restarting its group
+/// in `current` (it counted incarnations on its own while it was away).
+msg<proto::Welcome> refuse_for_now(const std::string& reason, uint32_t current) {
+  return make<proto::Welcome>([&](auto b) {
+    b.setAccepted(false); b.setReason(reason); b.setRetryable(true); b.setIncarnation(current);
+  });
+}
+
 proto::CheckpointKind wire_kind(ckpt_kind k) {
   switch (k) {
     case ckpt_kind::initial: return proto::CheckpointKind::INITIAL;
@@ -244,12 +252,12 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
           reset_incarnation(self, j.getIncarnation());
         }
         if (j.getIncarnation() != st.cfg.incarnation)
-          return refuse("incarnation " + std::to_string(j.getIncarnation()) + " != current " +
-                        std::to_string(st.cfg.incarnation) + " (a worker of an old group)");
+          return refuse_for_now("incarnation " + std::to_string(j.getIncarnation()) + " != current " +
+                                    std::to_string(st.cfg.incarnation), st.cfg.incarnation);
         auto rank = j.getRank();
         if (st.workers.count(rank) || st.left.count(rank))
-          return refuse("duplicate rank " + std::to_string(rank) + " in incarnation " +
-                        std::to_string(st.cfg.incarnation));
+          return refuse_for_now("duplicate rank " + std::to_string(rank) + " in incarnation " +
+                                    std::to_string(st.cfg.incarnation), st.cfg.incarnation);
         auto sender = self->current_sender();
         if (!sender) return refuse("join without a sender to reply to");
         auto handle = caf::actor_cast<peer_watcher_actor>(sender);
@@ -401,6 +409,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         reset_incarnation(self, incarnation);
         return incarnation;
       },
+      [self](current_atom) -> uint32_t { return self->state.cfg.incarnation; },
       [self](status_atom) -> std::string {
         auto& st = self->state;
         return fmt::format("incarnation {}, {} members, phase {}", st.cfg.incarnation, st.workers.size(),

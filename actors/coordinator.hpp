@@ -34,6 +34,7 @@ using coordinator_actor = caf::typed_actor<
   caf::replies_to<msg<proto::Leave>>::with<bool>,
   caf::replies_to<incarnation_atom, uint32_t>::with<uint32_t>,
   caf::replies_to<status_atom>::with<std::string>,
+  caf::replies_to<current_atom>::with<uint32_t>,
   caf::reacts_to<tick_atom>,
   caf::reacts_to<kv_timeout_atom, uint64_t>>;
 

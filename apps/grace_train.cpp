@@ -62,7 +62,7 @@ trainer_backend cpu_backend(const grace::mlp_config& mc) {
   b.connect = [model](grace::session& g, int rank,
                       int world) -> grace::result<std::function<grace::status()>> {
     auto c = grace::gloo_comm::connect(g.rendezvous_store(), g.rendezvous_prefix() + "gloo", rank, world,
-                                       collective_timeout);
+                                       collective_timeout, g.cluster().host);
     if (!c) return grace::error{c.err().code, "gloo rendezvous failed: " + c.err().message};
     // Shared with the abort handler, which may run on another thread until
     // the session is gone.
@@ -90,6 +90,11 @@ grace::result<trainer_backend> cuda_backend(const grace::mlp_config& mc, int dev
   b.weights_checksum = [model] { return model->weights_checksum(); };
   b.connect = [model](grace::session& g, int rank,
                       int world) -> grace::result<std::function<grace::status()>> {
+    // NCCL picks its bootstrap and socket interface from NCCL_SOCKET_IFNAME
+    // (grace-launch sets it); otherwise the one Grace advertises. Set before
+    // NCCL's first call, which reads it.
+    if (!std::getenv("NCCL_SOCKET_IFNAME") && !g.cluster().iface.empty())
+      ::setenv("NCCL_SOCKET_IFNAME", g.cluster().iface.c_str(), 0);
     auto c = grace::nccl_comm::connect(g.rendezvous_store(), g.rendezvous_prefix() + "nccl", rank, world,
                                        model->device(), collective_timeout);
     if (!c) return grace::error{c.err().code, "nccl rendezvous failed: " + c.err().message};
@@ -268,8 +273,15 @@ int main(int argc, char** argv) {
 
   auto start = g.attach();
   if (!start) {
+    // Bad configuration: stop. Coordinator unreachable: a failed rendezvous
+    // (the launcher gives up after several in a row). Refused for a stale
+    // incarnation: restart into the current one.
     spdlog::error("{}", start.err().message);
-    return start.err().code == grace::errc::invalid_input ? grace::exit_code::usage : grace::exit_code::restart;
+    switch (start.err().code) {
+      case grace::errc::invalid_input: return grace::exit_code::usage;
+      case grace::errc::disconnected: return grace::exit_code::no_rendezvous;
+      default: return restart_code;
+    }
   }
   if (skip_optimizer_restore && *start > 0) {
     for (auto& t : tensors)
@@ -286,8 +298,9 @@ int main(int argc, char** argv) {
   if (world > 1) {
     auto c = backend.connect(g, rank, world);
     if (!c) {
-      spdlog::error("{}", c.err().message);
-      return restart_code;
+      spdlog::error("{} (this worker advertised {}: {})", c.err().message, g.cluster().host,
+                    g.cluster().host_source);
+      return grace::exit_code::no_rendezvous;
     }
     allreduce_gradients = std::move(c.value());
   }

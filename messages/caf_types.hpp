@@ -28,6 +28,7 @@ using tick_atom = caf::atom_constant<caf::atom("g_tick")>;
 using kv_timeout_atom = caf::atom_constant<caf::atom("g_kvto")>;
 using incarnation_atom = caf::atom_constant<caf::atom("g_incarn")>;
 using status_atom = caf::atom_constant<caf::atom("g_status")>;
+using current_atom = caf::atom_constant<caf::atom("g_current")>;
 
 } // namespace grace
 

@@ -30,6 +30,8 @@ struct Welcome {
   runId @4 :Text;
   incarnation @5 :UInt32;
   rendezvousPrefix @6 :Text;  # fresh key prefix for this incarnation's collectives
+  retryable @7 :Bool;         # refused for now (stale incarnation, rank taken): restart
+                              # into `incarnation`, the coordinator's current one
 }
 
 struct Heartbeat {

@@ -12,6 +12,7 @@
 #include "runtime/deadline.hpp"
 #include "runtime/device_copy.hpp"
 #include "runtime/events.hpp"
+#include "runtime/net_address.hpp"
 #include "runtime/snapshot.hpp"
 #include "runtime/system.hpp"
 
@@ -397,8 +398,16 @@ result<uint64_t> session::attach() {
     d.cluster = *c;
   }
   set_event_identity(d.cluster.rank, d.cluster.incarnation);
-  d.log->info("grace: rank {}/{} (cluster from {}), incarnation {}, checkpoints in {}", d.cluster.rank,
-              d.cluster.world_size, d.cluster.source, d.cluster.incarnation, d.opts.checkpoint_dir);
+  if (d.cluster.host.empty()) {
+    auto adv = advertised_address_from_environment(d.cluster.coordinator_host);
+    if (!adv) return adv.err();
+    d.cluster.host = adv->address;
+    d.cluster.iface = adv->iface;
+    d.cluster.host_source = adv->source;
+  }
+  d.log->info("grace: rank {}/{} (cluster from {}), incarnation {}, address {} ({}), checkpoints in {}",
+              d.cluster.rank, d.cluster.world_size, d.cluster.source, d.cluster.incarnation, d.cluster.host,
+              d.cluster.host_source, d.opts.checkpoint_dir);
 
   for (auto& t : d.tensors)
     if (t.memory == memory_kind::device && !device_copy_available())
@@ -490,9 +499,15 @@ result<uint64_t> session::attach() {
           auto r = decode(w);
           if (!r) { failure = r.err(); return; }
           if (!r->get().getAccepted()) {
-            failure = error{errc::invalid_input, "the coordination service refused rank " +
-                                                     std::to_string(d.cluster.rank) + ": " +
-                                                     str(r->get().getReason())};
+            // Retryable: this group's incarnation is stale; the launcher
+            // restarts it into the coordinator's current one.
+            bool retry = r->get().getRetryable();
+            failure = error{retry ? errc::preempted : errc::invalid_input,
+                            "the coordination service refused rank " + std::to_string(d.cluster.rank) + ": " +
+                                str(r->get().getReason()) +
+                                (retry ? " (the job is in incarnation " +
+                                             std::to_string(r->get().getIncarnation()) + ": restart into it)"
+                                       : "")};
             return;
           }
           d.prefix = str(r->get().getRendezvousPrefix());

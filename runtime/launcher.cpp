@@ -6,6 +6,8 @@
 #include "runtime/cluster_config.hpp"
 #include "runtime/events.hpp"
 #include "runtime/exit_codes.hpp"
+#include "runtime/group_policy.hpp"
+#include "runtime/net_address.hpp"
 #include "runtime/system.hpp"
 
 #include <caf/actor_system.hpp>
@@ -139,6 +141,57 @@ struct verdict_inbox {
   }
 };
 
+/// The coordinator's resolved address, where node 0's coordination service
+/// listens, and the address this node's workers advertise.
+struct endpoints {
+  std::string coordinator_ip;
+  std::string listen_ip;
+  advertise_choice adv;
+};
+
+result<endpoints> resolve_endpoints(const launch_options& o, const std::string& coordinator_host) {
+  endpoints e;
+  auto ip = resolve_ipv4(coordinator_host);
+  if (!ip) return error{errc::invalid_input, "--coordinator: " + ip.err().message};
+  e.coordinator_ip = *ip;
+  auto req = address_request_from_environment(e.coordinator_ip);
+  if (!req) return req.err();
+  req->iface_flag = o.iface;
+  if (!o.host.empty()) {
+    auto h = resolve_ipv4(o.host);
+    if (!h) return error{errc::invalid_input, "--host: " + h.err().message};
+    req->host_flag = *h;
+  }
+  auto host = probe_host();
+  auto adv = choose_advertise_address(*req, host);
+  if (!adv) return adv.err();
+  e.adv = *adv;
+  if (o.node_rank == 0) {
+    auto l = choose_listen_address(e.coordinator_ip, e.adv, host);
+    if (!l) return l.err();
+    e.listen_ip = *l;
+  }
+  return e;
+}
+
+/// The coordinator's current incarnation, asked by a launcher on node > 0
+/// before it starts a group. Reconnects once if the old connection is gone
+/// (a partition, a restart of this host). Nothing if it cannot be reached.
+std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_actor& coord,
+                                            const std::string& host, uint16_t port) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::optional<uint32_t> out;
+    caf::scoped_actor self{sys};
+    self->request(coord, std::chrono::seconds(2), current_atom::value)
+      .receive([&](uint32_t inc) { out = inc; }, [&](caf::error&) {});
+    if (out || attempt == 1) return out;
+    auto h = connect_coordinator(sys, host, port, std::chrono::seconds(2));
+    if (!h) return std::nullopt;
+    coord = *h;
+  }
+  return std::nullopt;
+}
+
 } // namespace
 
 int run_launcher(const launch_options& in) {
@@ -171,6 +224,12 @@ int run_launcher(const launch_options& in) {
     host = hp->first;
     port = hp->second;
   }
+  auto ep = resolve_endpoints(o, host);
+  if (!ep) {
+    spdlog::error("grace-launch: {}", ep.err().message);
+    return exit_code::usage;
+  }
+  host = ep->coordinator_ip;
   const uint32_t world = static_cast<uint32_t>(o.nproc * o.nnodes);
   // The token must be the same on every node: derive it from the run id
   // unless GRACE_TOKEN is set (then every node must set the same).
@@ -193,6 +252,8 @@ int run_launcher(const launch_options& in) {
   auto verdicts = std::make_shared<verdict_inbox>();
   uint32_t incarnation = 0;
   if (const char* inc = std::getenv("GRACE_INCARNATION")) incarnation = static_cast<uint32_t>(std::atoi(inc));
+  const uint32_t initial_incarnation = incarnation;
+  std::optional<uint32_t> previous_group;
   if (o.node_rank == 0) {
     coordinator_config cc;
     cc.world_size = world;
@@ -208,9 +269,9 @@ int run_launcher(const launch_options& in) {
       verdicts->push(rank, inc, why);
     };
     coord = spawn_coordinator(sys, cc);
-    auto p = sys.middleman().publish(coord, port, host.c_str(), true);
+    auto p = sys.middleman().publish(coord, port, ep->listen_ip.c_str(), true);
     if (!p) {
-      spdlog::error("grace-launch: cannot host the coordination service on {}:{}: {}", host, port,
+      spdlog::error("grace-launch: cannot host the coordination service on {}:{}: {}", ep->listen_ip, port,
                     sys.render(p.error()));
       caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
       return exit_code::usage;
@@ -230,7 +291,9 @@ int run_launcher(const launch_options& in) {
     emit_event("launcher", {{"message", line}});
   };
   say("coordination service on " + host + ":" + std::to_string(port) + ", run " + o.run_id + ", " +
-      std::to_string(world) + " workers (" + std::to_string(o.nproc) + " on this node)");
+      std::to_string(world) + " workers (" + std::to_string(o.nproc) + " on this node); this node advertises " +
+      ep->adv.address + (ep->adv.iface.empty() ? "" : " (" + ep->adv.iface + ")") + " from " + ep->adv.source);
+  rendezvous_streak streak(o.max_rendezvous_failures);
 
   int restarts = 0;
   bool notice_forwarded = false;
@@ -241,6 +304,9 @@ int run_launcher(const launch_options& in) {
       caf::scoped_actor self{sys};
       self->request(coord, std::chrono::seconds(10), incarnation_atom::value, incarnation)
         .receive([](uint32_t) {}, [&](caf::error& e) { spdlog::warn("incarnation: {}", sys.render(e)); });
+    } else {
+      incarnation = next_incarnation(previous_group, initial_incarnation,
+                                     current_incarnation(sys, coord, host, port));
     }
     set_event_identity(launcher_rank, incarnation);
     std::vector<worker_proc> workers(o.nproc);
@@ -255,7 +321,9 @@ int run_launcher(const launch_options& in) {
         {"GRACE_TOKEN", token},
         {"GRACE_INCARNATION", std::to_string(incarnation)},
         {"GRACE_RESTART_CODE", std::to_string(o.restart_code)},
+        {"GRACE_HOST", ep->adv.address},
       };
+      if (!std::getenv("NCCL_SOCKET_IFNAME") && !ep->adv.iface.empty()) env["NCCL_SOCKET_IFNAME"] = ep->adv.iface;
       if (!o.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o.checkpoint_dir;
       workers[i].rank = rank;
       workers[i].pid = spawn_worker(o, env);
@@ -269,7 +337,7 @@ int run_launcher(const launch_options& in) {
     // Wait for the group; decide on the first exit that is not success.
     std::optional<std::chrono::steady_clock::time_point> kill_at;
     std::string cause;
-    bool fatal = false, restart = false, usage = false;
+    bool fatal = false, restart = false, usage = false, rendezvous_failed = false;
     int live = o.nproc;
     while (live > 0) {
       int timeout_ms = 200;
@@ -323,8 +391,9 @@ int run_launcher(const launch_options& in) {
           emit_event("worker_exit", {{"worker_rank", w.rank}, {"code", w.code}, {"signal", w.signal}});
           if (w.code == 0) break;
           if (cause.empty()) cause = "rank " + std::to_string(w.rank) + " " + describe(w);
-          if (w.code == o.restart_code || w.signal) {
+          if (w.code == o.restart_code || w.signal || w.code == exit_code::no_rendezvous) {
             restart = true;
+            rendezvous_failed |= w.code == exit_code::no_rendezvous;
           } else {
             fatal = true;
             if (w.code == exit_code::usage) usage = true;
@@ -361,12 +430,22 @@ int run_launcher(const launch_options& in) {
       final_reason = "preempted: workers saved and exited; restart this job to resume";
       break;
     }
+    if (streak.group_ended(rendezvous_failed)) {
+      final_code = exit_code::no_progress;
+      final_reason = "the group failed its rendezvous " + std::to_string(streak.count()) +
+                     " times in a row (last: " + cause + "): the workers could not reach the coordination "
+                     "service at " + host + ":" + std::to_string(port) + " or each other; this node advertises " +
+                     ep->adv.address + " (" + ep->adv.source + "): check that every node's address is "
+                     "reachable from the others (--host, --iface)";
+      break;
+    }
     if (restarts >= o.max_restarts) {
       final_code = exit_code::no_progress;
       final_reason = "restarts exhausted (" + std::to_string(o.max_restarts) + "), last cause: " + cause;
       break;
     }
     ++restarts;
+    previous_group = incarnation;
     ++incarnation;
     say("restart " + std::to_string(restarts) + "/" + std::to_string(o.max_restarts) + " (incarnation " +
         std::to_string(incarnation) + "): " + cause);
