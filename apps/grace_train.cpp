@@ -48,7 +48,9 @@ struct trainer_backend {
       connect;
 };
 
-constexpr std::chrono::seconds collective_timeout{30};
+/// Bounds each rendezvous and collective (--collective-timeout-ms); set once
+/// in main before any backend connects.
+std::chrono::milliseconds collective_timeout{30000};
 
 trainer_backend cpu_backend(const grace::mlp_config& mc) {
   auto model = std::make_shared<grace::mlp>(mc);
@@ -167,6 +169,10 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--output", output, "write a JSON summary (steps, loss, weights checksum) here");
   app.add_option("--step-delay-ms", step_delay_ms, "sleep in every step (demos and tests)");
+  int collective_timeout_ms = 30000;
+  app.add_option("--collective-timeout-ms", collective_timeout_ms,
+                 "bound on the collectives' rendezvous and on each collective")
+      ->check(CLI::Range(100, 3600000));
   app.add_option("--fail-at-step", fail_at, "raise an error in this step (tests)");
   app.add_option("--fail-rank", fail_rank, "rank that raises the error");
   app.add_flag("--skip-optimizer-restore", skip_optimizer_restore,
@@ -176,6 +182,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : grace::exit_code::usage;
   }
+  collective_timeout = std::chrono::milliseconds(collective_timeout_ms);
 
 #ifndef GRACE_HAVE_CUDA
   // The CUDA backend lives in grace-train-cuda beside this binary, so a CPU
@@ -273,9 +280,10 @@ int main(int argc, char** argv) {
 
   auto start = g.attach();
   if (!start) {
-    // Bad configuration: stop. Coordinator unreachable: a failed rendezvous
-    // (the launcher gives up after several in a row). Refused for a stale
-    // incarnation: restart into the current one.
+    // Bad configuration: stop. Coordinator unreachable or the join refused
+    // for now (stale incarnation): a failed rendezvous; the launcher
+    // restarts the group in the coordinator's current incarnation, and gives
+    // up after several in a row.
     spdlog::error("{}", start.err().message);
     switch (start.err().code) {
       case grace::errc::invalid_input: return grace::exit_code::usage;
@@ -300,7 +308,7 @@ int main(int argc, char** argv) {
     if (!c) {
       spdlog::error("{} (this worker advertised {}: {})", c.err().message, g.cluster().host,
                     g.cluster().host_source);
-      return grace::exit_code::no_rendezvous;
+      g.quick_exit(grace::exit_code::no_rendezvous);  // leaves first: not a lost member
     }
     allreduce_gradients = std::move(c.value());
   }

@@ -94,6 +94,7 @@ struct session::impl {
   }
 
   bool attached = false;
+  bool left = false;  ///< Leave sent (or nobody to tell)
   uint64_t completed = 0;
   uint64_t restored_step = 0;
   uint64_t last_saved_step = 0;
@@ -185,6 +186,42 @@ struct session::impl {
     }));
   }
 
+  /// Joins the group; returns the rendezvous prefix. A join for the next
+  /// incarnation is refused (retryable) while the old group still has live
+  /// members: it is retried until they are gone, within the join timeout.
+  /// Any other retryable refusal (this group is behind the coordinator, or
+  /// its rank is taken) is errc::disconnected: the launcher restarts the
+  /// group into the coordinator's current incarnation.
+  result<std::string> join_group(const msg<proto::Join>& join) {
+    auto& sys = rt->sys();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      std::optional<error> failure;
+      std::string prefix;
+      bool wait_for_old_group = false;
+      caf::scoped_actor self{sys};
+      self->request(watcher, std::chrono::seconds(30), join_atom::value, join)
+        .receive(
+          [&](msg<proto::Welcome>& w) {
+            auto r = decode(w);
+            if (!r) { failure = r.err(); return; }
+            auto wr = r->get();
+            if (wr.getAccepted()) { prefix = str(wr.getRendezvousPrefix()); return; }
+            bool retry = wr.getRetryable();
+            wait_for_old_group = retry && wr.getIncarnation() + 1 == cluster.incarnation;
+            failure = error{retry ? errc::disconnected : errc::invalid_input,
+                            "the coordination service refused rank " + std::to_string(cluster.rank) + ": " +
+                                str(wr.getReason()) +
+                                (retry ? " (the job is in incarnation " + std::to_string(wr.getIncarnation()) +
+                                             ")" : "")};
+          },
+          [&](caf::error& e) { failure = error{errc::disconnected, "join: " + sys.render(e)}; });
+      if (!failure) return prefix;
+      if (!wait_for_old_group || std::chrono::steady_clock::now() > deadline) return *failure;
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  }
+
   /// No abort may reach the communicator from now on (see
   /// control_block::disarm): the trainer is about to tear it down.
   void disarm_abort() { ctl->disarm(); }
@@ -201,6 +238,7 @@ struct session::impl {
     auto m = make<proto::Leave>([&](auto b) {
       b.setRank(cluster.rank); b.setExitCode(c); b.setCompletedStep(completed);
     });
+    left = true;
     caf::scoped_actor self{rt->sys()};
     self->request(coord, std::chrono::seconds(2), std::move(m))
       .receive([](bool) {},
@@ -490,31 +528,9 @@ result<uint64_t> session::attach() {
     b.setProtocolVersion(proto::PROTOCOL_VERSION); b.setHost(host);
     b.setPid(static_cast<uint32_t>(::getpid())); b.setCompletedStep(d.completed);
   });
-  std::optional<error> failure;
-  {
-    caf::scoped_actor self{sys};
-    self->request(d.watcher, std::chrono::seconds(30), join_atom::value, std::move(join))
-      .receive(
-        [&](msg<proto::Welcome>& w) {
-          auto r = decode(w);
-          if (!r) { failure = r.err(); return; }
-          if (!r->get().getAccepted()) {
-            // Retryable: this group's incarnation is stale; the launcher
-            // restarts it into the coordinator's current one.
-            bool retry = r->get().getRetryable();
-            failure = error{retry ? errc::preempted : errc::invalid_input,
-                            "the coordination service refused rank " + std::to_string(d.cluster.rank) + ": " +
-                                str(r->get().getReason()) +
-                                (retry ? " (the job is in incarnation " +
-                                             std::to_string(r->get().getIncarnation()) + ": restart into it)"
-                                       : "")};
-            return;
-          }
-          d.prefix = str(r->get().getRendezvousPrefix());
-        },
-        [&](caf::error& e) { failure = error{errc::disconnected, "join: " + sys.render(e)}; });
-  }
-  if (failure) return *failure;
+  auto prefix = d.join_group(join);
+  if (!prefix) return prefix.err();
+  d.prefix = *prefix;
   if (!d.cluster.local_mode())
     d.kv = std::make_shared<coordinator_store>(sys, d.coord, d.opts.wait_timeout);
 
@@ -644,6 +660,9 @@ status session::finish() {
 
 void session::quick_exit(int code) {
   impl_->disarm_abort();
+  // Not after stop() or finish() (they left already): an exit the
+  // coordinator must not take for a lost member (e.g. a failed rendezvous).
+  if (!impl_->left) impl_->leave(code);
   if (impl_->writer) impl_->writer->wait_idle();
   // Flush, never spdlog::shutdown(): shutdown drops the default logger, and
   // an actor thread still logging through spdlog's free functions (events,

@@ -35,16 +35,17 @@ private:
 /// `previous`: the incarnation of its group that just ended (none at its
 /// first start, where `initial` is GRACE_INCARNATION or 0); `current`: the
 /// coordinator's, if it could be asked. The coordinator accepts a join for
-/// its current incarnation, or for current + 1 once the old group is gone,
-/// so: current + 1 after a group that was in `current` (a normal restart);
-/// `current` otherwise: this launcher is new (a replacement host), was cut
-/// off while the others restarted, or restarted alone without reaching the
-/// coordinator: it joins the group that is forming. Without an answer it
-/// counts on its own.
+/// its current incarnation, or for current + 1 once the old group is gone
+/// (a worker refused for that waits for it, runtime/grace.cpp), so:
+/// - `current` when this launcher is behind: it is new (a replacement host)
+///   or was cut off while the others restarted: join the group that forms;
+/// - `current + 1` once it has been in `current` (a normal restart) or
+///   counted past it alone, unable to reach the coordinator.
+/// Without an answer it counts on its own.
 inline uint32_t next_incarnation(std::optional<uint32_t> previous, uint32_t initial,
                                  std::optional<uint32_t> current) {
   if (!current) return previous ? *previous + 1 : initial;
-  return (previous && *previous == *current) ? *current + 1 : *current;
+  return (previous && *previous >= *current) ? *current + 1 : *current;
 }
 
 } // namespace grace

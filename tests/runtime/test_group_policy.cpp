@@ -28,8 +28,9 @@ TEST_CASE("incarnation of a group on node > 0", "[launcher]") {
   CHECK(next_incarnation(4u, 0, 5u) == 5);
   // Cut off while the others restarted twice: catch up.
   CHECK(next_incarnation(2u, 0, 7u) == 7);
-  // Restarted alone (counted 9) without reaching a coordinator still at 7.
-  CHECK(next_incarnation(9u, 0, 7u) == 7);
+  // Restarted alone (counted 9) without reaching a coordinator still at 7:
+  // the next group (never back into a group it may have been refused from).
+  CHECK(next_incarnation(9u, 0, 7u) == 8);
   // The coordinator cannot be asked: count.
   CHECK(next_incarnation(4u, 0, std::nullopt) == 5);
   CHECK(next_incarnation(std::nullopt, 3, std::nullopt) == 3);
