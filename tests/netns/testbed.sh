@@ -25,7 +25,7 @@ TB_NS=()
 TB_PREFIX="gtb$$"
 TB=""
 
-tb_skip() { echo "skipped: $*"; exit "$TB_SKIP"; }
+tb_skip() { echo "skipped: $*"; trap - EXIT; rm -rf "$WORK"; exit "$TB_SKIP"; }
 
 tb_ns() { echo "${TB_PREFIX}-h$1"; }
 tb_ip() { echo "192.0.2.$(($1 + 1))"; }
@@ -125,7 +125,9 @@ tb_kill_host() {
 
 # tb_launch I VAR DIR LAUNCH-ARGS... -- TRAIN-ARGS...: grace-launch on host I
 # in DIR (its events in DIR/events.jsonl, output in DIR/log.txt), as on a
-# separate machine; sets VAR to the launcher's pid.
+# separate machine, with the variables in TB_ENV (NAME=value ...) added to
+# its environment; sets VAR to the launcher's pid.
+TB_ENV=()
 tb_launch() {
   local i=$1 var=$2 dir=$3; shift 3
   local largs=()
@@ -133,7 +135,7 @@ tb_launch() {
   [ $# -gt 0 ] && shift
   mkdir -p "$dir"
   (cd "$dir" && GRACE_EVENTS_FILE="$dir/events.jsonl" exec ip netns exec "$(tb_ns "$i")" \
-      "$GRACE_LAUNCH" "${largs[@]}" -- "$GRACE_TRAIN" "$@" >>"$dir/log.txt" 2>&1) &
+      env "${TB_ENV[@]}" "$GRACE_LAUNCH" "${largs[@]}" -- "$GRACE_TRAIN" "$@" >>"$dir/log.txt" 2>&1) &
   printf -v "$var" '%s' "$!"
 }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Two hosts (network namespaces, 192.0.2.1 and 192.0.2.2; host 1 also on a
 # second network host 0 cannot reach) x 2 workers: one grace-launch per host,
-# exactly as on two machines, the coordinator given by name (h0).
+# exactly as on two machines, the coordinator given by name (h0); host 1's
+# launcher takes its settings from a torchrun-style environment instead of
+# flags (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, TORCHELASTIC_RUN_ID).
 # - they train to the end with the weights of an uninterrupted run: Gloo pairs
 #   bound to each host's cluster address (before: 127.0.0.1, and every
 #   incarnation failed its rendezvous);
@@ -20,7 +22,9 @@ CK="$TB/shared/ck"
 COMMON=(--nproc 2 --nnodes 2 --coordinator h0:29400 --run-id two --checkpoint-dir "$CK")
 
 tb_launch 0 L0 "$TB/h0" "${COMMON[@]}" --node-rank 0 -- "${ARGS[@]}" --output out.json
-tb_launch 1 L1 "$TB/h1" "${COMMON[@]}" --node-rank 1 -- "${ARGS[@]}" --output out.json
+TB_ENV=(MASTER_ADDR=h0 MASTER_PORT=29400 WORLD_SIZE=2 RANK=1 TORCHELASTIC_RUN_ID=two)
+tb_launch 1 L1 "$TB/h1" --nproc 2 --checkpoint-dir "$CK" -- "${ARGS[@]}" --output out.json
+TB_ENV=()
 tb_wait_pid "$L0" rc0
 tb_wait_pid "$L1" rc1
 [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -20 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
@@ -28,12 +32,14 @@ grep -q "this node advertises 192.0.2.1 (eth0) from route to the coordinator 192
   || { cat "$TB/h0/log.txt"; fail "host 0 must advertise its cluster address"; }
 grep -q "this node advertises 192.0.2.2 (eth0) from route to the coordinator 192.0.2.1" "$TB/h1/log.txt" \
   || { cat "$TB/h1/log.txt"; fail "host 1 (two interfaces) must advertise the one facing the coordinator"; }
+grep -q "from the torchrun environment: nodes 2 (WORLD_SIZE), node rank 1 (RANK), coordinator h0:29400 (MASTER_ADDR:MASTER_PORT), run id two (TORCHELASTIC_RUN_ID)" "$TB/h1/log.txt" \
+  || { head -3 "$TB/h1/log.txt"; fail "host 1's launcher must say it used the torchrun environment"; }
 [ "$(json "$TB/h0/out.json" steps_done)" -eq $STEPS ] || fail "steps_done"
 [ "$(json "$TB/h0/out.json" step_index_sum)" -eq $((STEPS * (STEPS + 1) / 2)) ] || fail "a step ran twice or never"
 [ "$(json "$TB/h0/out.json" weights_checksum)" = "$REF" ] || fail "weights differ from the uninterrupted run"
 [ "$(count_events "$TB/h1/events.jsonl" "e['event']=='first_step'")" -eq 2 ] || fail "host 1's workers did not train"
 [ "$(count_events "$TB/h0/events.jsonl" "e['event']=='group_started'")" -eq 1 ] || fail "host 0 restarted its group"
-pass "two hosts x 2 workers, coordinator by name: finished in one incarnation, weights identical"
+pass "two hosts x 2 workers, coordinator by name, host 1 configured by torchrun variables: finished in one incarnation, weights identical"
 
 expect_exit() { # expect_exit CODE PATTERN HOST CMD...
   local code=$1 pattern=$2 host=$3; shift 3
