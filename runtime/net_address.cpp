@@ -20,9 +20,14 @@ error bad(std::string m) { return error{errc::invalid_input, std::move(m)}; }
 
 bool is_loopback(const std::string& ip) { return ip.rfind("127.", 0) == 0; }
 
+/// The interface holding `ip`. All of 127.0.0.0/8 is the loopback
+/// interface's (Debian maps the host name to 127.0.1.1 in /etc/hosts).
 const interface_addr* find_by_address(const std::vector<interface_addr>& ifs, const std::string& ip) {
   for (auto& i : ifs)
     if (i.address == ip) return &i;
+  if (is_loopback(ip))
+    for (auto& i : ifs)
+      if (i.loopback) return &i;
   return nullptr;
 }
 

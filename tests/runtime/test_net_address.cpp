@@ -48,6 +48,12 @@ TEST_CASE("address: a single host advertises loopback", "[net]") {
   auto c = choose_advertise_address(to("127.0.0.1"), two_nics());
   REQUIRE(c);
   CHECK(c->address == "127.0.0.1");
+  // A host name that /etc/hosts maps to 127.0.1.1 (Debian's default).
+  auto debian = two_nics({{"127.0.1.1", "127.0.0.1"}});
+  auto d = choose_advertise_address(to("127.0.1.1"), debian);
+  REQUIRE(d);
+  CHECK(d->address == "127.0.0.1");
+  CHECK(*choose_listen_address("127.0.1.1", *d, debian) == "127.0.1.1");
   auto none = choose_advertise_address(to(""), two_nics());
   REQUIRE(none);
   CHECK(none->address == "127.0.0.1");
