@@ -16,6 +16,18 @@
 #                             brain (the isolated side commits nothing and
 #                             stops instead of training alone), host 1 rejoins
 #                             the current incarnation
+#   host_faults.sh node_local KNOWN BUG, disabled in CTest (see docs/DEPLOY.md,
+#                             "Checkpoint directories"): each host its own
+#                             node-local checkpoint directory; a preemption
+#                             save (written by the chief on host 0 only),
+#                             then a restart: host 1's workers find no
+#                             checkpoint and start at step 0 while host 0's
+#                             resume at the saved step. Nothing refuses the
+#                             mismatch (agreement::on_join ignores the
+#                             restored step), so the replicas train on
+#                             silently diverged weights. Expected once fixed:
+#                             the restart fetches the checkpoint from a peer
+#                             (or the group refuses to start), weights identical.
 source "$(dirname "$0")/../integration/lib.sh"
 source "$(dirname "$0")/testbed.sh"
 SCENARIO=${1:?scenario: preempt, lost or partition}
@@ -39,7 +51,7 @@ first_event() { # first_event FILE EXPR FIELD: FIELD of the first matching event
 
 check_result() {
   local out="$TB/h0/out.json"
-  [ -f "$out" ] || { tail -30 "$TB"/h*/log.txt; fail "no output from rank 0"; }
+  [ -f "$out" ] || { tail -n 30 "$TB"/h*/log.txt; fail "no output from rank 0"; }
   [ "$(json "$out" steps_done)" -eq $STEPS ] || fail "steps_done != $STEPS"
   [ "$(json "$out" step_index_sum)" -eq $((STEPS * (STEPS + 1) / 2)) ] || fail "a step ran twice or never"
   [ "$(json "$out" weights_checksum)" = "$REF" ] || fail "final weights differ from the uninterrupted run"
@@ -61,12 +73,12 @@ preempt() {
   tb_wait_event "$E1" "e['event']=='first_step' and e['incarnation']>=1" 60
   kill -TERM "$L1"
   tb_wait_pid "$L1" rc1
-  [ "$rc1" -eq 42 ] || { tail -20 "$TB/h1/log.txt"; fail "host 1's launcher after SIGTERM: exit $rc1, expected 42"; }
+  [ "$rc1" -eq 42 ] || { tail -n 20 "$TB/h1/log.txt"; fail "host 1's launcher after SIGTERM: exit $rc1, expected 42"; }
   grep -q "preempted: workers saved and exited" "$TB/h1/log.txt" || fail "host 1's launcher must say it was preempted"
   launch 1 L1
   tb_wait_pid "$L0" rc0
   tb_wait_pid "$L1" rc1
-  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
   check_result
   local commits restores
   commits=$(count_events "$E0" "e['event']=='committed'")
@@ -95,7 +107,7 @@ lost() {
   launch 1 L1
   tb_wait_pid "$L0" rc0
   tb_wait_pid "$L1" rc1
-  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
   check_result
   restored=$(first_event "$E0" "e['event']=='restored'" step)
   [ "$restored" = "$jit_step" ] || fail "restored step $restored, the just-in-time save was $jit_step"
@@ -123,7 +135,7 @@ partition() {
   tb_link 1 up
   tb_wait_pid "$L0" rc0
   tb_wait_pid "$L1" rc1
-  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
   check_result
   [ "$(count_events "$E1" "e['event'] in ('committed_local','snapshot_done')")" -eq 0 ] \
     || fail "split brain: the isolated host wrote a checkpoint"
@@ -131,6 +143,24 @@ partition() {
   restored=$(first_event "$E0" "e['event']=='restored'" step)
   [ "$restored" = "$jit_step" ] || fail "restored step $restored, the survivors' save was $jit_step"
   pass "host 1 partitioned 6 s: survivors saved step $jit_step, the isolated side stopped at <= $isolated_steps and wrote nothing, host 1 rejoined, weights identical"
+}
+
+node_local() {
+  COMMON=(--nproc 2 --nnodes 2 --coordinator h0:29500 --run-id faults --dead-after-ms 1500
+          --exit-timeout-ms 5000 --max-restarts 6)
+  tb_launch 0 L0 "$TB/h0" "${COMMON[@]}" --node-rank 0 --checkpoint-dir "$TB/h0/ck" -- "${ARGS[@]}" --output out.json
+  tb_launch 1 L1 "$TB/h1" "${COMMON[@]}" --node-rank 1 --checkpoint-dir "$TB/h1/ck" -- "${ARGS[@]}" --output out.json
+  tb_wait_event "$E1" "e['event']=='first_step'" 60
+  kill -TERM "$(pgrep -P "$L1" -f grace-train | head -1)"
+  tb_wait_pid "$L0" rc0
+  tb_wait_pid "$L1" rc1
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+  local r0 r2
+  r0=$(events "$E0" "e['event']=='restored' and e['rank']==0" | wc -l)
+  r2=$(events "$E1" "e['event']=='restored' and e['rank']==2" | wc -l)
+  [ "$r0" -eq "$r2" ] || fail "KNOWN BUG: host 0 restored a checkpoint $r0 time(s), host 1 $r2: the group resumed from different steps"
+  check_result
+  pass "node-local checkpoint directories: preempted, every rank resumed from the same step, weights identical"
 }
 
 "$SCENARIO"

@@ -27,7 +27,7 @@ tb_launch 1 L1 "$TB/h1" --nproc 2 --checkpoint-dir "$CK" -- "${ARGS[@]}" --outpu
 TB_ENV=()
 tb_wait_pid "$L0" rc0
 tb_wait_pid "$L1" rc1
-[ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -20 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+[ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 20 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
 grep -q "this node advertises 192.0.2.1 (eth0) from route to the coordinator 192.0.2.1" "$TB/h0/log.txt" \
   || { cat "$TB/h0/log.txt"; fail "host 0 must advertise its cluster address"; }
 grep -q "this node advertises 192.0.2.2 (eth0) from route to the coordinator 192.0.2.1" "$TB/h1/log.txt" \
@@ -77,8 +77,8 @@ tb_launch 0 U0 "$D/h0" "${BAD[@]}" --node-rank 0 --host 169.254.77.1 -- "${FAST[
 tb_launch 1 U1 "$D/h1" "${BAD[@]}" --node-rank 1 -- "${FAST[@]}"
 tb_wait_pid "$U0" urc0
 tb_wait_pid "$U1" urc1
-[ "$urc0" -eq 44 ] || { tail -20 "$D"/h*/log.txt; fail "unreachable peer: node 0 exited $urc0, expected 44"; }
-[ "$urc1" -eq 44 ] || { tail -20 "$D/h1/log.txt"; fail "unreachable peer: node 1 exited $urc1, expected 44"; }
+[ "$urc0" -eq 44 ] || { tail -n 20 "$D"/h*/log.txt; fail "unreachable peer: node 0 exited $urc0, expected 44"; }
+[ "$urc1" -eq 44 ] || { tail -n 20 "$D/h1/log.txt"; fail "unreachable peer: node 1 exited $urc1, expected 44"; }
 for h in 0 1; do
   grep -q "exit 44: the group failed its rendezvous 2 times in a row" "$D/h$h/log.txt"     || { cat "$D/h$h/log.txt"; fail "node $h must say why it stopped"; }
 done

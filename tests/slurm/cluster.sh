@@ -56,7 +56,7 @@ sl_start() {
     sinfo -h -o %t 2>/dev/null | grep -qx idle && return 0
     sleep 0.2
   done
-  sinfo; tail -20 "$SL/log/slurmctld.log" "$SL/log/slurmd.log"
+  sinfo; tail -n 20 "$SL/log/slurmctld.log" "$SL/log/slurmd.log"
   fail "the SLURM node did not become idle"
 }
 
