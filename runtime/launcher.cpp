@@ -305,8 +305,12 @@ int run_launcher(const launch_options& in) {
       self->request(coord, std::chrono::seconds(10), incarnation_atom::value, incarnation)
         .receive([](uint32_t) {}, [&](caf::error& e) { spdlog::warn("incarnation: {}", sys.render(e)); });
     } else {
+      const uint32_t counted = incarnation;
       incarnation = next_incarnation(previous_group, initial_incarnation,
                                      current_incarnation(sys, coord, host, port));
+      if (incarnation != counted)
+        say("starting the group in incarnation " + std::to_string(incarnation) +
+            ", the coordination service's current one");
     }
     set_event_identity(launcher_rank, incarnation);
     std::vector<worker_proc> workers(o.nproc);
