@@ -37,6 +37,10 @@ resume_and_finish() { # resume_and_finish DIR
     [ $SECONDS -lt $end ] || { cat "$1/job.out"; fail "job $J was not requeued"; }
     sleep 0.2
   done
+  # slurmd refuses a launch credential from the same second as the killed
+  # run's revocation ("Job credential revoked": SLURM's own hold avoids it),
+  # so release it 2 s later.
+  sleep 2
   # Refused while the requeued job is still completing: repeat until it runs.
   end=$((SECONDS + 60))
   while [ "$(sl_state "$J")" = PENDING ] && [ $SECONDS -lt $end ]; do
