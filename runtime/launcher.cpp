@@ -3,6 +3,8 @@
 #include "actors/coordinator.hpp"
 #include "actors/signal_watcher.hpp"
 #include "runtime/agreement.hpp"
+#include "runtime/checkpoint.hpp"
+#include "runtime/ckpt_fetch.hpp"
 #include "runtime/cluster_config.hpp"
 #include "runtime/events.hpp"
 #include "runtime/exit_codes.hpp"
@@ -192,6 +194,83 @@ std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_
   return std::nullopt;
 }
 
+/// One request to the coordinator's key-value store; the reply, or nothing
+/// if the coordinator did not answer.
+std::optional<msg<proto::KvReply>> kv_request(caf::actor_system& sys, coordinator_actor& coord,
+                                              const caf::message& m) {
+  std::optional<msg<proto::KvReply>> out;
+  caf::scoped_actor self{sys};
+  self->request(caf::actor_cast<caf::actor>(coord), std::chrono::seconds(2), m)
+    .receive([&](msg<proto::KvReply>& r) { out = std::move(r); }, [&](caf::error&) {});
+  return out;
+}
+
+/// Key of node `node`'s `k`-th checkpoint server registration (set-once
+/// keys: a relaunched node takes the next k).
+std::string server_key(const std::string& run, int node, int k) {
+  return run + "/ckpt-server/" + std::to_string(node) + "/" + std::to_string(k);
+}
+
+void register_checkpoint_server(caf::actor_system& sys, coordinator_actor& coord, const launch_options& o,
+                                const std::string& endpoint) {
+  std::vector<uint8_t> value(endpoint.begin(), endpoint.end());
+  for (int k = 0; k < 10000; ++k) {
+    auto r = kv_request(sys, coord, caf::make_message(make<proto::KvSet>([&](auto b) {
+                          b.setKey(server_key(o.run_id, o.node_rank, k)); b.setValue(as_data(value));
+                        })));
+    auto d = r ? decode(*r) : result<reader<proto::KvReply>>(error{errc::disconnected, "no answer"});
+    if (!d || d->get().getOk()) return;  // registered, or no coordinator to register with
+  }
+}
+
+/// The newest checkpoint server registered by every other node.
+std::vector<std::string> peer_checkpoint_servers(caf::actor_system& sys, coordinator_actor& coord,
+                                                 const launch_options& o) {
+  std::vector<std::string> out;
+  for (int node = 0; node < o.nnodes; ++node) {
+    if (node == o.node_rank) continue;
+    std::string last;
+    for (int k = 0; k < 10000; ++k) {
+      auto r = kv_request(sys, coord, caf::make_message(make<proto::KvGet>([&](auto b) {
+                            b.setKey(server_key(o.run_id, node, k)); b.setTimeoutMs(0);
+                          })));
+      auto d = r ? decode(*r) : result<reader<proto::KvReply>>(error{errc::disconnected, "no answer"});
+      if (!d || !d->get().getOk()) break;
+      auto v = bytes(d->get().getValue());
+      last.assign(v.begin(), v.end());
+    }
+    if (!last.empty()) out.push_back(last);
+  }
+  return out;
+}
+
+/// Node-local checkpoint directories: before a group starts, copy the newest
+/// committed checkpoint a peer has and this node lacks, so every rank
+/// restores the same step (runtime/ckpt_fetch.hpp). A peer that does not
+/// answer is skipped; with a shared directory nothing is ever newer.
+void fetch_newer_checkpoint(caf::actor_system& sys, coordinator_actor& coord, const launch_options& o,
+                            const std::string& token, const std::function<void(const std::string&)>& say) {
+  std::vector<peer_checkpoints> peers;
+  for (auto& ep : peer_checkpoint_servers(sys, coord, o))
+    if (auto steps = list_remote(ep, token, std::chrono::seconds(2))) peers.push_back({ep, *steps});
+  uint64_t local = 0;
+  for (auto& c : checkpoint_store(o.checkpoint_dir).list())
+    if (c.valid && !c.temporary && !c.set_aside) local = std::max(local, c.step);
+  auto plan = plan_fetch(local, peers);
+  if (!plan) return;
+  auto t0 = mono_ns();
+  auto r = fetch_remote(plan->endpoint, token, plan->step, o.checkpoint_dir, std::chrono::seconds(30));
+  if (!r) {
+    say("could not fetch checkpoint step " + std::to_string(plan->step) + ": " + r.err().message);
+    return;
+  }
+  auto ns = mono_ns() - t0;
+  say("fetched checkpoint step " + std::to_string(plan->step) + " from " + plan->endpoint + " (" +
+      std::to_string(*r) + " bytes in " + std::to_string(ns / 1000000) + " ms; newest here was " +
+      std::to_string(local) + ")");
+  emit_event("fetched", {{"step", plan->step}, {"from", plan->endpoint}, {"bytes", *r}, {"ns", ns}});
+}
+
 } // namespace
 
 int run_launcher(const launch_options& in) {
@@ -294,6 +373,17 @@ int run_launcher(const launch_options& in) {
       std::to_string(world) + " workers (" + std::to_string(o.nproc) + " on this node); this node advertises " +
       ep->adv.address + (ep->adv.iface.empty() ? "" : " (" + ep->adv.iface + ")") + " from " + ep->adv.source);
   rendezvous_streak streak(o.max_rendezvous_failures);
+  std::unique_ptr<checkpoint_server> ckpt_server;
+  const bool node_local_sync = o.nnodes > 1 && !o.checkpoint_dir.empty();
+  if (node_local_sync) {
+    auto s = checkpoint_server::start(o.checkpoint_dir, ep->adv.address, token);
+    if (s) {
+      ckpt_server = std::move(s.value());
+      register_checkpoint_server(sys, coord, o, ckpt_server->endpoint());
+    } else {
+      say("not serving this node's checkpoints to peers: " + s.err().message);
+    }
+  }
 
   int restarts = 0;
   bool notice_forwarded = false;
@@ -312,6 +402,7 @@ int run_launcher(const launch_options& in) {
         say("starting the group in incarnation " + std::to_string(incarnation) +
             ", the coordination service's current one");
     }
+    if (node_local_sync) fetch_newer_checkpoint(sys, coord, o, token, say);
     set_event_identity(launcher_rank, incarnation);
     std::vector<worker_proc> workers(o.nproc);
     for (int i = 0; i < o.nproc; ++i) {

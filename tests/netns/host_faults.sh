@@ -16,18 +16,16 @@
 #                             brain (the isolated side commits nothing and
 #                             stops instead of training alone), host 1 rejoins
 #                             the current incarnation
-#   host_faults.sh node_local KNOWN BUG, disabled in CTest (see docs/DEPLOY.md,
-#                             "Checkpoint directories"): each host its own
-#                             node-local checkpoint directory; a preemption
-#                             save (written by the chief on host 0 only),
-#                             then a restart: host 1's workers find no
-#                             checkpoint and start at step 0 while host 0's
-#                             resume at the saved step. Nothing refuses the
-#                             mismatch (agreement::on_join ignores the
-#                             restored step), so the replicas train on
-#                             silently diverged weights. Expected once fixed:
-#                             the restart fetches the checkpoint from a peer
-#                             (or the group refuses to start), weights identical.
+#   host_faults.sh node_local each host its own node-local checkpoint
+#                             directory: a preemption save (written by the
+#                             chief, on host 0 only), then host 1 lost and
+#                             relaunched with an empty disk: before each group
+#                             host 1's launcher fetches the newest checkpoint
+#                             from host 0's (verified by its checksums), so
+#                             every rank resumes from the same step. (Without
+#                             the fetch host 1 resumed at step 0 beside host
+#                             0's saved step: nothing refuses restored steps
+#                             that differ, agreement::on_join ignores them.)
 source "$(dirname "$0")/../integration/lib.sh"
 source "$(dirname "$0")/testbed.sh"
 SCENARIO=${1:?scenario: preempt, lost or partition}
@@ -148,19 +146,42 @@ partition() {
 node_local() {
   COMMON=(--nproc 2 --nnodes 2 --coordinator h0:29500 --run-id faults --dead-after-ms 1500
           --exit-timeout-ms 5000 --max-restarts 6)
-  tb_launch 0 L0 "$TB/h0" "${COMMON[@]}" --node-rank 0 --checkpoint-dir "$TB/h0/ck" -- "${ARGS[@]}" --output out.json
-  tb_launch 1 L1 "$TB/h1" "${COMMON[@]}" --node-rank 1 --checkpoint-dir "$TB/h1/ck" -- "${ARGS[@]}" --output out.json
+  CK="$TB/h0/ck"   # check_result looks for temporaries on host 0's disk
+  local_launch() { tb_launch "$1" "$2" "$TB/h$1" "${COMMON[@]}" --node-rank "$1" --checkpoint-dir "$TB/h$1/ck" \
+                     -- "${ARGS[@]}" --output out.json; }
+  local_launch 0 L0
+  local_launch 1 L1
   tb_wait_event "$E1" "e['event']=='first_step'" 60
   kill -TERM "$(pgrep -P "$L1" -f grace-train | head -1)"
+  tb_wait_event "$E0" "e['event']=='committed'" 30
+  local saved
+  saved=$(first_event "$E0" "e['event']=='committed'" step)
+  tb_wait_event "$E1" "e['event']=='fetched' and e['step']==$saved" 30
+  # Then host 1 is lost and comes back with an empty disk.
+  tb_wait_event "$E1" "e['event']=='first_step' and e['incarnation']>=1" 60
+  tb_kill_host 1
+  wait "$L1" 2>/dev/null || true
+  rm -rf "$TB/h1/ck"
+  tb_wait_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" 30
+  local jit_id jit
+  jit_id=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" id)
+  jit=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" step)
+  tb_wait_event "$E0" "e['event']=='committed' and e['id']==$jit_id" 30
+  tb_link 1 up
+  local_launch 1 L1
   tb_wait_pid "$L0" rc0
   tb_wait_pid "$L1" rc1
   [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
-  local r0 r2
-  r0=$(events "$E0" "e['event']=='restored' and e['rank']==0" | wc -l)
-  r2=$(events "$E1" "e['event']=='restored' and e['rank']==2" | wc -l)
-  [ "$r0" -eq "$r2" ] || fail "KNOWN BUG: host 0 restored a checkpoint $r0 time(s), host 1 $r2: the group resumed from different steps"
   check_result
-  pass "node-local checkpoint directories: preempted, every rank resumed from the same step, weights identical"
+  [ "$(count_events "$E1" "e['event']=='fetched' and e['step']==$jit")" -ge 1 ] || fail "host 1 did not fetch the just-in-time save $jit"
+  local restores
+  restores=$(cat "$E0" "$E1" | grep '"event":"restored"' | "$PY" -c 'import json,sys
+by = {}
+for l in sys.stdin:
+    e = json.loads(l); by.setdefault(e["incarnation"], set()).add(e["step"])
+print(" ".join("%d:%s" % (i, sorted(s)) for i, s in sorted(by.items())) if all(len(s) == 1 for s in by.values()) else "MIXED %s" % by)')
+  case "$restores" in MIXED*) fail "ranks of one incarnation restored different steps: $restores";; esac
+  pass "node-local directories: host 1 fetched the preemption save ($saved) and, relaunched with an empty disk, the just-in-time save ($jit); every incarnation restored one step ($restores); weights identical"
 }
 
 "$SCENARIO"
