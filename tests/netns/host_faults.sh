@@ -22,10 +22,9 @@
 #                             relaunched with an empty disk: before each group
 #                             host 1's launcher fetches the newest checkpoint
 #                             from host 0's (verified by its checksums), so
-#                             every rank resumes from the same step. (Without
-#                             the fetch host 1 resumed at step 0 beside host
-#                             0's saved step: nothing refuses restored steps
-#                             that differ, agreement::on_join ignores them.)
+#                             every rank resumes from the same step (nothing
+#                             else would stop ranks resuming from different
+#                             steps: agreement::on_join ignores the restored step).
 source "$(dirname "$0")/../integration/lib.sh"
 source "$(dirname "$0")/testbed.sh"
 SCENARIO=${1:?scenario: preempt, lost or partition}

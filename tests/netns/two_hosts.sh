@@ -4,9 +4,9 @@
 # exactly as on two machines, the coordinator given by name (h0); host 1's
 # launcher takes its settings from a torchrun-style environment instead of
 # flags (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, TORCHELASTIC_RUN_ID).
-# - they train to the end with the weights of an uninterrupted run: Gloo pairs
-#   bound to each host's cluster address (before: 127.0.0.1, and every
-#   incarnation failed its rendezvous);
+# - they train to the end in one incarnation with the weights of an
+#   uninterrupted run: each host's Gloo pairs are bound to its cluster
+#   address, the one the other host can reach;
 # - an address that is not the host's, or an interface it lacks: a one-line
 #   error naming it, exit 2;
 # - an address the peers cannot reach (host 0 advertising one only it can
