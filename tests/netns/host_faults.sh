@@ -27,7 +27,7 @@
 #                             steps: agreement::on_join ignores the restored step).
 source "$(dirname "$0")/../integration/lib.sh"
 source "$(dirname "$0")/testbed.sh"
-SCENARIO=${1:?scenario: preempt, lost or partition}
+SCENARIO=${1:?scenario: preempt, lost, partition or node_local}
 tb_init 2
 STEPS=400
 ARGS=(--steps $STEPS --step-delay-ms 10 --collective-timeout-ms 20000)
