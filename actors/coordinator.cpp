@@ -4,6 +4,7 @@
 #include "runtime/agreement.hpp"
 #include "runtime/events.hpp"
 #include "runtime/membership.hpp"
+#include "runtime/rendezvous_table.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
@@ -28,17 +29,6 @@ namespace {
 using kv_promise = caf::typed_response_promise<msg<proto::KvReply>>;
 using barrier_promise = caf::typed_response_promise<msg<proto::BarrierReply>>;
 
-struct pending_get {
-  std::string key;
-  kv_promise rp;
-};
-
-struct barrier_state {
-  uint32_t count = 0;
-  std::set<uint32_t> arrived;
-  std::vector<barrier_promise> waiters;
-};
-
 struct coordinator_state {
   static inline const char* name = "coordinator";
   coordinator_config cfg;
@@ -47,10 +37,12 @@ struct coordinator_state {
   std::map<uint32_t, peer_watcher_actor> workers;
   std::map<caf::actor_addr, uint32_t> ranks;
   std::set<uint32_t> left;
-  std::map<std::string, std::vector<uint8_t>> kv;
-  std::map<uint64_t, pending_get> gets;
-  uint64_t next_get = 0;
-  std::map<std::string, barrier_state> barriers;
+  std::set<uint32_t> lost;  ///< declared lost in this incarnation
+  std::set<uint32_t> refused;  ///< refused (restartable) in this incarnation: their exit is expected
+  rendezvous_table table;                      ///< keys and barriers (runtime/rendezvous_table)
+  std::map<uint64_t, kv_promise> get_waiters;  ///< table waiter id -> the get's promise
+  std::map<uint64_t, barrier_promise> barrier_waiters;
+  uint64_t next_waiter = 0;
   std::shared_ptr<spdlog::logger> log;
 };
 
@@ -74,15 +66,35 @@ msg<proto::BarrierReply> barrier_reply(bool ok, const std::string& err) {
   return make<proto::BarrierReply>([&](auto b) { b.setOk(ok); b.setError(err); });
 }
 
-msg<proto::Welcome> refuse(const std::string& reason) {
-  return make<proto::Welcome>([&](auto b) { b.setAccepted(false); b.setReason(reason); });
+msg<proto::Welcome> refuse(const std::string& reason, bool restartable = false) {
+  return make<proto::Welcome>([&](auto b) {
+    b.setAccepted(false); b.setReason(reason); b.setRestartable(restartable);
+  });
 }
 
-/// A refusal the worker's launcher can recover from by restarting its group
-/// in `current` (it counted incarnations on its own while it was away).
+proto::LossReason wire_reason(loss_reason r) {
+  switch (r) {
+    case loss_reason::dead: return proto::LossReason::DEAD;
+    case loss_reason::hung: return proto::LossReason::HUNG;
+    case loss_reason::left: return proto::LossReason::LEFT;
+  }
+  return proto::LossReason::DEAD;
+}
+
+/// How long a member may wait for this service's decision after a failure:
+/// a silent member is declared dead after dead_after (noticed at the next
+/// check), and this service's own loss shows within the connection timeout.
+uint32_t verdict_wait_ms(const coordinator_config& c) {
+  return static_cast<uint32_t>((c.dead_after + c.heartbeat_check + c.connection_timeout).count());
+}
+
+/// A refusal only for now, naming the current incarnation: the worker exits
+/// with the restart code and its launcher restarts the group in the
+/// incarnation it then asks for (it may have counted on its own while away);
+/// a join for current + 1 waits for the old group instead.
 msg<proto::Welcome> refuse_for_now(const std::string& reason, uint32_t current) {
   return make<proto::Welcome>([&](auto b) {
-    b.setAccepted(false); b.setReason(reason); b.setRetryable(true); b.setIncarnation(current);
+    b.setAccepted(false); b.setReason(reason); b.setRestartable(true); b.setIncarnation(current);
   });
 }
 
@@ -96,6 +108,8 @@ proto::CheckpointKind wire_kind(ckpt_kind k) {
   return proto::CheckpointKind::INITIAL;
 }
 
+void deliver(self_ptr self, const std::vector<rendezvous_table::reply>& replies);
+
 void reset_incarnation(self_ptr self, uint32_t incarnation) {
   auto& st = self->state;
   st.cfg.incarnation = incarnation;
@@ -108,9 +122,9 @@ void reset_incarnation(self_ptr self, uint32_t incarnation) {
   st.workers.clear();
   st.ranks.clear();
   st.left.clear();
-  for (auto& [name, b] : st.barriers)
-    for (auto& w : b.waiters) w.deliver(barrier_reply(false, "the group restarted (new incarnation)"));
-  st.barriers.clear();
+  st.lost.clear();
+  st.refused.clear();
+  deliver(self, st.table.reset("the group restarted (new incarnation)"));
   set_event_identity(launcher_rank, incarnation);
 }
 
@@ -166,7 +180,7 @@ std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& act
         emit_event("peer_lost", {{"lost_rank", a.rank}, {"step", a.step}, {"why", a.message}});
         to_all(make<proto::PeerLost>([&](auto b) {
           b.setRank(a.rank); b.setLastStep(a.step); b.setDetail(a.message);
-          b.setReason(a.message.rfind("hung", 0) == 0 ? proto::LossReason::HUNG : proto::LossReason::DEAD);
+          b.setReason(wire_reason(a.reason));
         }));
         break;
       case ty::cluster_error:
@@ -201,13 +215,39 @@ void report_to_host(self_ptr self, uint32_t rank, const std::string& why) {
   }
 }
 
-void member_lost(self_ptr self, uint32_t rank, const std::string& why) {
+/// Answers table waiters (gets and barriers) by their ids.
+void deliver(self_ptr self, const std::vector<rendezvous_table::reply>& replies) {
   auto& st = self->state;
-  if (st.left.count(rank)) return;
-  uint64_t completed = st.members->completed(rank);
+  for (auto& r : replies) {
+    if (auto it = st.get_waiters.find(r.waiter); it != st.get_waiters.end()) {
+      it->second.deliver(kv_reply(r.ok, r.ok ? &r.value : nullptr, r.error));
+      st.get_waiters.erase(it);
+    } else if (auto bt = st.barrier_waiters.find(r.waiter); bt != st.barrier_waiters.end()) {
+      bt->second.deliver(barrier_reply(r.ok, r.error));
+      st.barrier_waiters.erase(bt);
+    }
+  }
+}
+
+/// A lost member breaks this incarnation's group: rendezvous keys and
+/// barriers still pending can never complete, so they fail now rather than
+/// at their timeouts (the members then wait for the just-in-time round).
+void fail_pending(self_ptr self, const std::string& why) { deliver(self, self->state.table.break_group(why)); }
+
+/// `completed`: the member's last completed step as heard (heartbeats).
+void member_lost(self_ptr self, uint32_t rank, loss_reason reason, const std::string& why, uint64_t completed) {
+  auto& st = self->state;
+  if (st.left.count(rank) || st.lost.count(rank)) return;
+  st.lost.insert(rank);
   st.members->remove(rank);
+  auto it = st.workers.find(rank);
+  if (it != st.workers.end()) {
+    st.ranks.erase(caf::actor_cast<caf::actor_addr>(it->second));
+    self->demonitor(it->second.address());
+  }
   report_to_host(self, rank, why);
-  dispatch(self, st.agree->on_member_lost(rank, completed, why));
+  dispatch(self, st.agree->on_member_lost(rank, completed, reason, why));
+  fail_pending(self, "rank " + std::to_string(rank) + " lost");
 }
 
 } // namespace
@@ -224,7 +264,8 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
       if (it == st.ranks.end()) return;
       auto rank = it->second;
       st.ranks.erase(it);
-      member_lost(self, rank, "dead: connection lost (" + self->system().render(dm.reason) + ")");
+      member_lost(self, rank, loss_reason::dead, "dead: connection lost (" + self->system().render(dm.reason) + ")",
+                  st.members->completed(rank));
     });
     self->send(self, tick_atom::value);
     return {
@@ -258,6 +299,11 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         if (st.workers.count(rank) || st.left.count(rank))
           return refuse_for_now("duplicate rank " + std::to_string(rank) + " in incarnation " +
                                     std::to_string(st.cfg.incarnation), st.cfg.incarnation);
+        if (auto why = st.agree->join_refusal(rank)) {
+          st.log->warn("rank {} refused: {}", rank, *why);
+          st.refused.insert(rank);
+          return refuse_for_now(*why, st.cfg.incarnation);
+        }
         auto sender = self->current_sender();
         if (!sender) return refuse("join without a sender to reply to");
         auto handle = caf::actor_cast<peer_watcher_actor>(sender);
@@ -271,7 +317,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         auto welcome = make<proto::Welcome>([&](auto b) {
           b.setAccepted(true); b.setRank(rank); b.setWorldSize(st.cfg.world_size);
           b.setRunId(st.cfg.run_id); b.setIncarnation(st.cfg.incarnation);
-          b.setRendezvousPrefix(prefix);
+          b.setRendezvousPrefix(prefix); b.setVerdictWaitMs(verdict_wait_ms(st.cfg));
         });
         dispatch(self, st.agree->on_join(rank, j.getCompletedStep()));
         return welcome;
@@ -300,57 +346,38 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         auto& st = self->state;
         auto r = decode(m);
         if (!r) return kv_reply(false, nullptr, r.err().message);
-        auto key = str(r->get().getKey());
-        if (st.kv.count(key)) return kv_reply(false, nullptr, "already exists: " + key);
-        auto& v = st.kv[key] = bytes(r->get().getValue());
-        for (auto it = st.gets.begin(); it != st.gets.end();) {
-          if (it->second.key == key) {
-            it->second.rp.deliver(kv_reply(true, &v, ""));
-            it = st.gets.erase(it);
-          } else {
-            ++it;
-          }
-        }
-        return kv_reply(true, nullptr, "");
+        auto res = st.table.set(str(r->get().getKey()), bytes(r->get().getValue()));
+        deliver(self, res.woken);
+        return kv_reply(res.ok, nullptr, res.error);
       },
       [self](msg<proto::KvGet>& m) -> caf::result<msg<proto::KvReply>> {
         auto& st = self->state;
         auto r = decode(m);
         if (!r) return kv_reply(false, nullptr, r.err().message);
-        auto key = str(r->get().getKey());
-        auto it = st.kv.find(key);
-        if (it != st.kv.end()) return kv_reply(true, &it->second, "");
         auto timeout = r->get().getTimeoutMs();
-        if (timeout == 0) return kv_reply(false, nullptr, "not found: " + key);
-        auto id = st.next_get++;
+        auto id = st.next_waiter++;
+        auto res = st.table.get(str(r->get().getKey()), id, timeout > 0);
+        using ty = rendezvous_table::get_result::type;
+        if (res.what == ty::found) return kv_reply(true, &res.value, "");
+        if (res.what == ty::failed) return kv_reply(false, nullptr, res.error);
         auto rp = self->make_response_promise<msg<proto::KvReply>>();
-        st.gets.emplace(id, pending_get{key, rp});
+        st.get_waiters.emplace(id, rp);
         self->delayed_send(self, std::chrono::milliseconds(timeout), kv_timeout_atom::value, id);
         return rp;
       },
       [self](kv_timeout_atom, uint64_t id) {
-        auto& st = self->state;
-        auto it = st.gets.find(id);
-        if (it == st.gets.end()) return;
-        it->second.rp.deliver(kv_reply(false, nullptr, "timeout waiting for key " + it->second.key));
-        st.gets.erase(it);
+        if (auto r = self->state.table.expire(id)) deliver(self, {*r});
       },
       [self](msg<proto::Barrier>& m) -> caf::result<msg<proto::BarrierReply>> {
         auto& st = self->state;
         auto r = decode(m);
         if (!r) return barrier_reply(false, r.err().message);
-        auto name = str(r->get().getName());
-        auto& b = st.barriers[name];
-        if (b.count == 0) b.count = r->get().getCount();
-        if (b.count != r->get().getCount())
-          return barrier_reply(false, "barrier '" + name + "' count mismatch");
-        b.arrived.insert(r->get().getRank());
+        auto id = st.next_waiter++;
+        auto res = st.table.arrive(str(r->get().getName()), r->get().getRank(), r->get().getCount(), id);
+        if (!res.pending) return barrier_reply(res.ok, res.error);
         auto rp = self->make_response_promise<msg<proto::BarrierReply>>();
-        b.waiters.push_back(rp);
-        if (b.arrived.size() >= b.count) {
-          for (auto& w : b.waiters) w.deliver(barrier_reply(true, ""));
-          st.barriers.erase(name);
-        }
+        st.barrier_waiters.emplace(id, rp);
+        deliver(self, res.released);  // may include this arrival (the last one)
         return rp;
       },
       [self](msg<proto::Ack>& m) {
@@ -399,8 +426,21 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         if (!st.workers.count(rank)) return false;
         st.left.insert(rank);
         st.members->remove(rank);
-        dispatch(self, st.agree->on_leave(rank));
+        dispatch(self, st.agree->on_leave(rank, r->get().getExitCode()));
+        if (r->get().getExitCode() != 0) fail_pending(self, "rank " + std::to_string(rank) + " left");
         return true;
+      },
+      // The launcher saw a worker process exit before it left on purpose:
+      // a verdict as certain as a lost connection, and sometimes the only
+      // one (a worker that died before it joined).
+      [self](exited_atom, uint32_t rank, uint32_t incarnation, int32_t code) {
+        auto& st = self->state;
+        if (incarnation != st.cfg.incarnation || rank >= st.cfg.world_size) return;
+        if (st.refused.count(rank) && !st.workers.count(rank)) return;  // told to restart: its exit is expected
+        member_lost(self, rank, loss_reason::dead,
+                    code > 128 ? "dead: killed by signal " + std::to_string(code - 128)
+                               : "dead: exited with code " + std::to_string(code) + " without leaving",
+                    st.members->completed(rank));
       },
       [self](incarnation_atom, uint32_t incarnation) -> uint32_t {
         if (incarnation == self->state.cfg.incarnation && !self->state.workers.empty())
@@ -424,13 +464,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
             continue;
           }
           std::string why = std::string(to_string(v.what)) + ": " + v.detail;
-          auto it = st.workers.find(v.rank);
-          if (it != st.workers.end()) {
-            st.ranks.erase(caf::actor_cast<caf::actor_addr>(it->second));
-            self->demonitor(it->second.address());
-          }
-          report_to_host(self, v.rank, why);
-          dispatch(self, st.agree->on_member_lost(v.rank, v.completed, why));
+          member_lost(self, v.rank, v.what == verdict::hung ? loss_reason::hung : loss_reason::dead, why, v.completed);
         }
         self->delayed_send(self, st.cfg.heartbeat_check, tick_atom::value);
       },

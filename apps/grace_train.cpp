@@ -2,6 +2,7 @@
 // on Grace's public API (runtime/grace.hpp) plus a compute backend and its
 // collective (the MLP and Gloo on CPU; in a CUDA build also mlp_cuda and
 // NCCL), so it doubles as the example a research trainer copies.
+#include "runtime/cancel_token.hpp"
 #include "runtime/device_copy.hpp"
 #include "runtime/gloo_comm.hpp"
 #include "runtime/grace.hpp"
@@ -63,8 +64,11 @@ trainer_backend cpu_backend(const grace::mlp_config& mc) {
   b.weights_checksum = [model] { return model->weights_checksum(); };
   b.connect = [model](grace::session& g, int rank,
                       int world) -> grace::result<std::function<grace::status()>> {
+    // A peer lost during the rendezvous ends it at once (see cancel_token).
+    auto rendezvous = std::make_shared<grace::cancel_token>();
+    g.set_abort_handler([rendezvous] { rendezvous->cancel(); });
     auto c = grace::gloo_comm::connect(g.rendezvous_store(), g.rendezvous_prefix() + "gloo", rank, world,
-                                       collective_timeout, g.cluster().host);
+                                       collective_timeout, g.cluster().host, rendezvous);
     if (!c) return grace::error{c.err().code, "gloo rendezvous failed: " + c.err().message};
     // Shared with the abort handler, which may run on another thread until
     // the session is gone.
@@ -97,8 +101,10 @@ grace::result<trainer_backend> cuda_backend(const grace::mlp_config& mc, int dev
     // NCCL's first call, which reads it.
     if (!std::getenv("NCCL_SOCKET_IFNAME") && !g.cluster().iface.empty())
       ::setenv("NCCL_SOCKET_IFNAME", g.cluster().iface.c_str(), 0);
+    auto rendezvous = std::make_shared<grace::cancel_token>();
+    g.set_abort_handler([rendezvous] { rendezvous->cancel(); });
     auto c = grace::nccl_comm::connect(g.rendezvous_store(), g.rendezvous_prefix() + "nccl", rank, world,
-                                       model->device(), collective_timeout);
+                                       model->device(), collective_timeout, rendezvous);
     if (!c) return grace::error{c.err().code, "nccl rendezvous failed: " + c.err().message};
     std::shared_ptr<grace::nccl_comm> comm = std::move(c.value());
     g.set_abort_handler([comm] { comm->abort(); });
@@ -186,8 +192,9 @@ int main(int argc, char** argv) {
 
 #ifndef GRACE_HAVE_CUDA
   // The CUDA backend lives in grace-train-cuda beside this binary, so a CPU
-  // node never loads the CUDA libraries (measured: they add ~400 ms to every
-  // worker's start and exit, which a restart pays on its critical path).
+  // node never loads the CUDA libraries: loading them adds hundreds of ms to
+  // every worker's start and exit, which a restart pays on its critical path
+  // (docs/BENCHMARKS.md).
   std::string cpu_reason = "--device cpu";
   if (device != "cpu") {
     std::error_code ec;
@@ -306,9 +313,13 @@ int main(int argc, char** argv) {
   if (world > 1) {
     auto c = backend.connect(g, rank, world);
     if (!c) {
+      // Usually a peer that died before its rendezvous: the session waits
+      // for the cluster's verdict and gives the exit code. Without one (no
+      // peer lost, e.g. an address the peers cannot reach) it is
+      // no_rendezvous, which the launcher counts toward giving up.
       spdlog::error("{} (this worker advertised {}: {})", c.err().message, g.cluster().host,
                     g.cluster().host_source);
-      g.quick_exit(grace::exit_code::no_rendezvous);  // leaves first: not a lost member
+      g.quick_exit(g.stop_after_failure(c.err(), grace::exit_code::no_rendezvous));
     }
     allreduce_gradients = std::move(c.value());
   }

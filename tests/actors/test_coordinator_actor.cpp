@@ -119,10 +119,10 @@ TEST_CASE("coordinator: joins are refused with a reason", "[coordinator]") {
   CHECK(str(c->getReason()).find("incarnation 5") != std::string::npos);
   // A stale incarnation is refused for now, naming the current one, so the
   // launcher restarts into it; a wrong token or version is final.
-  CHECK(c->getRetryable());
+  CHECK(c->getRestartable());
   CHECK(c->getIncarnation() == 0);
-  CHECK_FALSE(a->getRetryable());
-  CHECK_FALSE(b->getRetryable());
+  CHECK_FALSE(a->getRestartable());
+  CHECK_FALSE(b->getRestartable());
 
   f.w(0)->send(f.coord, fixture::join_msg(0));
   f.run();
@@ -132,7 +132,7 @@ TEST_CASE("coordinator: joins are refused with a reason", "[coordinator]") {
   auto dup = f.expect<proto::Welcome>(1);
   CHECK_FALSE(dup->getAccepted());
   CHECK(str(dup->getReason()).find("duplicate rank 0") != std::string::npos);
-  CHECK(dup->getRetryable());
+  CHECK(dup->getRestartable());
 
   // A malformed message is rejected, the coordinator keeps serving.
   f.w(2)->send(f.coord, msg<proto::Join>{std::vector<uint8_t>(40, 0xab)});
