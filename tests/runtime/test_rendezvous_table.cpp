@@ -11,7 +11,7 @@ namespace {
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 } // namespace
 
-TEST_CASE("rendezvous_table: keys are set once; a get finds them", "[rendezvous]") {
+TEST_CASE("rendezvous_table: keys are set once, a get finds them", "[rendezvous]") {
   rendezvous_table t;
   CHECK(t.set("a", bytes("1")).ok);
   auto again = t.set("a", bytes("2"));
