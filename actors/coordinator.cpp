@@ -36,6 +36,7 @@ struct coordinator_state {
   std::unique_ptr<membership> members;
   std::map<uint32_t, peer_watcher_actor> workers;
   std::map<caf::actor_addr, uint32_t> ranks;
+  std::map<int32_t, std::string> ckpt_servers;  ///< node -> its launcher's checkpoint server
   std::set<uint32_t> left;
   std::set<uint32_t> lost;  ///< declared lost in this incarnation
   std::set<uint32_t> refused;  ///< refused (restartable) in this incarnation: their exit is expected
@@ -450,6 +451,14 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         return incarnation;
       },
       [self](current_atom) -> uint32_t { return self->state.cfg.incarnation; },
+      [self](ckpt_peer_atom, int32_t node, const std::string& endpoint) -> std::string {
+        auto& servers = self->state.ckpt_servers;
+        if (!endpoint.empty()) servers[node] = endpoint;
+        std::string others;
+        for (auto& [n, ep] : servers)
+          if (n != node) others += ep + "\n";
+        return others;
+      },
       [self](status_atom) -> std::string {
         auto& st = self->state;
         return fmt::format("incarnation {}, {} members, phase {}", st.cfg.incarnation, st.workers.size(),

@@ -319,7 +319,10 @@ int main(int argc, char** argv) {
       // no_rendezvous, which the launcher counts toward giving up.
       spdlog::error("{} (this worker advertised {}: {})", c.err().message, g.cluster().host,
                     g.cluster().host_source);
-      g.quick_exit(g.stop_after_failure(c.err(), grace::exit_code::no_rendezvous));
+      int code = g.stop_after_failure(c.err(), grace::exit_code::no_rendezvous);
+      // With a verdict too (a peer left or was lost meanwhile) this group
+      // never got past its rendezvous: the launcher counts such groups.
+      g.quick_exit(code == restart_code ? grace::exit_code::no_rendezvous : code);
     }
     allreduce_gradients = std::move(c.value());
   }

@@ -194,53 +194,17 @@ std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_
   return std::nullopt;
 }
 
-/// One request to the coordinator's key-value store; the reply, or nothing
-/// if the coordinator did not answer.
-std::optional<msg<proto::KvReply>> kv_request(caf::actor_system& sys, coordinator_actor& coord,
-                                              const caf::message& m) {
-  std::optional<msg<proto::KvReply>> out;
+/// Registers this node's checkpoint server with the coordinator (empty
+/// `endpoint`: only asks) and returns the other nodes' servers.
+std::vector<std::string> checkpoint_peers(caf::actor_system& sys, coordinator_actor& coord, const launch_options& o,
+                                          const std::string& endpoint) {
+  std::string lines;
   caf::scoped_actor self{sys};
-  self->request(caf::actor_cast<caf::actor>(coord), std::chrono::seconds(2), m)
-    .receive([&](msg<proto::KvReply>& r) { out = std::move(r); }, [&](caf::error&) {});
-  return out;
-}
-
-/// Key of node `node`'s `k`-th checkpoint server registration (set-once
-/// keys: a relaunched node takes the next k).
-std::string server_key(const std::string& run, int node, int k) {
-  return run + "/ckpt-server/" + std::to_string(node) + "/" + std::to_string(k);
-}
-
-void register_checkpoint_server(caf::actor_system& sys, coordinator_actor& coord, const launch_options& o,
-                                const std::string& endpoint) {
-  std::vector<uint8_t> value(endpoint.begin(), endpoint.end());
-  for (int k = 0; k < 10000; ++k) {
-    auto r = kv_request(sys, coord, caf::make_message(make<proto::KvSet>([&](auto b) {
-                          b.setKey(server_key(o.run_id, o.node_rank, k)); b.setValue(as_data(value));
-                        })));
-    auto d = r ? decode(*r) : result<reader<proto::KvReply>>(error{errc::disconnected, "no answer"});
-    if (!d || d->get().getOk()) return;  // registered, or no coordinator to register with
-  }
-}
-
-/// The newest checkpoint server registered by every other node.
-std::vector<std::string> peer_checkpoint_servers(caf::actor_system& sys, coordinator_actor& coord,
-                                                 const launch_options& o) {
+  self->request(coord, std::chrono::seconds(2), ckpt_peer_atom::value, static_cast<int32_t>(o.node_rank), endpoint)
+    .receive([&](std::string& r) { lines = std::move(r); }, [&](caf::error&) {});
   std::vector<std::string> out;
-  for (int node = 0; node < o.nnodes; ++node) {
-    if (node == o.node_rank) continue;
-    std::string last;
-    for (int k = 0; k < 10000; ++k) {
-      auto r = kv_request(sys, coord, caf::make_message(make<proto::KvGet>([&](auto b) {
-                            b.setKey(server_key(o.run_id, node, k)); b.setTimeoutMs(0);
-                          })));
-      auto d = r ? decode(*r) : result<reader<proto::KvReply>>(error{errc::disconnected, "no answer"});
-      if (!d || !d->get().getOk()) break;
-      auto v = bytes(d->get().getValue());
-      last.assign(v.begin(), v.end());
-    }
-    if (!last.empty()) out.push_back(last);
-  }
+  for (size_t start = 0, nl; (nl = lines.find('\n', start)) != std::string::npos; start = nl + 1)
+    out.push_back(lines.substr(start, nl - start));
   return out;
 }
 
@@ -251,7 +215,7 @@ std::vector<std::string> peer_checkpoint_servers(caf::actor_system& sys, coordin
 void fetch_newer_checkpoint(caf::actor_system& sys, coordinator_actor& coord, const launch_options& o,
                             const std::string& token, const std::function<void(const std::string&)>& say) {
   std::vector<peer_checkpoints> peers;
-  for (auto& ep : peer_checkpoint_servers(sys, coord, o))
+  for (auto& ep : checkpoint_peers(sys, coord, o, ""))
     if (auto steps = list_remote(ep, token, std::chrono::seconds(2))) peers.push_back({ep, *steps});
   uint64_t local = 0;
   for (auto& c : checkpoint_store(o.checkpoint_dir).list())
@@ -380,7 +344,7 @@ int run_launcher(const launch_options& in) {
     auto s = checkpoint_server::start(o.checkpoint_dir, ep->adv.address, token);
     if (s) {
       ckpt_server = std::move(s.value());
-      register_checkpoint_server(sys, coord, o, ckpt_server->endpoint());
+      checkpoint_peers(sys, coord, o, ckpt_server->endpoint());
     } else {
       say("not serving this node's checkpoints to peers: " + s.err().message);
     }
