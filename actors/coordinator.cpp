@@ -37,6 +37,7 @@ struct coordinator_state {
   std::unique_ptr<membership> members;
   std::map<uint32_t, peer_watcher_actor> workers;
   std::map<caf::actor_addr, uint32_t> ranks;
+  std::map<int32_t, std::string> ckpt_servers;  ///< node -> its launcher's checkpoint server
   std::set<uint32_t> left;
   std::set<uint32_t> lost;  ///< declared lost in this incarnation
   std::set<uint32_t> refused;  ///< refused (restartable) in this incarnation: their exit is expected
@@ -91,6 +92,16 @@ proto::LossReason wire_reason(loss_reason r) {
 /// check), and this service's own loss shows within the connection timeout.
 uint32_t verdict_wait_ms(const coordinator_config& c) {
   return static_cast<uint32_t>((c.dead_after + c.heartbeat_check + c.connection_timeout).count());
+}
+
+/// A refusal only for now, naming the current incarnation: the worker exits
+/// with the restart code and its launcher restarts the group in the
+/// incarnation it then asks for (it may have counted on its own while away);
+/// a join for current + 1 waits for the old group instead.
+msg<proto::Welcome> refuse_for_now(const std::string& reason, uint32_t current) {
+  return make<proto::Welcome>([&](auto b) {
+    b.setAccepted(false); b.setReason(reason); b.setRestartable(true); b.setIncarnation(current);
+  });
 }
 
 proto::CheckpointKind wire_kind(ckpt_kind k) {
@@ -319,16 +330,16 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
           reset_incarnation(self, j.getIncarnation());
         }
         if (j.getIncarnation() != st.cfg.incarnation)
-          return refuse("incarnation " + std::to_string(j.getIncarnation()) + " != current " +
-                        std::to_string(st.cfg.incarnation) + " (a worker of an old group)");
+          return refuse_for_now("incarnation " + std::to_string(j.getIncarnation()) + " != current " +
+                                    std::to_string(st.cfg.incarnation), st.cfg.incarnation);
         auto rank = j.getRank();
         if (st.workers.count(rank) || st.left.count(rank))
-          return refuse("duplicate rank " + std::to_string(rank) + " in incarnation " +
-                        std::to_string(st.cfg.incarnation));
+          return refuse_for_now("duplicate rank " + std::to_string(rank) + " in incarnation " +
+                                    std::to_string(st.cfg.incarnation), st.cfg.incarnation);
         if (auto why = st.agree->join_refusal(rank)) {
           st.log->warn("rank {} refused: {}", rank, *why);
           st.refused.insert(rank);
-          return refuse(*why, true);
+          return refuse_for_now(*why, st.cfg.incarnation);
         }
         auto sender = self->current_sender();
         if (!sender) return refuse("join without a sender to reply to");
@@ -498,6 +509,15 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         self->state.log->info("new incarnation {}", incarnation);
         reset_incarnation(self, incarnation);
         return incarnation;
+      },
+      [self](current_atom) -> uint32_t { return self->state.cfg.incarnation; },
+      [self](ckpt_peer_atom, int32_t node, const std::string& endpoint) -> std::string {
+        auto& servers = self->state.ckpt_servers;
+        if (!endpoint.empty()) servers[node] = endpoint;
+        std::string others;
+        for (auto& [n, ep] : servers)
+          if (n != node) others += ep + "\n";
+        return others;
       },
       [self](status_atom) -> std::string {
         auto& st = self->state;

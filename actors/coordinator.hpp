@@ -34,6 +34,8 @@ using coordinator_actor = caf::typed_actor<
   caf::replies_to<msg<proto::Leave>>::with<bool>,
   caf::replies_to<incarnation_atom, uint32_t>::with<uint32_t>,
   caf::replies_to<status_atom>::with<std::string>,
+  caf::replies_to<current_atom>::with<uint32_t>,
+  caf::replies_to<ckpt_peer_atom, int32_t, std::string>::with<std::string>,
   caf::reacts_to<exited_atom, uint32_t, uint32_t, int32_t>,
   caf::reacts_to<rescue_atom, uint64_t>,
   caf::reacts_to<cutoff_atom, uint64_t>,

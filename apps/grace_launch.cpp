@@ -1,10 +1,53 @@
 // grace-launch: the launcher and coordination service.
 #include "actors/signal_watcher.hpp"
 #include "runtime/exit_codes.hpp"
+#include "runtime/launch_env.hpp"
 #include "runtime/launcher.hpp"
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+
+#include <cstdlib>
+
+namespace {
+
+/// Fills the settings whose flags were not given from a torchrun-style or
+/// SLURM environment (runtime/launch_env.hpp) and says which it used.
+/// False (after a one-line error) when a variable is malformed.
+bool apply_scheduler_environment(const CLI::App& app, grace::launch_options& o) {
+  auto s = grace::launch_settings_from_environment([](const char* n) -> const char* { return std::getenv(n); });
+  if (!s) {
+    spdlog::error("grace-launch: {}", s.err().message);
+    return false;
+  }
+  std::vector<std::string> used;
+  std::string what;
+  auto note = [&](const std::string& name, const std::string& value, const auto& found) {
+    used.push_back(found.source);
+    what += (what.empty() ? "" : ", ") + name + " " + value + " (" + found.from + ")";
+  };
+  auto take_int = [&](const char* flag, int& field, const auto& found, const char* name) {
+    if (!found || app.count(flag)) return;
+    field = found->value;
+    note(name, std::to_string(field), *found);
+  };
+  auto take_str = [&](const char* flag, std::string& field, const auto& found, const char* name) {
+    if (!found || app.count(flag)) return;
+    field = found->value;
+    note(name, field, *found);
+  };
+  take_int("--nnodes", o.nnodes, s->nnodes, "nodes");
+  take_int("--node-rank", o.node_rank, s->node_rank, "node rank");
+  take_int("--nproc", o.nproc, s->nproc, "workers per node");
+  take_str("--coordinator", o.coordinator, s->coordinator, "coordinator");
+  take_str("--run-id", o.run_id, s->run_id, "run id");
+  if (!what.empty() && !o.quiet)
+    std::fprintf(stderr, "[grace-launch] from the %s environment: %s\n", grace::describe_sources(used).c_str(),
+                 what.c_str());
+  return true;
+}
+
+} // namespace
 
 int main(int argc, char** argv) {
   grace::block_termination_signals();
@@ -16,8 +59,8 @@ int main(int argc, char** argv) {
   app.add_option("--nproc", o.nproc, "workers on this node")->check(CLI::Range(1, 4096));
   app.add_option("--nnodes", o.nnodes, "nodes in the job")->check(CLI::Range(1, 4096));
   app.add_option("--node-rank", o.node_rank, "this node's index (0 hosts the coordinator)");
-  app.add_option("--coordinator", o.coordinator, "host:port of the coordination service "
-                                                 "(default 127.0.0.1 and a free port)");
+  app.add_option("--coordinator", o.coordinator, "host:port of the coordination service, a name or an "
+                                                 "address (default 127.0.0.1 and a free port)");
   app.add_option("--max-restarts", o.max_restarts, "group restarts before giving up")->check(CLI::Range(0, 1000000));
   app.add_option("--restart-code", o.restart_code, "worker exit code that means 'restart me'");
   app.add_option("--run-id", o.run_id, "job id (same on every node)");
@@ -28,6 +71,16 @@ int main(int argc, char** argv) {
   app.add_option("--dead-after-ms", dead_ms, "declare a silent worker dead after this long");
   app.add_option("--hang-timeout-ms", hang_ms, "declare a worker hung (and treat it as dead) when its "
                                                "completed step does not move for this long (0: off)");
+  app.add_option("--host", o.host, "the address this node advertises to its peers (default: GRACE_HOST, "
+                                   "GRACE_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, else the interface that "
+                                   "routes to the coordinator)");
+  app.add_option("--iface", o.iface, "advertise the IPv4 address of this interface");
+  app.add_option("--max-rendezvous-failures", o.max_rendezvous_failures,
+                 "groups in a row that fail to rendezvous before giving up with exit 44 (0: never)")
+      ->check(CLI::Range(0, 1000000));
+  bool ignore_env = false;
+  app.add_flag("--no-scheduler-env", ignore_env, "do not read torchrun (MASTER_ADDR, ...) or SLURM (SLURM_JOB_ID, "
+                                                "...) variables for the flags not given");
   app.add_flag("--quiet", o.quiet, "no progress lines");
   app.add_option("command", o.command, "the worker program and its arguments (after --)");
   try {
@@ -35,6 +88,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : grace::exit_code::usage;
   }
+  if (!ignore_env && !apply_scheduler_environment(app, o)) return grace::exit_code::usage;
   o.grace_period = std::chrono::milliseconds(grace_ms);
   o.exit_timeout = std::chrono::milliseconds(exit_timeout_ms);
   o.dead_after = std::chrono::milliseconds(dead_ms);

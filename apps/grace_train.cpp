@@ -49,7 +49,9 @@ struct trainer_backend {
       connect;
 };
 
-constexpr std::chrono::seconds collective_timeout{30};
+/// Bounds each rendezvous and collective (--collective-timeout-ms); set once
+/// in main before any backend connects.
+std::chrono::milliseconds collective_timeout{30000};
 
 trainer_backend cpu_backend(const grace::mlp_config& mc) {
   auto model = std::make_shared<grace::mlp>(mc);
@@ -66,7 +68,7 @@ trainer_backend cpu_backend(const grace::mlp_config& mc) {
     auto rendezvous = std::make_shared<grace::cancel_token>();
     g.set_abort_handler([rendezvous] { rendezvous->cancel(); });
     auto c = grace::gloo_comm::connect(g.rendezvous_store(), g.rendezvous_prefix() + "gloo", rank, world,
-                                       collective_timeout, "127.0.0.1", rendezvous);
+                                       collective_timeout, g.cluster().host, rendezvous);
     if (!c) return grace::error{c.err().code, "gloo rendezvous failed: " + c.err().message};
     // Shared with the abort handler, which may run on another thread until
     // the session is gone.
@@ -94,6 +96,11 @@ grace::result<trainer_backend> cuda_backend(const grace::mlp_config& mc, int dev
   b.weights_checksum = [model] { return model->weights_checksum(); };
   b.connect = [model](grace::session& g, int rank,
                       int world) -> grace::result<std::function<grace::status()>> {
+    // NCCL picks its bootstrap and socket interface from NCCL_SOCKET_IFNAME
+    // (grace-launch sets it); otherwise the one Grace advertises. Set before
+    // NCCL's first call, which reads it.
+    if (!std::getenv("NCCL_SOCKET_IFNAME") && !g.cluster().iface.empty())
+      ::setenv("NCCL_SOCKET_IFNAME", g.cluster().iface.c_str(), 0);
     auto rendezvous = std::make_shared<grace::cancel_token>();
     g.set_abort_handler([rendezvous] { rendezvous->cancel(); });
     auto c = grace::nccl_comm::connect(g.rendezvous_store(), g.rendezvous_prefix() + "nccl", rank, world,
@@ -168,6 +175,10 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--output", output, "write a JSON summary (steps, loss, weights checksum) here");
   app.add_option("--step-delay-ms", step_delay_ms, "sleep in every step (demos and tests)");
+  int collective_timeout_ms = 30000;
+  app.add_option("--collective-timeout-ms", collective_timeout_ms,
+                 "bound on the collectives' rendezvous and on each collective")
+      ->check(CLI::Range(100, 3600000));
   app.add_option("--fail-at-step", fail_at, "raise an error in this step (tests)");
   app.add_option("--fail-rank", fail_rank, "rank that raises the error");
   app.add_flag("--skip-optimizer-restore", skip_optimizer_restore,
@@ -177,6 +188,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : grace::exit_code::usage;
   }
+  collective_timeout = std::chrono::milliseconds(collective_timeout_ms);
 
 #ifndef GRACE_HAVE_CUDA
   // The CUDA backend lives in grace-train-cuda beside this binary, so a CPU
@@ -275,8 +287,16 @@ int main(int argc, char** argv) {
 
   auto start = g.attach();
   if (!start) {
+    // Bad configuration: stop. Coordinator unreachable or the join refused
+    // for now (stale incarnation): a failed rendezvous; the launcher
+    // restarts the group in the coordinator's current incarnation, and gives
+    // up after several in a row.
     spdlog::error("{}", start.err().message);
-    return start.err().code == grace::errc::invalid_input ? grace::exit_code::usage : grace::exit_code::restart;
+    switch (start.err().code) {
+      case grace::errc::invalid_input: return grace::exit_code::usage;
+      case grace::errc::disconnected: return grace::exit_code::no_rendezvous;
+      default: return restart_code;
+    }
   }
   if (skip_optimizer_restore && *start > 0) {
     for (auto& t : tensors)
@@ -294,9 +314,15 @@ int main(int argc, char** argv) {
     auto c = backend.connect(g, rank, world);
     if (!c) {
       // Usually a peer that died before its rendezvous: the session waits
-      // for the cluster's verdict and gives the exit code.
-      spdlog::error("{}", c.err().message);
-      g.quick_exit(g.stop_after_failure(c.err()));
+      // for the cluster's verdict and gives the exit code. Without one (no
+      // peer lost, e.g. an address the peers cannot reach) it is
+      // no_rendezvous, which the launcher counts toward giving up.
+      spdlog::error("{} (this worker advertised {}: {})", c.err().message, g.cluster().host,
+                    g.cluster().host_source);
+      int code = g.stop_after_failure(c.err(), grace::exit_code::no_rendezvous);
+      // With a verdict too (a peer left or was lost meanwhile) this group
+      // never got past its rendezvous: the launcher counts such groups.
+      g.quick_exit(code == restart_code ? grace::exit_code::no_rendezvous : code);
     }
     allreduce_gradients = std::move(c.value());
   }

@@ -362,7 +362,7 @@ int mode_allreduce(const std::map<std::string, std::string>& a) {
     pos = c + 1;
   }
   auto store = std::make_shared<gloo::rendezvous::FileStore>(store_dir);
-  auto c = grace::gloo_comm::connect(store, "bench", rank, size, std::chrono::seconds(60));
+  auto c = grace::gloo_comm::connect(store, "bench", rank, size, std::chrono::seconds(60), "127.0.0.1");
   if (!c) die("allreduce: connect failed: " + c.err().message);
   auto& comm = *c.value();
   for (size_t n : sizes) {

@@ -28,6 +28,11 @@ using tick_atom = caf::atom_constant<caf::atom("g_tick")>;
 using kv_timeout_atom = caf::atom_constant<caf::atom("g_kvto")>;
 using incarnation_atom = caf::atom_constant<caf::atom("g_incarn")>;
 using status_atom = caf::atom_constant<caf::atom("g_status")>;
+using current_atom = caf::atom_constant<caf::atom("g_current")>;
+/// Launcher -> coordinator: (node, "address:port" of its checkpoint server,
+/// empty to only ask) -> the other nodes' servers, one per line. Kept for the
+/// whole job (the key-value store starts empty in every incarnation).
+using ckpt_peer_atom = caf::atom_constant<caf::atom("g_ckpeer")>;
 /// Launcher -> coordinator: a worker process of (rank, incarnation) exited
 /// with a code (128 + signal when killed) before leaving on purpose.
 using exited_atom = caf::atom_constant<caf::atom("g_exited")>;

@@ -20,6 +20,12 @@ struct cluster_config {
   uint32_t incarnation = 0;
   std::string token;
   std::string source = "default"; ///< "GRACE_*", "TF_CONFIG", "--workers", "default"
+  /// The address this worker advertises to its peers (Gloo pairs; NCCL's
+  /// interface is `iface`). Empty until attach() chooses it
+  /// (runtime/net_address.hpp); 127.0.0.1 in local mode.
+  std::string host;
+  std::string iface;
+  std::string host_source;  ///< why this address ("route to the coordinator ...", "GRACE_HOST", ...)
   bool is_chief() const noexcept { return rank == 0; }
   bool local_mode() const noexcept { return world_size == 1 && coordinator_host.empty(); }
 };

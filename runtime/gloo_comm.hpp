@@ -41,9 +41,12 @@ class cancel_token;
 class gloo_comm {
 public:
   /// Rendezvous through `store` under `prefix` and connect a full mesh of
-  /// TCP pairs bound to `iface_host`. `timeout` bounds the rendezvous and
-  /// every later collective. Errors: invalid_input for bad rank/size,
-  /// disconnected or overloaded (timeout) when peers do not show up.
+  /// TCP pairs bound to `iface_host`, the address this rank's peers are told
+  /// to connect to: it must be reachable from every peer's host (a session
+  /// chooses it: `session::cluster().host`, runtime/net_address.hpp).
+  /// `timeout` bounds the rendezvous and every later collective. Errors:
+  /// invalid_input for bad rank/size, disconnected or overloaded (timeout)
+  /// when peers do not show up.
   ///
   /// With `cancel`, the mesh is set up on a helper thread and the call
   /// returns errc::disconnected as soon as the token is cancelled (arm the
@@ -53,7 +56,7 @@ public:
   /// `store` again; it ends at Gloo's own timeout or with the process.
   static result<std::unique_ptr<gloo_comm>> connect(
       std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix, int rank, int size,
-      std::chrono::milliseconds timeout, std::string iface_host = "127.0.0.1",
+      std::chrono::milliseconds timeout, std::string iface_host,
       std::shared_ptr<cancel_token> cancel = nullptr);
 
   ~gloo_comm();

@@ -12,6 +12,7 @@
 #include "runtime/deadline.hpp"
 #include "runtime/device_copy.hpp"
 #include "runtime/events.hpp"
+#include "runtime/net_address.hpp"
 #include "runtime/snapshot.hpp"
 #include "runtime/system.hpp"
 #include "runtime/worker_policy.hpp"
@@ -96,6 +97,7 @@ struct session::impl {
   }
 
   bool attached = false;
+  bool left = false;  ///< Leave sent (or nobody to tell)
   uint64_t completed = 0;
   uint64_t restored_step = 0;
   int code = 0;
@@ -234,6 +236,7 @@ struct session::impl {
     auto m = make<proto::Leave>([&](auto b) {
       b.setRank(cluster.rank); b.setExitCode(c); b.setCompletedStep(completed);
     });
+    left = true;
     caf::scoped_actor self{rt->sys()};
     self->request(coord, verdict_wait, std::move(m))
       .receive([](bool) {},
@@ -402,8 +405,17 @@ result<uint64_t> session::attach() {
     d.cluster = *c;
   }
   set_event_identity(d.cluster.rank, d.cluster.incarnation);
-  d.log->info("grace: rank {}/{} (cluster from {}), incarnation {}, checkpoints in {}", d.cluster.rank,
-              d.cluster.world_size, d.cluster.source, d.cluster.incarnation, d.opts.checkpoint_dir);
+  if (d.cluster.host.empty()) {
+    auto adv = advertised_address_from_environment(d.cluster.coordinator_host);
+    if (!adv) return adv.err();
+    d.cluster.host = adv->address;
+    d.cluster.iface = adv->iface;
+    d.cluster.host_source = adv->source;
+  }
+  d.log->info("grace: rank {}/{} (cluster from {}), incarnation {}, address {} ({}), checkpoints in {}",
+              d.cluster.rank, d.cluster.world_size, d.cluster.source, d.cluster.incarnation, d.cluster.host,
+              d.cluster.host_source, d.opts.checkpoint_dir);
+
   for (auto& t : d.tensors)
     if (t.memory == memory_kind::device && !device_copy_available())
       return error{errc::invalid_input, "tensor '" + t.name + "' is in device memory but no CUDA device-copy "
@@ -501,27 +513,37 @@ status session::impl::join() {
     b.setProtocolVersion(proto::PROTOCOL_VERSION); b.setHost(host);
     b.setPid(static_cast<uint32_t>(::getpid())); b.setCompletedStep(completed);
   });
-  std::optional<error> failure;
-  {
-    caf::scoped_actor self{sys};
-    self->request(watcher, std::chrono::seconds(30), join_atom::value, std::move(m))
-      .receive(
-        [&](msg<proto::Welcome>& w) {
-          auto r = decode(w);
-          if (!r) { failure = r.err(); return; }
-          auto wr = r->get();
-          if (!wr.getAccepted()) {
-            failure = error{wr.getRestartable() ? errc::preempted : errc::invalid_input,
-                            "the coordination service refused rank " + std::to_string(cluster.rank) + ": " +
-                                str(wr.getReason())};
-            return;
-          }
-          prefix = str(wr.getRendezvousPrefix());
-          if (wr.getVerdictWaitMs()) verdict_wait = std::chrono::milliseconds(wr.getVerdictWaitMs());
-        },
-        [&](caf::error& e) { failure = error{errc::disconnected, "join: " + sys.render(e)}; });
+  // A join for the next incarnation is refused (restartable, naming the
+  // current one) while the old group still has live members: asked again
+  // until they are gone, within the join timeout.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    std::optional<error> failure;
+    bool wait_for_old_group = false;
+    {
+      caf::scoped_actor self{sys};
+      self->request(watcher, std::chrono::seconds(30), join_atom::value, m)
+        .receive(
+          [&](msg<proto::Welcome>& w) {
+            auto r = decode(w);
+            if (!r) { failure = r.err(); return; }
+            auto wr = r->get();
+            if (!wr.getAccepted()) {
+              wait_for_old_group = wr.getRestartable() && wr.getIncarnation() + 1 == cluster.incarnation;
+              failure = error{wr.getRestartable() ? errc::preempted : errc::invalid_input,
+                              "the coordination service refused rank " + std::to_string(cluster.rank) + ": " +
+                                  str(wr.getReason())};
+              return;
+            }
+            prefix = str(wr.getRendezvousPrefix());
+            if (wr.getVerdictWaitMs()) verdict_wait = std::chrono::milliseconds(wr.getVerdictWaitMs());
+          },
+          [&](caf::error& e) { failure = error{errc::disconnected, "join: " + sys.render(e)}; });
+    }
+    if (!failure) break;
+    if (!wait_for_old_group || std::chrono::steady_clock::now() > deadline) return *failure;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
-  if (failure) return *failure;
   worker_policy_config pc;
   pc.rank = cluster.rank;
   pc.is_chief = cluster.is_chief();
@@ -591,12 +613,12 @@ void session::impl::maybe_periodic_save(uint64_t k) {
   save(k, checkpoint_kind::periodic, 0, false);
 }
 
-int session::stop_after_failure(const error& e) {
+int session::stop_after_failure(const error& e, int no_verdict_code) {
   auto& d = *impl_;
   if (!d.attached) return exit_code::usage;
   d.log->warn("outside a step: {}", e.message);
   if (!d.boundary(d.completed + 1, boundary_mode::collective_failed, {}, false))
-    d.stop(d.opts.restart_exit_code, e.message, false);
+    d.stop(no_verdict_code >= 0 ? no_verdict_code : d.opts.restart_exit_code, e.message, false);
   return d.code;
 }
 
@@ -655,6 +677,9 @@ void session::impl::finish_barrier() {
 
 void session::quick_exit(int code) {
   impl_->disarm_abort();
+  // Not after stop() or finish() (they left already): an exit the
+  // coordinator must not take for a lost member (e.g. a failed rendezvous).
+  if (!impl_->left) impl_->leave(code);
   if (impl_->writer) impl_->writer->wait_idle();
   // Flush, never spdlog::shutdown(): shutdown drops the default logger, and
   // an actor thread still logging through spdlog's free functions (events,

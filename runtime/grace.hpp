@@ -107,8 +107,9 @@ public:
   /// collective's rendezvous after attach()): waits, as after a failed step,
   /// for the cluster's verdict (a lost peer's just-in-time save, a cluster
   /// error, or the coordinator's loss), leaves, and returns the exit code
-  /// for main. Never throws stop_requested.
-  int stop_after_failure(const error& why);
+  /// for main. Never throws stop_requested. `no_verdict_code`: the exit
+  /// code when no verdict comes (no peer was lost); default the restart code.
+  int stop_after_failure(const error& why, int no_verdict_code = -1);
 
   /// Ends the process with `code` at once: waits for a checkpoint write in
   /// flight, flushes the logs and the event file, then skips destructors

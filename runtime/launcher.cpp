@@ -3,9 +3,13 @@
 #include "actors/coordinator.hpp"
 #include "actors/signal_watcher.hpp"
 #include "runtime/agreement.hpp"
+#include "runtime/checkpoint.hpp"
+#include "runtime/ckpt_fetch.hpp"
 #include "runtime/cluster_config.hpp"
 #include "runtime/events.hpp"
 #include "runtime/exit_codes.hpp"
+#include "runtime/group_policy.hpp"
+#include "runtime/net_address.hpp"
 #include "runtime/system.hpp"
 
 #include <caf/actor_system.hpp>
@@ -139,6 +143,98 @@ struct verdict_inbox {
   }
 };
 
+/// The coordinator's resolved address, where node 0's coordination service
+/// listens, and the address this node's workers advertise.
+struct endpoints {
+  std::string coordinator_ip;
+  std::string listen_ip;
+  advertise_choice adv;
+};
+
+result<endpoints> resolve_endpoints(const launch_options& o, const std::string& coordinator_host) {
+  endpoints e;
+  auto ip = resolve_ipv4(coordinator_host);
+  if (!ip) return error{errc::invalid_input, "--coordinator: " + ip.err().message};
+  e.coordinator_ip = *ip;
+  auto req = address_request_from_environment(e.coordinator_ip);
+  if (!req) return req.err();
+  req->iface_flag = o.iface;
+  if (!o.host.empty()) {
+    auto h = resolve_ipv4(o.host);
+    if (!h) return error{errc::invalid_input, "--host: " + h.err().message};
+    req->host_flag = *h;
+  }
+  auto host = probe_host();
+  auto adv = choose_advertise_address(*req, host);
+  if (!adv) return adv.err();
+  e.adv = *adv;
+  if (o.node_rank == 0) {
+    auto l = choose_listen_address(e.coordinator_ip, e.adv, host);
+    if (!l) return l.err();
+    e.listen_ip = *l;
+  }
+  return e;
+}
+
+/// The coordinator's current incarnation, asked by a launcher on node > 0
+/// before it starts a group. Reconnects once if the old connection is gone
+/// (a partition, a restart of this host). Nothing if it cannot be reached.
+std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_actor& coord,
+                                            const std::string& host, uint16_t port) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::optional<uint32_t> out;
+    caf::scoped_actor self{sys};
+    self->request(coord, std::chrono::seconds(2), current_atom::value)
+      .receive([&](uint32_t inc) { out = inc; }, [&](caf::error&) {});
+    if (out || attempt == 1) return out;
+    auto h = connect_coordinator(sys, host, port, std::chrono::seconds(2));
+    if (!h) return std::nullopt;
+    coord = *h;
+  }
+  return std::nullopt;
+}
+
+/// Registers this node's checkpoint server with the coordinator (empty
+/// `endpoint`: only asks) and returns the other nodes' servers.
+std::vector<std::string> checkpoint_peers(caf::actor_system& sys, coordinator_actor& coord, const launch_options& o,
+                                          const std::string& endpoint) {
+  std::string lines;
+  caf::scoped_actor self{sys};
+  self->request(coord, std::chrono::seconds(2), ckpt_peer_atom::value, static_cast<int32_t>(o.node_rank), endpoint)
+    .receive([&](std::string& r) { lines = std::move(r); }, [&](caf::error&) {});
+  std::vector<std::string> out;
+  for (size_t start = 0, nl; (nl = lines.find('\n', start)) != std::string::npos; start = nl + 1)
+    out.push_back(lines.substr(start, nl - start));
+  return out;
+}
+
+/// Node-local checkpoint directories: before a group starts, copy the newest
+/// committed checkpoint a peer has and this node lacks, so every rank
+/// restores the same step (runtime/ckpt_fetch.hpp). A peer that does not
+/// answer is skipped; with a shared directory nothing is ever newer.
+void fetch_newer_checkpoint(caf::actor_system& sys, coordinator_actor& coord, const launch_options& o,
+                            const std::string& token, const std::function<void(const std::string&)>& say) {
+  std::vector<peer_checkpoints> peers;
+  for (auto& ep : checkpoint_peers(sys, coord, o, ""))
+    if (auto steps = list_remote(ep, token, std::chrono::seconds(2))) peers.push_back({ep, *steps});
+  uint64_t local = 0;
+  for (auto& c : checkpoint_store(o.checkpoint_dir).list())
+    if (c.valid && !c.temporary && !c.set_aside) local = std::max(local, c.step);
+  auto plan = plan_fetch(local, peers);
+  if (!plan) return;
+  auto t0 = mono_ns();
+  auto r = fetch_remote(plan->endpoint, token, plan->step, o.checkpoint_dir, std::chrono::seconds(30));
+  if (!r) {
+    say("could not fetch checkpoint step " + std::to_string(plan->step) + ": " + r.err().message);
+    return;
+  }
+  auto ns = mono_ns() - t0;
+  say("fetched checkpoint step " + std::to_string(plan->step) + " from " + plan->endpoint + " (" +
+      std::to_string(*r) + " bytes in " + std::to_string(ns / 1000000) + " ms; newest here was " +
+      std::to_string(local) + ")");
+  emit_event("fetched", {{"step", plan->step}, {"from", plan->endpoint}, {"bytes", *r}, {"ns", ns}});
+}
+
 } // namespace
 
 int run_launcher(const launch_options& in) {
@@ -171,6 +267,12 @@ int run_launcher(const launch_options& in) {
     host = hp->first;
     port = hp->second;
   }
+  auto ep = resolve_endpoints(o, host);
+  if (!ep) {
+    spdlog::error("grace-launch: {}", ep.err().message);
+    return exit_code::usage;
+  }
+  host = ep->coordinator_ip;
   const uint32_t world = static_cast<uint32_t>(o.nproc * o.nnodes);
   // The token must be the same on every node: derive it from the run id
   // unless GRACE_TOKEN is set (then every node must set the same).
@@ -193,6 +295,8 @@ int run_launcher(const launch_options& in) {
   auto verdicts = std::make_shared<verdict_inbox>();
   uint32_t incarnation = 0;
   if (const char* inc = std::getenv("GRACE_INCARNATION")) incarnation = static_cast<uint32_t>(std::atoi(inc));
+  const uint32_t initial_incarnation = incarnation;
+  std::optional<uint32_t> previous_group;
   if (o.node_rank == 0) {
     coordinator_config cc;
     cc.world_size = world;
@@ -209,9 +313,9 @@ int run_launcher(const launch_options& in) {
       verdicts->push(rank, inc, why);
     };
     coord = spawn_coordinator(sys, cc);
-    auto p = sys.middleman().publish(coord, port, host.c_str(), true);
+    auto p = sys.middleman().publish(coord, port, ep->listen_ip.c_str(), true);
     if (!p) {
-      spdlog::error("grace-launch: cannot host the coordination service on {}:{}: {}", host, port,
+      spdlog::error("grace-launch: cannot host the coordination service on {}:{}: {}", ep->listen_ip, port,
                     sys.render(p.error()));
       caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
       return exit_code::usage;
@@ -231,7 +335,20 @@ int run_launcher(const launch_options& in) {
     emit_event("launcher", {{"message", line}});
   };
   say("coordination service on " + host + ":" + std::to_string(port) + ", run " + o.run_id + ", " +
-      std::to_string(world) + " workers (" + std::to_string(o.nproc) + " on this node)");
+      std::to_string(world) + " workers (" + std::to_string(o.nproc) + " on this node); this node advertises " +
+      ep->adv.address + (ep->adv.iface.empty() ? "" : " (" + ep->adv.iface + ")") + " from " + ep->adv.source);
+  rendezvous_streak streak(o.max_rendezvous_failures);
+  std::unique_ptr<checkpoint_server> ckpt_server;
+  const bool node_local_sync = o.nnodes > 1 && !o.checkpoint_dir.empty();
+  if (node_local_sync) {
+    auto s = checkpoint_server::start(o.checkpoint_dir, ep->adv.address, token);
+    if (s) {
+      ckpt_server = std::move(s.value());
+      checkpoint_peers(sys, coord, o, ckpt_server->endpoint());
+    } else {
+      say("not serving this node's checkpoints to peers: " + s.err().message);
+    }
+  }
 
   int restarts = 0;
   bool notice_forwarded = false;
@@ -242,7 +359,15 @@ int run_launcher(const launch_options& in) {
       caf::scoped_actor self{sys};
       self->request(coord, std::chrono::seconds(10), incarnation_atom::value, incarnation)
         .receive([](uint32_t) {}, [&](caf::error& e) { spdlog::warn("incarnation: {}", sys.render(e)); });
+    } else {
+      const uint32_t counted = incarnation;
+      incarnation = next_incarnation(previous_group, initial_incarnation,
+                                     current_incarnation(sys, coord, host, port));
+      if (incarnation != counted)
+        say("starting the group in incarnation " + std::to_string(incarnation) +
+            ", the coordination service's current one");
     }
+    if (node_local_sync) fetch_newer_checkpoint(sys, coord, o, token, say);
     set_event_identity(launcher_rank, incarnation);
     std::vector<worker_proc> workers(o.nproc);
     for (int i = 0; i < o.nproc; ++i) {
@@ -256,7 +381,9 @@ int run_launcher(const launch_options& in) {
         {"GRACE_TOKEN", token},
         {"GRACE_INCARNATION", std::to_string(incarnation)},
         {"GRACE_RESTART_CODE", std::to_string(o.restart_code)},
+        {"GRACE_HOST", ep->adv.address},
       };
+      if (!std::getenv("NCCL_SOCKET_IFNAME") && !ep->adv.iface.empty()) env["NCCL_SOCKET_IFNAME"] = ep->adv.iface;
       if (!o.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o.checkpoint_dir;
       workers[i].rank = rank;
       workers[i].pid = spawn_worker(o, env);
@@ -272,7 +399,7 @@ int run_launcher(const launch_options& in) {
     // Wait for the group; decide on the first exit that is not success.
     std::optional<std::chrono::steady_clock::time_point> kill_at;
     std::string cause;
-    bool fatal = false, restart = false, usage = false;
+    bool fatal = false, restart = false, usage = false, rendezvous_failed = false;
     int live = o.nproc;
     while (live > 0) {
       int timeout_ms = 200;
@@ -331,8 +458,9 @@ int run_launcher(const launch_options& in) {
           caf::anon_send(coord, exited_atom::value, static_cast<uint32_t>(w.rank), incarnation,
                          static_cast<int32_t>(w.code));
           if (cause.empty()) cause = "rank " + std::to_string(w.rank) + " " + describe(w);
-          if (w.code == o.restart_code || w.signal) {
+          if (w.code == o.restart_code || w.signal || w.code == exit_code::no_rendezvous) {
             restart = true;
+            rendezvous_failed |= w.code == exit_code::no_rendezvous;
           } else {
             fatal = true;
             if (w.code == exit_code::usage) usage = true;
@@ -369,12 +497,22 @@ int run_launcher(const launch_options& in) {
       final_reason = "preempted: workers saved and exited; restart this job to resume";
       break;
     }
+    if (streak.group_ended(rendezvous_failed)) {
+      final_code = exit_code::no_progress;
+      final_reason = "the group failed its rendezvous " + std::to_string(streak.count()) +
+                     " times in a row (last: " + cause + "): the workers could not reach the coordination "
+                     "service at " + host + ":" + std::to_string(port) + " or each other; this node advertises " +
+                     ep->adv.address + " (" + ep->adv.source + "): check that every node's address is "
+                     "reachable from the others (--host, --iface)";
+      break;
+    }
     if (restarts >= o.max_restarts) {
       final_code = exit_code::no_progress;
       final_reason = "restarts exhausted (" + std::to_string(o.max_restarts) + "), last cause: " + cause;
       break;
     }
     ++restarts;
+    previous_group = incarnation;
     ++incarnation;
     say("restart " + std::to_string(restarts) + "/" + std::to_string(o.max_restarts) + " (incarnation " +
         std::to_string(incarnation) + "): " + cause);

@@ -24,6 +24,13 @@ struct launch_options {
   std::chrono::milliseconds exit_timeout{15000}; ///< wait for the rest after one exits
   std::chrono::milliseconds dead_after{3000};
   std::chrono::milliseconds hang_after{0}; ///< alive but no progress this long: hung (0: off)
+  /// The address advertised to peers (--host) or the interface holding it
+  /// (--iface); empty: GRACE_HOST, GRACE_SOCKET_IFNAME, GLOO_SOCKET_IFNAME,
+  /// else the route to the coordinator (runtime/net_address.hpp).
+  std::string host;
+  std::string iface;
+  /// Groups in a row that failed their rendezvous before giving up (exit 44).
+  int max_rendezvous_failures = 3;
   std::vector<std::string> command;
   bool quiet = false;
 };

@@ -19,6 +19,8 @@ PACKAGES=(
   python3 python3-numpy      # the format check reads checkpoints with numpy only
   gnuplot-nox                # grace-chaos timeline pictures
   procps psmisc              # pgrep/pkill in the integration tests
+  iproute2                   # tests/netns: hosts as network namespaces (ip netns, veth, bridge)
+  slurm-wlm munge            # tests/slurm: a real one-node SLURM (slurmctld, slurmd, munged)
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -227,7 +227,9 @@ verdict exit_codes(const check_input& in) {
         return f.deadline_kill || (targeted && (f.f.kind == fault_kind::sigkill_worker ||
                                                 (f.f.kind == fault_kind::sigstop_worker && f.f.duration_ms == 0)));
       });
-    else if (code == 42) ok = has([](const fault_record& f) { return restarts_group(f); });
+    // 45: a worker whose rendezvous failed because a fault hit its group
+    // while it was connecting: restarted like 42.
+    else if (code == 42 || code == 45) ok = has([](const fault_record& f) { return restarts_group(f); });
     else if (code == 3) ok = has([](const fault_record& f) { return f.f.kind == fault_kind::step_error; });
     if (!ok) {
       std::string causes;

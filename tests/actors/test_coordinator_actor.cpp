@@ -117,6 +117,12 @@ TEST_CASE("coordinator: joins are refused with a reason", "[coordinator]") {
   auto c = f.expect<proto::Welcome>(2);
   CHECK_FALSE(c->getAccepted());
   CHECK(str(c->getReason()).find("incarnation 5") != std::string::npos);
+  // A stale incarnation is refused for now, naming the current one, so the
+  // launcher restarts into it; a wrong token or version is final.
+  CHECK(c->getRestartable());
+  CHECK(c->getIncarnation() == 0);
+  CHECK_FALSE(a->getRestartable());
+  CHECK_FALSE(b->getRestartable());
 
   f.w(0)->send(f.coord, fixture::join_msg(0));
   f.run();
@@ -126,6 +132,7 @@ TEST_CASE("coordinator: joins are refused with a reason", "[coordinator]") {
   auto dup = f.expect<proto::Welcome>(1);
   CHECK_FALSE(dup->getAccepted());
   CHECK(str(dup->getReason()).find("duplicate rank 0") != std::string::npos);
+  CHECK(dup->getRestartable());
 
   // A malformed message is rejected, the coordinator keeps serving.
   f.w(2)->send(f.coord, msg<proto::Join>{std::vector<uint8_t>(40, 0xab)});
@@ -149,6 +156,12 @@ TEST_CASE("coordinator: the next group may advance the incarnation once the old 
   next->receive([&](msg<proto::Welcome>& m) { accepted = decode(m)->get().getAccepted(); },
                 caf::after(std::chrono::milliseconds(0)) >> [] {});
   CHECK(accepted);
+  // Launchers on other nodes ask for it before they start a group.
+  next->send(f.coord, current_atom::value);
+  f.run();
+  uint32_t current = 99;
+  next->receive([&](uint32_t i) { current = i; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+  CHECK(current == 1);
 }
 
 TEST_CASE("coordinator: key-value store is set-once with blocking get", "[coordinator][kv]") {

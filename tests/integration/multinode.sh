@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Two launchers on this machine (loopback), the same code paths as two hosts:
+# Two launchers on this machine, both on loopback (addresses are the same
+# for both nodes here; tests/netns runs nodes on separate addresses):
 # node 0 hosts the coordination service; a SIGTERM to a worker on node 1
 # makes every node's group save, exit and restart; the run finishes with the
 # weights of an uninterrupted 4-worker run.

@@ -38,7 +38,7 @@ std::vector<std::unique_ptr<gloo_comm>> connect_all(int world,
   std::vector<std::future<result<std::unique_ptr<gloo_comm>>>> fs;
   for (int r = 0; r < world; ++r)
     fs.push_back(std::async(std::launch::async, [=] {
-      return gloo_comm::connect(store, prefix, r, world, timeout);
+      return gloo_comm::connect(store, prefix, r, world, timeout, "127.0.0.1");
     }));
   std::vector<std::unique_ptr<gloo_comm>> comms;
   for (auto& f : fs) {
@@ -62,13 +62,13 @@ void on_all_ranks(int world, const std::function<void(int)>& fn) {
 
 TEST_CASE("gloo_comm: connect rejects bad arguments", "[gloo]") {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
-  auto c = gloo_comm::connect(store, fresh_prefix(), 2, 2, 1000ms);
+  auto c = gloo_comm::connect(store, fresh_prefix(), 2, 2, 1000ms, "127.0.0.1");
   REQUIRE_FALSE(c.ok());
   CHECK(c.err().code == errc::invalid_input);
-  c = gloo_comm::connect(nullptr, fresh_prefix(), 0, 1, 1000ms);
+  c = gloo_comm::connect(nullptr, fresh_prefix(), 0, 1, 1000ms, "127.0.0.1");
   REQUIRE_FALSE(c.ok());
   CHECK(c.err().code == errc::invalid_input);
-  c = gloo_comm::connect(store, fresh_prefix(), 0, 1, 0ms);
+  c = gloo_comm::connect(store, fresh_prefix(), 0, 1, 0ms, "127.0.0.1");
   REQUIRE_FALSE(c.ok());
   CHECK(c.err().code == errc::invalid_input);
 }
@@ -230,7 +230,7 @@ TEST_CASE("gloo_comm: a peer that never joins times out as overloaded", "[gloo]"
 TEST_CASE("gloo_comm: rendezvous times out when a rank is missing", "[gloo]") {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   const auto t0 = clock_type::now();
-  auto c = gloo_comm::connect(store, fresh_prefix(), 0, 2, 300ms);
+  auto c = gloo_comm::connect(store, fresh_prefix(), 0, 2, 300ms, "127.0.0.1");
   REQUIRE_FALSE(c.ok());
   CHECK((c.err().code == errc::overloaded || c.err().code == errc::disconnected));
   CHECK(clock_type::now() - t0 < 60s);
@@ -395,7 +395,7 @@ TEST_CASE("gloo_comm: a cancelled rendezvous returns at once while a peer never 
   const std::string prefix = fresh_prefix();
   std::promise<void> release;
   auto stalled = std::make_shared<stalling_store>(store, release.get_future().share());
-  auto r2 = std::async(std::launch::async, [=] { return gloo_comm::connect(stalled, prefix, 2, 3, 3000ms); });
+  auto r2 = std::async(std::launch::async, [=] { return gloo_comm::connect(stalled, prefix, 2, 3, 3000ms, "127.0.0.1"); });
   // Ranks 0 and 1 with Gloo's timeout far away: only the cancel can end them.
   std::vector<std::shared_ptr<cancel_token>> tokens{std::make_shared<cancel_token>(),
                                                     std::make_shared<cancel_token>()};

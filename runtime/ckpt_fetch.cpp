@@ -1,0 +1,364 @@
+#include "runtime/ckpt_fetch.hpp"
+
+#include "runtime/checkpoint.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+namespace grace {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr size_t max_line = 512;
+constexpr const char* magic = "GRACE-CKPT";
+
+error failed(std::string m) { return error{errc::failed, std::move(m)}; }
+
+struct fd_guard {
+  int fd = -1;
+  ~fd_guard() { if (fd >= 0) ::close(fd); }
+};
+
+void set_io_timeout(int fd, std::chrono::milliseconds t) {
+  timeval tv{static_cast<time_t>(t.count() / 1000), static_cast<suseconds_t>((t.count() % 1000) * 1000)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+bool parse_endpoint(const std::string& ep, sockaddr_in& out) {
+  auto colon = ep.rfind(':');
+  if (colon == std::string::npos) return false;
+  out = {};
+  out.sin_family = AF_INET;
+  int port = std::atoi(ep.c_str() + colon + 1);
+  if (port <= 0 || port > 65535) return false;
+  out.sin_port = htons(static_cast<uint16_t>(port));
+  return ::inet_pton(AF_INET, ep.substr(0, colon).c_str(), &out.sin_addr) == 1;
+}
+
+/// A connected socket within `timeout` (a lost host must not hang us).
+result<int> connect_to(const std::string& ep, std::chrono::milliseconds timeout) {
+  sockaddr_in to{};
+  if (!parse_endpoint(ep, to)) return error{errc::invalid_input, "not an IPv4 address:port: '" + ep + "'"};
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return failed(std::string("socket: ") + std::strerror(errno));
+  fd_guard g{fd};
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0 && errno != EINPROGRESS)
+    return error{errc::disconnected, "connect " + ep + ": " + std::strerror(errno)};
+  pollfd p{fd, POLLOUT, 0};
+  if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1)
+    return error{errc::disconnected, "connect " + ep + ": no answer within " + std::to_string(timeout.count()) + " ms"};
+  int err = 0;
+  socklen_t len = sizeof err;
+  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (err) return error{errc::disconnected, "connect " + ep + ": " + std::strerror(err)};
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  set_io_timeout(fd, timeout);
+  g.fd = -1;
+  return fd;
+}
+
+bool send_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+bool send_str(int fd, const std::string& s) { return send_all(fd, s.data(), s.size()); }
+
+/// One '\n'-terminated line (without it), at most max_line bytes.
+result<std::string> read_line(int fd) {
+  std::string s;
+  char c;
+  while (s.size() <= max_line) {
+    ssize_t r = ::recv(fd, &c, 1, 0);
+    if (r <= 0) return failed(r == 0 ? "connection closed" : std::string("read: ") + std::strerror(errno));
+    if (c == '\n') return s;
+    s.push_back(c);
+  }
+  return failed("line longer than " + std::to_string(max_line) + " bytes");
+}
+
+/// Reads "OK <n>" (or "ERR ..."); returns n.
+result<uint64_t> read_ok(int fd, const std::string& what) {
+  auto l = read_line(fd);
+  if (!l) return failed(what + ": " + l.err().message);
+  if (l->rfind("OK ", 0) != 0) return failed(what + ": " + (l->rfind("ERR ", 0) == 0 ? l->substr(4) : "bad reply '" + *l + "'"));
+  char* end = nullptr;
+  auto n = std::strtoull(l->c_str() + 3, &end, 10);
+  if (*end != '\0') return failed(what + ": bad reply '" + *l + "'");
+  return static_cast<uint64_t>(n);
+}
+
+bool plain_name(const std::string& n) {
+  return !n.empty() && n != "." && n != ".." && n.find('/') == std::string::npos && n.size() < 256;
+}
+
+std::vector<std::string> words(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> w;
+  for (std::string s; in >> s;) w.push_back(s);
+  return w;
+}
+
+std::optional<uint64_t> to_step(const std::string& s) {
+  if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return std::stoull(s);
+}
+
+/// Opens a connection and sends one request line.
+result<int> request(const std::string& ep, const std::string& token, const std::string& what,
+                    std::chrono::milliseconds timeout) {
+  auto fd = connect_to(ep, timeout);
+  if (!fd) return fd;
+  if (!send_str(*fd, std::string(magic) + " " + token + " " + what + "\n")) {
+    ::close(*fd);
+    return error{errc::disconnected, "send to " + ep + " failed"};
+  }
+  return fd;
+}
+
+} // namespace
+
+// ------------------------------------------------------------------ server
+
+result<std::unique_ptr<checkpoint_server>> checkpoint_server::start(fs::path dir, std::string address,
+                                                                    std::string token,
+                                                                    std::chrono::milliseconds io_timeout) {
+  std::unique_ptr<checkpoint_server> s(new checkpoint_server());
+  s->dir_ = std::move(dir);
+  s->address_ = std::move(address);
+  s->token_ = std::move(token);
+  s->io_timeout_ = io_timeout;
+  sockaddr_in at{};
+  if (!parse_endpoint(s->address_ + ":1", at))
+    return error{errc::invalid_input, "checkpoint server: '" + s->address_ + "' is not an IPv4 address"};
+  at.sin_port = 0;
+  s->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(s->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  socklen_t len = sizeof at;
+  if (s->listen_fd_ < 0 || ::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&at), sizeof at) != 0 ||
+      ::listen(s->listen_fd_, 16) != 0 || ::getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&at), &len) != 0)
+    return failed("checkpoint server: cannot listen on " + s->address_ + ": " + std::strerror(errno));
+  s->port_ = ntohs(at.sin_port);
+  if (::pipe2(s->stop_pipe_, O_CLOEXEC) != 0) return failed(std::string("pipe: ") + std::strerror(errno));
+  s->thread_ = std::thread([p = s.get()] { p->serve(); });
+  return s;
+}
+
+checkpoint_server::~checkpoint_server() {
+  if (stop_pipe_[1] >= 0) {
+    char c = 1;
+    ssize_t n = ::write(stop_pipe_[1], &c, 1);
+    (void)n;
+  }
+  if (thread_.joinable()) thread_.join();
+  for (int fd : {listen_fd_, stop_pipe_[0], stop_pipe_[1]})
+    if (fd >= 0) ::close(fd);
+}
+
+void checkpoint_server::serve() {
+  for (;;) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_pipe_[0], POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents) return;
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    set_io_timeout(fd, io_timeout_);
+    answer(fd);
+    ::close(fd);
+  }
+}
+
+void checkpoint_server::answer(int fd) {
+  auto line = read_line(fd);
+  if (!line) return;
+  auto w = words(*line);
+  auto err = [&](const std::string& m) { send_str(fd, "ERR " + m + "\n"); };
+  if (w.size() < 3 || w[0] != magic) return err("not a checkpoint request");
+  if (w[1] != token_) return err("wrong job token");
+  checkpoint_store store(dir_);
+  if (w[2] == "LIST" && w.size() == 3) {
+    std::string body;
+    size_t n = 0;
+    for (auto& c : store.list())
+      if (c.valid && !c.temporary && !c.set_aside) body += std::to_string(c.step) + "\n", ++n;
+    send_str(fd, "OK " + std::to_string(n) + "\n" + body);
+    return;
+  }
+  auto step = w.size() >= 4 ? to_step(w[3]) : std::nullopt;
+  if (!step) return err("bad request '" + *line + "'");
+  auto sdir = store.step_path(*step);
+  if (w[2] == "FILES" && w.size() == 4) {
+    std::string body;
+    size_t n = 0;
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(sdir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      if (!it->is_regular_file()) continue;
+      body += std::to_string(it->file_size()) + " " + it->path().filename().string() + "\n";
+      ++n;
+    }
+    if (ec || n == 0) return err("no checkpoint step " + std::to_string(*step));
+    send_str(fd, "OK " + std::to_string(n) + "\n" + body);
+    return;
+  }
+  if (w[2] == "GET" && w.size() == 5 && plain_name(w[4])) {
+    int f = ::open((sdir / w[4]).c_str(), O_RDONLY | O_CLOEXEC);
+    if (f < 0) return err("cannot open " + w[4] + " of step " + std::to_string(*step) + ": " + std::strerror(errno));
+    fd_guard g{f};
+    struct stat st {};
+    ::fstat(f, &st);
+    if (!S_ISREG(st.st_mode)) return err(w[4] + " is not a file");
+    if (!send_str(fd, "OK " + std::to_string(st.st_size) + "\n")) return;
+    off_t off = 0;
+    while (off < st.st_size)
+      if (::sendfile(fd, f, &off, static_cast<size_t>(st.st_size - off)) <= 0) return;
+    return;
+  }
+  err("bad request '" + *line + "'");
+}
+
+// ------------------------------------------------------------------ client
+
+std::optional<fetch_plan> plan_fetch(uint64_t local_newest, const std::vector<peer_checkpoints>& peers) {
+  std::optional<fetch_plan> best;
+  for (auto& p : peers)
+    for (auto s : p.steps)
+      if (s > local_newest && (!best || s > best->step)) best = fetch_plan{s, p.endpoint};
+  return best;
+}
+
+result<std::vector<uint64_t>> list_remote(const std::string& ep, const std::string& token,
+                                          std::chrono::milliseconds timeout) {
+  auto fd = request(ep, token, "LIST", timeout);
+  if (!fd) return fd.err();
+  fd_guard g{*fd};
+  auto n = read_ok(*fd, "LIST from " + ep);
+  if (!n) return n.err();
+  std::vector<uint64_t> steps;
+  for (uint64_t i = 0; i < *n; ++i) {
+    auto l = read_line(*fd);
+    auto s = l ? to_step(*l) : std::nullopt;
+    if (!s) return failed("LIST from " + ep + ": bad step line");
+    steps.push_back(*s);
+  }
+  return steps;
+}
+
+namespace {
+
+/// GET one file into `to` (fsynced). Returns its size.
+result<uint64_t> get_file(const std::string& ep, const std::string& token, uint64_t step, const std::string& name,
+                          uint64_t expected, const fs::path& to, std::chrono::milliseconds timeout) {
+  auto fd = request(ep, token, "GET " + std::to_string(step) + " " + name, timeout);
+  if (!fd) return fd.err();
+  fd_guard g{*fd};
+  auto size = read_ok(*fd, "GET " + name + " from " + ep);
+  if (!size) return size.err();
+  if (*size != expected) return failed(name + " from " + ep + ": size " + std::to_string(*size) + " != listed " +
+                                       std::to_string(expected));
+  int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out < 0) return failed("cannot create " + to.string() + ": " + std::strerror(errno));
+  fd_guard o{out};
+  std::vector<char> buf(1 << 20);
+  uint64_t left = *size;
+  while (left > 0) {
+    ssize_t r = ::recv(*fd, buf.data(), std::min<uint64_t>(left, buf.size()), 0);
+    if (r <= 0) return error{errc::disconnected, name + " from " + ep + ": transfer cut after " +
+                                                    std::to_string(*size - left) + " of " + std::to_string(*size) + " bytes"};
+    if (::write(out, buf.data(), static_cast<size_t>(r)) != r)
+      return failed("write " + to.string() + ": " + std::strerror(errno));
+    left -= static_cast<uint64_t>(r);
+  }
+  if (::fsync(out) != 0) return failed("fsync " + to.string() + ": " + std::strerror(errno));
+  return *size;
+}
+
+void fsync_dir(const fs::path& d) {
+  int f = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (f >= 0) { ::fsync(f); ::close(f); }
+}
+
+/// Lists the step's files and copies each into `tmp`. Returns total bytes.
+result<uint64_t> copy_step(const std::string& ep, const std::string& token, uint64_t step, const fs::path& tmp,
+                           std::chrono::milliseconds timeout) {
+  auto fd = request(ep, token, "FILES " + std::to_string(step), timeout);
+  if (!fd) return fd.err();
+  std::vector<std::pair<uint64_t, std::string>> files;
+  {
+    fd_guard g{*fd};
+    auto n = read_ok(*fd, "FILES from " + ep);
+    if (!n) return n.err();
+    for (uint64_t i = 0; i < *n; ++i) {
+      auto l = read_line(*fd);
+      if (!l) return l.err();
+      auto w = words(*l);
+      auto sz = w.size() == 2 ? to_step(w[0]) : std::nullopt;
+      if (!sz || !plain_name(w[1])) return failed("FILES from " + ep + ": bad line '" + *l + "'");
+      files.emplace_back(*sz, w[1]);
+    }
+  }
+  uint64_t total = 0;
+  for (auto& [size, name] : files) {
+    auto r = get_file(ep, token, step, name, size, tmp / name, timeout);
+    if (!r) return r.err();
+    total += *r;
+  }
+  fsync_dir(tmp);
+  return total;
+}
+
+} // namespace
+
+result<uint64_t> fetch_remote(const std::string& ep, const std::string& token, uint64_t step, const fs::path& dir,
+                              std::chrono::milliseconds timeout) {
+  checkpoint_store store(dir);
+  auto target = store.step_path(step);
+  std::error_code ec;
+  if (fs::exists(target, ec) && store.verify(target)) return uint64_t{0};
+  fs::create_directories(dir, ec);
+  auto tmp = dir / (".tmp-step-" + std::to_string(step) + "-" + std::to_string(::getpid()) + "-fetch");
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec)) return failed("cannot create " + tmp.string() + ": " + ec.message());
+  auto bytes = copy_step(ep, token, step, tmp, timeout);
+  status ok = bytes ? store.verify(tmp) : status{bytes.err()};
+  if (!ok) {
+    fs::remove_all(tmp, ec);
+    return error{ok.err().code, "fetching step " + std::to_string(step) + " from " + ep + ": " + ok.err().message};
+  }
+  if (fs::exists(target, ec)) {  // there but damaged: set aside, never deleted
+    auto aside = target;
+    aside += ".corrupt-fetch-" + std::to_string(::getpid());
+    fs::rename(target, aside, ec);
+  }
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    fs::remove_all(tmp, ec);
+    return failed("cannot commit fetched " + target.string() + ": " + ec.message());
+  }
+  fsync_dir(dir);
+  return *bytes;
+}
+
+} // namespace grace

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Host-level faults on two hosts x 2 workers (tests/netns/testbed.sh), one
+# grace-launch per host, checkpoints in the directory shared by both (node 0's
+# chief writes them; fetching a checkpoint from a peer's node-local disk is
+# not built yet). Each scenario checks: finished, every step exactly once,
+# final weights bit-identical to an uninterrupted run, exit codes.
+#   host_faults.sh preempt    SIGTERM to a worker on host 1 (both groups save,
+#                             restart, resume), then SIGTERM to host 1's
+#                             launcher (it exits 42 after the save, as a
+#                             scheduler would see it) and a new launcher there
+#   host_faults.sh lost       host 1 lost: its launcher and workers SIGKILLed at
+#                             once and its link down; the survivors save just
+#                             in time; a new launcher on host 1 (same node
+#                             rank) rejoins and the job completes
+#   host_faults.sh partition  host 1 cut off for 6 s, then healed: no split
+#                             brain (the isolated side commits nothing and
+#                             stops instead of training alone), host 1 rejoins
+#                             the current incarnation
+#   host_faults.sh node_local each host its own node-local checkpoint
+#                             directory: a preemption save (written by the
+#                             chief, on host 0 only), then host 1 lost and
+#                             relaunched with an empty disk: before each group
+#                             host 1's launcher fetches the newest checkpoint
+#                             from host 0's (verified by its checksums), so
+#                             every rank resumes from the same step (nothing
+#                             else would stop ranks resuming from different
+#                             steps: agreement::on_join ignores the restored step).
+source "$(dirname "$0")/../integration/lib.sh"
+source "$(dirname "$0")/testbed.sh"
+SCENARIO=${1:?scenario: preempt, lost, partition or node_local}
+tb_init 2
+STEPS=400
+ARGS=(--steps $STEPS --step-delay-ms 10 --collective-timeout-ms 20000)
+REF=$(reference 4 --steps $STEPS --step-delay-ms 10)
+CK="$TB/shared/ck"
+E0="$TB/h0/events.jsonl"
+E1="$TB/h1/events.jsonl"
+COMMON=(--nproc 2 --nnodes 2 --coordinator h0:29500 --run-id faults --checkpoint-dir "$CK"
+        --dead-after-ms 1500 --exit-timeout-ms 5000 --max-restarts 6)
+
+launch() { # launch HOST VAR
+  tb_launch "$1" "$2" "$TB/h$1" "${COMMON[@]}" --node-rank "$1" -- "${ARGS[@]}" --output out.json
+}
+
+first_event() { # first_event FILE EXPR FIELD: FIELD of the first matching event
+  events "$1" "$2" | "$PY" -c "import json,sys; print(json.loads(sys.stdin.readline())['$3'])"
+}
+
+check_result() {
+  local out="$TB/h0/out.json"
+  [ -f "$out" ] || { tail -n 30 "$TB"/h*/log.txt; fail "no output from rank 0"; }
+  [ "$(json "$out" steps_done)" -eq $STEPS ] || fail "steps_done != $STEPS"
+  [ "$(json "$out" step_index_sum)" -eq $((STEPS * (STEPS + 1) / 2)) ] || fail "a step ran twice or never"
+  [ "$(json "$out" weights_checksum)" = "$REF" ] || fail "final weights differ from the uninterrupted run"
+  [ -z "$(find "$CK" -maxdepth 1 -name '.tmp-*')" ] || fail "temporary directory left behind"
+  # Every rank finished in one and the same incarnation.
+  local fin
+  fin=$(cat "$E0" "$E1" | grep '"event":"finished"' | "$PY" -c 'import json,sys
+ev = [json.loads(l) for l in sys.stdin]
+print(len(ev), len({e["incarnation"] for e in ev}))')
+  [ "$fin" = "4 1" ] || fail "expected 4 workers finished in one incarnation (count, incarnations: $fin)"
+}
+
+preempt() {
+  launch 0 L0
+  launch 1 L1
+  tb_wait_event "$E1" "e['event']=='first_step'" 60
+  kill -TERM "$(pgrep -P "$L1" -f grace-train | head -1)"
+  tb_wait_event "$E0" "e['event']=='committed'" 30
+  tb_wait_event "$E1" "e['event']=='first_step' and e['incarnation']>=1" 60
+  kill -TERM "$L1"
+  tb_wait_pid "$L1" rc1
+  [ "$rc1" -eq 42 ] || { tail -n 20 "$TB/h1/log.txt"; fail "host 1's launcher after SIGTERM: exit $rc1, expected 42"; }
+  grep -q "preempted: workers saved and exited" "$TB/h1/log.txt" || fail "host 1's launcher must say it was preempted"
+  launch 1 L1
+  tb_wait_pid "$L0" rc0
+  tb_wait_pid "$L1" rc1
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+  check_result
+  local commits restores
+  commits=$(count_events "$E0" "e['event']=='committed'")
+  restores=$(events "$E0" "e['event']=='restored' and e['rank']==0" | "$PY" -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in sys.stdin))')
+  [ "$commits" -ge 2 ] || fail "expected two preemption saves, saw $commits"
+  pass "SIGTERM on host 1 (a worker, then its launcher): saved, restarted, restored steps $restores, weights identical"
+}
+
+lost() {
+  launch 0 L0
+  launch 1 L1
+  tb_wait_event "$E1" "e['event']=='first_step'" 60
+  tb_wait_event "$E0" "e['event']=='first_step' and e['rank']==0" 60
+  local t0 jit_id jit_step restored
+  t0=$(date +%s%N)
+  tb_kill_host 1
+  wait "$L1" 2>/dev/null || true
+  tb_wait_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" 30
+  jit_id=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" id)
+  jit_step=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" step)
+  tb_wait_event "$E0" "e['event']=='committed' and e['id']==$jit_id" 30
+  local t_commit
+  t_commit=$(first_event "$E0" "e['event']=='committed' and e['id']==$jit_id" t_ns)
+  echo "host lost -> just-in-time checkpoint of step $jit_step committed in $(( (t_commit - t0) / 1000000 )) ms (dead-after 1500 ms)"
+  tb_link 1 up
+  launch 1 L1
+  tb_wait_pid "$L0" rc0
+  tb_wait_pid "$L1" rc1
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+  check_result
+  restored=$(first_event "$E0" "e['event']=='restored'" step)
+  [ "$restored" = "$jit_step" ] || fail "restored step $restored, the just-in-time save was $jit_step"
+  pass "host 1 lost (SIGKILL + link down): just-in-time save at step $jit_step, host 1 relaunched, resumed there, weights identical"
+}
+
+partition() {
+  launch 0 L0
+  launch 1 L1
+  tb_wait_event "$E1" "e['event']=='first_step'" 60
+  tb_wait_event "$E0" "e['event']=='first_step' and e['rank']==0" 60
+  local t0=$SECONDS jit_id jit_step
+  tb_link 1 down
+  tb_wait_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" 30
+  jit_id=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" id)
+  jit_step=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" step)
+  tb_wait_event "$E0" "e['event']=='committed' and e['id']==$jit_id" 30
+  # The isolated side stops (its coordinator is gone) instead of training on.
+  tb_wait_event "$E1" "e['event']=='exit' and e['incarnation']==0 and e['rank']==2" 30
+  tb_wait_event "$E1" "e['event']=='exit' and e['incarnation']==0 and e['rank']==3" 30
+  local isolated_steps
+  isolated_steps=$(events "$E1" "e['event']=='exit' and e['incarnation']==0" | "$PY" -c 'import json,sys; print(max(json.loads(l)["step"] for l in sys.stdin))')
+  [ "$isolated_steps" -le "$jit_step" ] || fail "the isolated side trained to step $isolated_steps, past the survivors' save at $jit_step"
+  while [ $((SECONDS - t0)) -lt 6 ]; do sleep 0.2; done   # the partition lasts 6 s
+  tb_link 1 up
+  tb_wait_pid "$L0" rc0
+  tb_wait_pid "$L1" rc1
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+  check_result
+  [ "$(count_events "$E1" "e['event'] in ('committed_local','snapshot_done')")" -eq 0 ] \
+    || fail "split brain: the isolated host wrote a checkpoint"
+  local restored
+  restored=$(first_event "$E0" "e['event']=='restored'" step)
+  [ "$restored" = "$jit_step" ] || fail "restored step $restored, the survivors' save was $jit_step"
+  pass "host 1 partitioned 6 s: survivors saved step $jit_step, the isolated side stopped at <= $isolated_steps and wrote nothing, host 1 rejoined, weights identical"
+}
+
+node_local() {
+  COMMON=(--nproc 2 --nnodes 2 --coordinator h0:29500 --run-id faults --dead-after-ms 1500
+          --exit-timeout-ms 5000 --max-restarts 6)
+  CK="$TB/h0/ck"   # check_result looks for temporaries on host 0's disk
+  local_launch() { tb_launch "$1" "$2" "$TB/h$1" "${COMMON[@]}" --node-rank "$1" --checkpoint-dir "$TB/h$1/ck" \
+                     -- "${ARGS[@]}" --output out.json; }
+  local_launch 0 L0
+  local_launch 1 L1
+  tb_wait_event "$E1" "e['event']=='first_step'" 60
+  kill -TERM "$(pgrep -P "$L1" -f grace-train | head -1)"
+  tb_wait_event "$E0" "e['event']=='committed'" 30
+  local saved
+  saved=$(first_event "$E0" "e['event']=='committed'" step)
+  tb_wait_event "$E1" "e['event']=='fetched' and e['step']==$saved" 30
+  # Then host 1 is lost and comes back with an empty disk.
+  tb_wait_event "$E1" "e['event']=='first_step' and e['incarnation']>=1" 60
+  tb_kill_host 1
+  wait "$L1" 2>/dev/null || true
+  rm -rf "$TB/h1/ck"
+  tb_wait_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" 30
+  local jit_id jit
+  jit_id=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" id)
+  jit=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" step)
+  tb_wait_event "$E0" "e['event']=='committed' and e['id']==$jit_id" 30
+  tb_link 1 up
+  local_launch 1 L1
+  tb_wait_pid "$L0" rc0
+  tb_wait_pid "$L1" rc1
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+  check_result
+  [ "$(count_events "$E1" "e['event']=='fetched' and e['step']==$jit")" -ge 1 ] || fail "host 1 did not fetch the just-in-time save $jit"
+  local restores
+  restores=$(cat "$E0" "$E1" | grep '"event":"restored"' | "$PY" -c 'import json,sys
+by = {}
+for l in sys.stdin:
+    e = json.loads(l); by.setdefault(e["incarnation"], set()).add(e["step"])
+print(" ".join("%d:%s" % (i, sorted(s)) for i, s in sorted(by.items())) if all(len(s) == 1 for s in by.values()) else "MIXED %s" % by)')
+  case "$restores" in MIXED*) fail "ranks of one incarnation restored different steps: $restores";; esac
+  pass "node-local directories: host 1 fetched the preemption save ($saved) and, relaunched with an empty disk, the just-in-time save ($jit); every incarnation restored one step ($restores); weights identical"
+}
+
+"$SCENARIO"
