@@ -7,6 +7,7 @@
 #include "actors/kv_store.hpp"
 #include "actors/peer_watcher.hpp"
 #include "actors/signal_watcher.hpp"
+#include "runtime/base64.hpp"
 #include "runtime/checkpoint.hpp"
 #include "runtime/control.hpp"
 #include "runtime/deadline.hpp"
@@ -54,6 +55,11 @@ struct session::impl {
   std::shared_ptr<spdlog::logger> log;
   std::vector<tensor_ref> tensors;
   std::map<std::string, int64_t*> counters;
+  struct blob_hooks {
+    std::function<std::string()> save;
+    std::function<void(const std::string&)> restore;
+  };
+  std::map<std::string, blob_hooks> blobs;
 
   std::unique_ptr<actor_runtime> rt;
   coordinator_actor coord;
@@ -105,6 +111,8 @@ struct session::impl {
   std::vector<int64_t> step_ns;   // recent step durations (ring)
   std::vector<int64_t> save_ns;   // recent snapshot+write durations
   bool first_step_logged = false;
+  bool in_step = false;     // between begin() and complete() / fail()
+  int64_t step_t0 = 0;
 
   // ---------------------------------------------------------------- helpers
 
@@ -125,10 +133,56 @@ struct session::impl {
     return m;
   }
 
+  static std::string blob_key(const std::string& name) { return "grace.blob." + name; }
+
+  /// The registered blobs, base64 in the metadata; an error names the blob.
+  status add_blobs(checkpoint_meta& m) {
+    for (auto& [name, h] : blobs) {
+      std::string bytes;
+      try {
+        bytes = h.save();
+      } catch (const std::exception& e) {
+        return error{errc::failed, "blob '" + name + "': its save callback raised: " + e.what()};
+      }
+      if (bytes.size() > max_blob_bytes)
+        return error{errc::invalid_input, "blob '" + name + "' is " + std::to_string(bytes.size()) +
+                                              " bytes, above the " + std::to_string(max_blob_bytes) +
+                                              "-byte limit for manifest blobs: register it as a tensor"};
+      m.metadata[blob_key(name)] = base64_encode(bytes);
+    }
+    return {};
+  }
+
+  /// Hands every registered blob its restored bytes (attach, after a restore).
+  status restore_blobs(const restored_checkpoint& r) {
+    for (auto& [name, h] : blobs) {
+      auto it = r.manifest.metadata.find(blob_key(name));
+      if (it == r.manifest.metadata.end())
+        return error{errc::invalid_input, r.path.string() + " has no blob '" + name +
+                                              "': it was written by a trainer that did not register it"};
+      auto bytes = base64_decode(it->second);
+      if (!bytes)
+        return error{errc::invalid_input, "blob '" + name + "' in " + r.path.string() + " is not valid base64"};
+      try {
+        h.restore(*bytes);
+      } catch (const std::exception& e) {
+        return error{errc::invalid_input, "restoring blob '" + name + "' from " + r.path.string() +
+                                              " failed: " + e.what()};
+      }
+    }
+    return {};
+  }
+
   /// Snapshot (blocking the trainer only for the copy), then write on the
   /// writer thread. `sync`: wait for the commit. Reports to the coordinator
   /// when `agreement_id` is set.
   status save(uint64_t step, checkpoint_kind kind, uint64_t agreement_id, bool sync) {
+    auto meta = meta_for(step, kind);
+    if (auto b = add_blobs(meta); !b) {
+      log->error("checkpoint step {} not taken: {}", step, b.err().message);
+      report_saved(agreement_id, step, false, b.err().message, nullptr, 0, 0);
+      return b;
+    }
     writer->wait_idle(); // the buffers of the previous write are free again
     auto t0 = mono_ns();
     auto st = buffers->capture(tensors);
@@ -141,7 +195,7 @@ struct session::impl {
     auto done = std::make_shared<std::promise<status>>();
     auto fut = done->get_future();
     auto t1 = mono_ns();
-    writer->submit(buffers, meta_for(step, kind), [this, agreement_id, step, snap_ns, t1, done,
+    writer->submit(buffers, std::move(meta), [this, agreement_id, step, snap_ns, t1, done,
                                                    kind](result<save_stats> r) {
       auto write_ns = mono_ns() - t1;
       if (r) {
@@ -360,6 +414,82 @@ struct session::impl {
     return stop(opts.restart_exit_code, "timed out waiting for the coordination service at step " +
                                             std::to_string(c));
   }
+
+  // --------------------------------------------- one step: run() or split
+
+  /// Before step k = completed + 1: nullopt to run it, or a stop.
+  std::optional<step_result> begin() {
+    if (!attached) return stop(exit_code::usage, "a step before attach()");
+    const uint64_t k = completed + 1;
+    ctl->started.store(k, std::memory_order_seq_cst);
+    if (ctl->pending.load(std::memory_order_seq_cst)) {
+      if (auto s = boundary(k)) return s;
+    }
+    in_step = true;
+    step_t0 = mono_ns();
+    return std::nullopt;
+  }
+
+  /// Step k raised. `collective`: a collective failed (step_failure); wait
+  /// for the coordinator's verdict. Otherwise report the error to everyone,
+  /// unless it is the consequence of a failure already known.
+  step_result fail(uint64_t k, const std::string& what, bool collective) {
+    in_step = false;
+    if (collective) {
+      log->warn("step {} failed in a collective: {}", k, what);
+      // Wait for the coordinator's verdict (peer lost -> just-in-time save).
+      {
+        std::unique_lock<std::mutex> lk(ctl->m);
+        ctl->cv.wait_for(lk, opts.wait_timeout, [&] { return ctl->pending.load(); });
+      }
+      if (ctl->pending.load())
+        if (auto s = boundary(k)) return *s;
+      return stop(opts.restart_exit_code, "collective failed: " + what);
+    }
+    bool consequence = false;
+    {
+      std::lock_guard<std::mutex> g(ctl->m);
+      consequence = ctl->failure || ctl->lost;
+    }
+    if (!consequence) {
+      log->error("step {} raised: {}", k, what);
+      emit_event("step_error", {{"step", k}, {"message", what}});
+      to_coordinator(make<proto::ErrorReport>([&](auto b) {
+        b.setRank(cluster.rank); b.setStep(k); b.setKind(proto::ErrorKind::FAILED); b.setMessage(what);
+      }));
+      std::unique_lock<std::mutex> lk(ctl->m);
+      ctl->cv.wait_for(lk, std::chrono::seconds(5), [&] { return ctl->failure.has_value(); });
+      lk.unlock();
+      return stop(exit_code::fatal, "error in step " + std::to_string(k) + " on rank " +
+                                        std::to_string(cluster.rank) + ": " + what);
+    }
+    if (auto s = boundary(k)) return *s;
+    return stop(opts.restart_exit_code, "step aborted: " + what);
+  }
+
+  /// Step k finished: count it; the chief takes a periodic save when due.
+  void complete(uint64_t k) {
+    in_step = false;
+    auto dt = mono_ns() - step_t0;
+    completed = k;
+    ctl->completed.store(k, std::memory_order_release);
+    ctl->last_step_ns.store(dt, std::memory_order_relaxed);
+    if (step_ns.size() < 64) step_ns.push_back(dt); else step_ns[k % 64] = dt;
+    if (!first_step_logged) {
+      first_step_logged = true;
+      emit_event("first_step", {{"step", k}, {"ns", dt}});
+    }
+    if (cluster.is_chief()) {
+      bool due = opts.save_every_steps && k % opts.save_every_steps == 0;
+      if (!due && opts.save_every_seconds > 0 &&
+          double(mono_ns() - last_periodic_ns) >= opts.save_every_seconds * 1e9)
+        due = true;
+      if (due) {
+        last_periodic_ns = mono_ns();
+        save(k, checkpoint_kind::periodic, 0, false);
+      }
+    }
+  }
 };
 
 session::session(options opts) : impl_(std::make_unique<impl>()) {
@@ -385,6 +515,10 @@ session::~session() {
 
 void session::register_tensor(tensor_ref t) { impl_->tensors.push_back(std::move(t)); }
 void session::register_counter(const std::string& name, int64_t* value) { impl_->counters[name] = value; }
+void session::register_blob(const std::string& name, std::function<std::string()> save,
+                            std::function<void(const std::string&)> restore) {
+  impl_->blobs[name] = impl::blob_hooks{std::move(save), std::move(restore)};
+}
 
 result<uint64_t> session::attach() {
   auto& d = *impl_;
@@ -421,6 +555,7 @@ result<uint64_t> session::attach() {
       auto it = restored->manifest.counters.find(name);
       if (it != restored->manifest.counters.end()) *p = it->second;
     }
+    if (auto b = d.restore_blobs(*restored); !b) return b.err();
     d.log->info("restored step {} from {} ({} tensors, {:.1f} ms)", d.completed, restored->path.string(),
                 restored->loaded.size(), (mono_ns() - t0) / 1e6);
     emit_event("restored", {{"step", d.completed}, {"path", restored->path.string()},
@@ -524,66 +659,33 @@ result<uint64_t> session::attach() {
 
 step_result session::run(const std::function<void(uint64_t)>& fn) {
   auto& d = *impl_;
-  if (!d.attached) return d.stop(exit_code::usage, "run() before attach()");
+  if (auto s = d.begin()) return *s;
   const uint64_t k = d.completed + 1;
-  d.ctl->started.store(k, std::memory_order_seq_cst);
-  if (d.ctl->pending.load(std::memory_order_seq_cst)) {
-    if (auto s = d.boundary(k)) return *s;
-  }
-  auto t0 = mono_ns();
   try {
     fn(k);
   } catch (const step_failure& e) {
-    d.log->warn("step {} failed in a collective: {}", k, e.what());
-    // Wait for the coordinator's verdict (peer lost -> just-in-time save).
-    {
-      std::unique_lock<std::mutex> lk(d.ctl->m);
-      d.ctl->cv.wait_for(lk, d.opts.wait_timeout, [&] { return d.ctl->pending.load(); });
-    }
-    if (d.ctl->pending.load())
-      if (auto s = d.boundary(k)) return *s;
-    return d.stop(d.opts.restart_exit_code, std::string("collective failed: ") + e.what());
+    return d.fail(k, e.what(), true);
   } catch (const std::exception& e) {
-    bool consequence = false;
-    {
-      std::lock_guard<std::mutex> g(d.ctl->m);
-      consequence = d.ctl->failure || d.ctl->lost;
-    }
-    if (!consequence) {
-      d.log->error("step {} raised: {}", k, e.what());
-      emit_event("step_error", {{"step", k}, {"message", e.what()}});
-      d.to_coordinator(make<proto::ErrorReport>([&](auto b) {
-        b.setRank(d.cluster.rank); b.setStep(k); b.setKind(proto::ErrorKind::FAILED); b.setMessage(e.what());
-      }));
-      std::unique_lock<std::mutex> lk(d.ctl->m);
-      d.ctl->cv.wait_for(lk, std::chrono::seconds(5), [&] { return d.ctl->failure.has_value(); });
-      lk.unlock();
-      return d.stop(exit_code::fatal, "error in step " + std::to_string(k) + " on rank " +
-                                          std::to_string(d.cluster.rank) + ": " + e.what());
-    }
-    if (auto s = d.boundary(k)) return *s;
-    return d.stop(d.opts.restart_exit_code, std::string("step aborted: ") + e.what());
+    return d.fail(k, e.what(), false);
   }
-  auto dt = mono_ns() - t0;
-  d.completed = k;
-  d.ctl->completed.store(k, std::memory_order_release);
-  d.ctl->last_step_ns.store(dt, std::memory_order_relaxed);
-  if (d.step_ns.size() < 64) d.step_ns.push_back(dt); else d.step_ns[k % 64] = dt;
-  if (!d.first_step_logged) {
-    d.first_step_logged = true;
-    emit_event("first_step", {{"step", k}, {"ns", dt}});
-  }
-  if (d.cluster.is_chief()) {
-    bool due = d.opts.save_every_steps && k % d.opts.save_every_steps == 0;
-    if (!due && d.opts.save_every_seconds > 0 &&
-        double(mono_ns() - d.last_periodic_ns) >= d.opts.save_every_seconds * 1e9)
-      due = true;
-    if (due) {
-      d.last_periodic_ns = mono_ns();
-      d.save(k, checkpoint_kind::periodic, 0, false);
-    }
-  }
+  d.complete(k);
   return step_result::ok;
+}
+
+step_result session::begin_step() {
+  if (impl_->in_step) throw std::logic_error("begin_step() twice without end_step() or fail_step()");
+  if (auto s = impl_->begin()) return *s;
+  return step_result::ok;
+}
+
+void session::end_step() {
+  if (!impl_->in_step) throw std::logic_error("end_step() without begin_step()");
+  impl_->complete(impl_->completed + 1);
+}
+
+step_result session::fail_step(const std::string& what, bool collective) {
+  if (!impl_->attached) return impl_->stop(exit_code::usage, "fail_step() before attach()");
+  return impl_->fail(impl_->completed + 1, what, collective);
 }
 
 status session::finish() {
