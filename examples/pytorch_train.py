@@ -21,11 +21,16 @@ import datetime
 import hashlib
 import json
 import os
+import random
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "python"))
+# From a source checkout: the module built in build/ (else PYTHONPATH or `cmake --install`).
+_BUILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "python")
+if os.path.isdir(os.path.join(_BUILD, "grace")):
+    sys.path.insert(0, _BUILD)
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -92,12 +97,16 @@ class SyntheticData(torch.utils.data.Dataset):
 class ResumableSampler(torch.utils.data.Sampler):
     """Each global batch is a run of a per-epoch permutation; this rank takes
     its slice. The position moves when a batch is drawn, so after step k the
-    state says "batch k+1 next" (DataLoader with num_workers=0 draws on demand)."""
+    state says "batch k+1 next" (DataLoader with num_workers=0 draws on demand).
+    The state is the same on every rank; the slice is set after attach()."""
 
-    def __init__(self, n, global_batch, rank, world, seed):
-        self.n, self.global_batch, self.rank, self.world, self.seed = n, global_batch, rank, world, seed
-        self.local = global_batch // world
+    def __init__(self, n, global_batch, seed):
+        self.n, self.global_batch, self.seed = n, global_batch, seed
         self.epoch, self.position = 0, 0
+        self.place(0, 1)
+
+    def place(self, rank, world):
+        self.rank, self.local = rank, self.global_batch // world
 
     def __iter__(self):
         while True:
@@ -135,7 +144,7 @@ def checksum(model, opt):
         tensors += [("opt.%d.%s" % (i, k), v) for k, v in sorted(st.items()) if torch.is_tensor(v)]
     for name, t in tensors:
         h.update(name.encode())
-        h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -144,26 +153,34 @@ def main():
     torch.set_num_threads(1)  # deterministic, and leaves cores to the other workers
     with grace.Session(a.checkpoint_dir, save_every=a.save_every, grace_period_ms=a.grace_period_ms,
                        keep_checkpoints_on_success=a.keep_checkpoints, notice_file=a.notice_file) as g:
-        rank, world = g.rank, g.world_size
-        if a.batch % world:
-            print("--batch %d must be a multiple of the %d workers" % (a.batch, world), file=sys.stderr)
-            return grace.USAGE
-        torch.manual_seed(a.seed)  # the same on every rank: dropout draws stay identical
+        # The same seeds on every rank: dropout draws (and any numpy or
+        # Python random draws) stay identical, so the saver's RNG states are
+        # every rank's (grace saves one copy, like the parameters).
+        torch.manual_seed(a.seed)
+        np.random.seed(a.seed)
+        random.seed(a.seed)
         model = Net(a.input_dim, a.hidden, a.classes)
         flat = flat_gradients(model)
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
         data = SyntheticData(a.samples, a.input_dim, a.classes, a.seed)
-        sampler = ResumableSampler(len(data), a.batch, rank, world, a.seed)
+        sampler = ResumableSampler(len(data), a.batch, a.seed)
         g.register_module(model)
         g.register_optimizer(opt)
         g.register_rng()
         g.register_stateful("sampler", sampler)
         steps_done, index_sum = g.counter("steps_done"), g.counter("step_index_sum")
-        start = g.attach()
+        start = g.attach()  # from here on: rank, world size; the state of the newest checkpoint
+        rank, world = g.rank, g.world_size
+        if a.batch % world:
+            print("--batch %d must be a multiple of the %d workers" % (a.batch, world), file=sys.stderr)
+            g.quick_exit(grace.USAGE)
+        sampler.place(rank, world)
         if a.collective == "torch" and world > 1:
             import torch.distributed as dist
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.torch_timeout_s))
-        batches = iter(torch.utils.data.DataLoader(data, batch_size=a.batch // world, sampler=sampler))
+        loader = torch.utils.data.DataLoader(data, batch_size=a.batch // world, sampler=sampler,
+                                             generator=torch.Generator().manual_seed(a.seed))
+        batches = iter(loader)
         t0, loss = time.time(), torch.zeros(())
         for step in g.steps(a.steps):
             if step == a.fail_at_step and rank == a.fail_rank:

@@ -20,6 +20,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <spdlog/spdlog.h>
 
 #include <pthread.h>
 #include <csignal>
@@ -151,31 +152,35 @@ public:
     return &counters_.back();
   }
 
-  void register_blob(const std::string& name, py::function save, py::function restore) {
+  /// A blob: `snapshot()` runs at every step boundary (cheap: copy the state
+  /// as a Python object); at a checkpoint `encode(snapshot)` -> bytes (or the
+  /// snapshot itself when it is bytes and there is no encode). So every save,
+  /// a just-in-time one after a failed step included, holds the state as of
+  /// the last completed step, not one a failed step had half advanced.
+  void register_blob(const std::string& name, py::function snapshot, py::object encode, py::function restore) {
     check_registration(name);
-    // The session keeps plain PyObject pointers (it is destroyed without the
-    // GIL); this object owns the references.
-    callables_.push_back(save);
-    callables_.push_back(restore);
-    PyObject* get = save.ptr();
-    PyObject* put = restore.ptr();
+    blobs_.push_back(std::make_unique<blob>(blob{snapshot, encode, restore, py::none(), false}));
+    // The session keeps a plain pointer (it is destroyed without the GIL);
+    // this object owns the Python references.
+    blob* b = blobs_.back().get();
     s_->register_blob(
         name,
-        [get, name]() -> std::string {
+        [b]() -> std::string {
           py::gil_scoped_acquire gil;
           try {
-            py::object r = py::reinterpret_borrow<py::object>(get)();
-            py::object b = py::reinterpret_steal<py::object>(PyBytes_FromObject(r.ptr()));
-            if (!b) throw py::error_already_set();
-            return std::string(PyBytes_AS_STRING(b.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(b.ptr())));
+            py::object snap = b->have ? b->cached : b->snapshot();
+            py::object r = b->encode.is_none() ? snap : b->encode(snap);
+            py::object bytes = py::reinterpret_steal<py::object>(PyBytes_FromObject(r.ptr()));
+            if (!bytes) throw py::error_already_set();
+            return std::string(PyBytes_AS_STRING(bytes.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(bytes.ptr())));
           } catch (py::error_already_set& e) {
             throw std::runtime_error(e.what());
           }
         },
-        [put](const std::string& bytes) {
+        [b](const std::string& bytes) {
           py::gil_scoped_acquire gil;
           try {
-            py::reinterpret_borrow<py::object>(put)(py::bytes(bytes));
+            b->restore(py::bytes(bytes));
           } catch (py::error_already_set& e) {
             throw std::runtime_error(e.what());
           }
@@ -203,6 +208,7 @@ public:
     if (!attached_) throw grace_error("steps() before attach()");
     grace::step_result r = grace::step_result::ok;
     uint64_t k = 0;
+    capture_blobs();
     {
       py::gil_scoped_release nogil;
       if (in_step_) {
@@ -226,6 +232,7 @@ public:
     alive();
     if (!attached_) throw grace_error("begin_step() before attach()");
     if (in_step_) throw grace_error("begin_step() while a step is in flight: end_step() first");
+    capture_blobs();
     grace::step_result r;
     {
       py::gil_scoped_release nogil;
@@ -242,6 +249,7 @@ public:
   void end_step() {
     alive();
     if (!in_step_) throw grace_error("end_step() without begin_step()");
+    capture_blobs();
     in_step_ = false;
     py::gil_scoped_release nogil;
     s_->end_step();
@@ -267,6 +275,7 @@ public:
     if (!attached_) throw grace_error("finish() before attach()");
     if (stopped_) throw grace_error("finish() after a stop (" + s_->stop_reason() + ")");
     if (finished_) return;
+    capture_blobs();
     grace::status st;
     {
       py::gil_scoped_release nogil;
@@ -318,7 +327,7 @@ public:
       s_.reset();  // disarms the abort handler before the communicator goes
       comm_.reset();
     }
-    callables_.clear();
+    blobs_.clear();
     keepalive_.clear();
     signals_.restore();
   }
@@ -344,6 +353,16 @@ public:
 private:
   void alive() const {
     if (!s_) throw grace_error("the session is closed");
+  }
+  struct blob {
+    py::object snapshot, encode, restore, cached;
+    bool have;
+  };
+  void capture_blobs() {
+    for (auto& b : blobs_) {
+      b->cached = b->snapshot();
+      b->have = true;
+    }
   }
   void check_registration(const std::string& name) {
     alive();
@@ -380,7 +399,7 @@ private:
   std::shared_ptr<grace::gloo_comm> comm_;
   std::deque<int64_t> counters_;
   std::vector<py::object> keepalive_;
-  std::vector<py::object> callables_;
+  std::vector<std::unique_ptr<blob>> blobs_;
   std::set<std::string> names_;
   signal_state signals_;
   final_status last_;
@@ -490,7 +509,8 @@ PYBIND11_MODULE(_grace, m) {
     .def("counter", [](py::object self, const std::string& name, int64_t initial) {
            return py_counter{self.cast<py_session&>().counter(name, initial), self};
          }, py::arg("name"), py::arg("initial") = 0)
-    .def("register_blob", &py_session::register_blob, py::arg("name"), py::arg("save"), py::arg("restore"))
+    .def("register_blob", &py_session::register_blob, py::arg("name"), py::arg("snapshot"), py::arg("encode"),
+         py::arg("restore"))
     .def("attach", &py_session::attach)
     .def("steps", [](py::object self, uint64_t total) {
            return py_steps{&self.cast<py_session&>(), self, total};
@@ -517,6 +537,12 @@ PYBIND11_MODULE(_grace, m) {
 
   m.def("list_checkpoints", &list_checkpoints, py::arg("dir"),
         "Every step-* and leftover .tmp-* directory under `dir`, oldest first (quick check, no checksums).");
+  m.def("set_log_level", [](const std::string& level) {
+          auto l = spdlog::level::from_str(level);
+          if (l == spdlog::level::off && level != "off")
+            throw py::value_error("log level '" + level + "': trace, debug, info, warn, error, critical or off");
+          spdlog::set_level(l);
+        }, py::arg("level"), "Level of Grace's log lines (default info).");
   m.def("verify", &verify, py::arg("step_dir"),
         "Verifies one checkpoint directory (every file's size and xxh3 checksum); raises GraceError if bad.");
 }

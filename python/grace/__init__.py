@@ -19,12 +19,12 @@ losing work, and resume bit for bit.
 Run it under `grace-launch --nproc N -- /usr/bin/python3 train.py` (Debian's
 interpreter, where python3-torch lives). See README.md, "Python / PyTorch".
 """
-from ._grace import CollectiveError, Counter, GraceError, MAX_BLOB_BYTES, RESTART, FATAL, USAGE
+from ._grace import CollectiveError, Counter, GraceError, MAX_BLOB_BYTES, RESTART, FATAL, USAGE, set_log_level
 from .checkpoint import checkpoint_path, load, load_numpy, optimizer_state_dict, read_manifest
 from .session import Session, all_reduce_, current
 
 __all__ = [
     "Session", "GraceError", "CollectiveError", "Counter", "all_reduce_", "current",
     "load", "load_numpy", "optimizer_state_dict", "read_manifest", "checkpoint_path",
-    "MAX_BLOB_BYTES", "RESTART", "FATAL", "USAGE",
+    "MAX_BLOB_BYTES", "RESTART", "FATAL", "USAGE", "set_log_level",
 ]

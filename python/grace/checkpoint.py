@@ -15,7 +15,7 @@ from . import _grace
 from ._grace import GraceError
 
 _NUMPY = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,  # BF16: raw bits
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.int16,  # BF16: raw bits (torch takes int16, not uint16)
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
     "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
 }

@@ -112,12 +112,17 @@ class Session:
         JSON (a data sampler's position): saved as a blob."""
         _state.register_stateful(self, name, obj)
 
-    def register_blob(self, name, save, restore):
-        """A small byte string (at most grace.MAX_BLOB_BYTES): save() -> bytes is
-        called at every checkpoint on the training thread, restore(bytes) in
-        attach() when a checkpoint is restored."""
-        self._s.register_blob(name, save, restore)
-        self._blobs.append((name, save))
+    def register_blob(self, name, save, restore, snapshot=None):
+        """A small byte string (at most grace.MAX_BLOB_BYTES), restored by
+        restore(bytes) in attach(). Without `snapshot`, save() -> bytes runs
+        at every step boundary; with it, snapshot() -> object runs there (keep
+        it cheap: a copy of the state) and save(object) -> bytes only at a
+        checkpoint. Either way a checkpoint, a just-in-time one after a failed
+        step included, holds the state as of the last completed step."""
+        if snapshot is None:
+            snapshot, save = save, None
+        self._s.register_blob(name, snapshot, save, restore)
+        self._blobs.append((name, snapshot, save))
 
     def counter(self, name, initial=0):
         """An int64 saved with every checkpoint; use its .value."""
@@ -129,8 +134,8 @@ class Session:
         """Joins the cluster and restores the newest valid checkpoint (blobs
         and counters included). Returns the number of completed steps."""
         global _current
-        for name, save in self._blobs:
-            n = len(bytes(save()))
+        for name, snapshot, save in self._blobs:
+            n = len(bytes(save(snapshot()) if save else snapshot()))
             if n > _grace.MAX_BLOB_BYTES:
                 raise GraceError("blob '%s' is %d bytes, above the %d-byte limit for manifest blobs: "
                                  "register it as a tensor" % (name, n, _grace.MAX_BLOB_BYTES))
@@ -199,9 +204,14 @@ class Session:
 
     # ----------------------------------------------------------------- status
 
-    rank = property(lambda self: self._s.rank)
-    world_size = property(lambda self: self._s.world_size)
-    is_chief = property(lambda self: self._s.is_chief)
+    def _cluster(self, what):
+        if not self._s.attached and not self._s.closed:
+            raise GraceError("%s is known after attach() (it comes from the cluster configuration)" % what)
+        return getattr(self._s, what)
+
+    rank = property(lambda self: self._cluster("rank"))
+    world_size = property(lambda self: self._cluster("world_size"))
+    is_chief = property(lambda self: self._cluster("is_chief"))
     completed_steps = property(lambda self: self._s.completed_steps)
     exit_code = property(lambda self: self._s.exit_code)
     stop_reason = property(lambda self: self._s.stop_reason)

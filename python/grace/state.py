@@ -165,15 +165,20 @@ def register_optimizer(session, optimizer, prefix):
                 _json_value(v, "optimizer state '%s'" % name)
     live = session.counter(prefix + "live", 0 if fresh else 1)
 
-    def save():
-        for p, key, t in registered:
-            if optimizer.state.get(p, {}).get(key) is not t and live.value:
-                raise GraceError("optimizer state '%sstate.%d.%s' was replaced since it was registered "
-                                 "(optimizer.load_state_dict after register_optimizer?)" % (prefix, index[id(p)], key))
+    def snapshot():  # every step boundary: shallow copies (the values are numbers and tuples)
         scalars = {"%d.%s" % (index[id(p)], k): v for p, st in optimizer.state.items()
                    for k, v in st.items() if not torch.is_tensor(v)}
-        groups = [dict({k: v for k, v in g.items() if k != "params"}, params=[index[id(p)] for p in g["params"]])
-                  for g in optimizer.param_groups]
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        return groups, scalars
+
+    def save(snap):  # at a checkpoint
+        for p, key, t in registered:
+            if live.value and optimizer.state.get(p, {}).get(key) is not t:
+                raise GraceError("optimizer state '%sstate.%d.%s' was replaced since it was registered "
+                                 "(optimizer.load_state_dict after register_optimizer?)" % (prefix, index[id(p)], key))
+        groups, scalars = snap
+        groups = [dict(g, params=[index[id(p)] for p in pg["params"]])
+                  for g, pg in zip(groups, optimizer.param_groups)]
         return json.dumps({"param_groups": groups, "scalars": scalars}).encode()
 
     def restore(blob):
@@ -189,7 +194,7 @@ def register_optimizer(session, optimizer, prefix):
             i, key = where.split(".", 1)
             optimizer.state[params[int(i)]][key] = v
 
-    session.register_blob(prefix + "param_groups", save, restore)
+    session.register_blob(prefix + "param_groups", save, restore, snapshot=snapshot)
     session._after_attach.append(lambda start: _after_attach(optimizer, registered, live))
     return names
 
@@ -239,14 +244,18 @@ def _adopt(optimizer, registered):
 # ---------------------------------------------------------------------- blobs
 
 def register_rng(session, prefix, use_torch, use_numpy, use_python):
+    """Snapshots are the RNG modules' own state objects (a few us each);
+    they are encoded only at a checkpoint."""
     if use_torch:
         import torch
         session.register_blob(
-            prefix + "torch", lambda: torch.get_rng_state().numpy().tobytes(),
-            lambda b: torch.set_rng_state(torch.frombuffer(bytearray(b), dtype=torch.uint8)))
+            prefix + "torch", lambda t: t.numpy().tobytes(),
+            lambda b: torch.set_rng_state(torch.frombuffer(bytearray(b), dtype=torch.uint8)),
+            snapshot=torch.get_rng_state)
+
     if use_numpy:
-        def np_save():
-            kind, keys, pos, has_gauss, cached = np.random.get_state()
+        def np_save(state):
+            kind, keys, pos, has_gauss, cached = state
             return json.dumps([kind, base64.b64encode(keys.astype("<u4").tobytes()).decode(), int(pos),
                                int(has_gauss), float(cached)]).encode()
 
@@ -254,19 +263,22 @@ def register_rng(session, prefix, use_torch, use_numpy, use_python):
             kind, keys, pos, has_gauss, cached = json.loads(b)
             np.random.set_state((kind, np.frombuffer(base64.b64decode(keys), dtype="<u4").astype(np.uint32),
                                  pos, has_gauss, cached))
-        session.register_blob(prefix + "numpy", np_save, np_restore)
+        session.register_blob(prefix + "numpy", np_save, np_restore, snapshot=np.random.get_state)
+
     if use_python:
-        def py_save():
-            version, internal, gauss = random.getstate()
+        def py_save(state):
+            version, internal, gauss = state
             return json.dumps([version, list(internal), gauss]).encode()
 
         def py_restore(b):
             version, internal, gauss = json.loads(b)
             random.setstate((version, tuple(internal), gauss))
-        session.register_blob(prefix + "python", py_save, py_restore)
+        session.register_blob(prefix + "python", py_save, py_restore, snapshot=random.getstate)
 
 
 def register_stateful(session, name, obj):
+    """obj.state_dict() as JSON, encoded at every step boundary (a state_dict
+    may return the object's live containers, so no lazy copy)."""
     def save():
         return json.dumps(obj.state_dict()).encode()
     try:

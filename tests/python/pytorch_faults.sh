@@ -50,8 +50,10 @@ pass "SIGTERM to the launcher: exit 42, the rerun resumed; $same"
 
 D="$WORK/grace-period"
 GRACE_MS=1000
-start_py_job "$D" 4 -- "${ARGS[@]}" --grace-period-ms $GRACE_MS
-wait_saved "$D" 10
+# Steps of at least 20 ms (the delay does not change the weights): the grace
+# period ends at most 50 steps after the notice, well before step 80.
+start_py_job "$D" 4 -- "${ARGS[@]}" --step-delay-ms 20 --grace-period-ms $GRACE_MS
+wait_saved "$D" 5
 kill -TERM "$(pid_of "$D" 2)"
 wait_job
 same=$(same_as_reference "$REF" "$D" $STEPS)
