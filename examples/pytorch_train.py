@@ -56,6 +56,9 @@ def parse_args():
     p.add_argument("--collective", choices=["grace", "torch"], default="grace",
                    help="gradient allreduce: grace.all_reduce_ (abortable) or torch.distributed (gloo)")
     p.add_argument("--torch-timeout-s", type=float, default=30, help="init_process_group timeout")
+    p.add_argument("--torch-unabortable", action="store_true",
+                   help="without g.abortable_sockets(): a collective blocked on a lost peer waits for "
+                        "torch's timeout (or the launcher's kill)")
     p.add_argument("--output", default=None, help="JSON summary (steps, weights checksum) from rank 0")
     p.add_argument("--step-delay-ms", type=int, default=0, help="sleep in every step (tests, demos)")
     p.add_argument("--fail-at-step", type=int, default=0, help="raise an error in this step (tests)")
@@ -177,7 +180,12 @@ def main():
         sampler.place(rank, world)
         if a.collective == "torch" and world > 1:
             import torch.distributed as dist
-            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.torch_timeout_s))
+            timeout = datetime.timedelta(seconds=a.torch_timeout_s)
+            if a.torch_unabortable:
+                dist.init_process_group("gloo", timeout=timeout)
+            else:
+                with g.abortable_sockets():  # a lost peer shuts the group's connections down
+                    dist.init_process_group("gloo", timeout=timeout)
         loader = torch.utils.data.DataLoader(data, batch_size=a.batch // world, sampler=sampler,
                                              generator=torch.Generator().manual_seed(a.seed))
         batches = iter(loader)

@@ -22,11 +22,15 @@
 #include <pybind11/stl.h>
 #include <spdlog/spdlog.h>
 
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <csignal>
 #include <cstdio>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -72,6 +76,45 @@ struct signal_state {
     if (pthread_equal(thread, pthread_self())) pthread_sigmask(SIG_SETMASK, &mask, nullptr);
   }
 };
+
+/// What the session's abort handler unblocks when a peer is lost: Grace's
+/// own ring, and the sockets of a process group the trainer made itself
+/// (torch.distributed's Gloo group has no abort in torch 1.13; shutting its
+/// sockets down makes a blocked collective fail at once, here and, as the
+/// connections close, on the peers). Runs on a Grace thread, never Python.
+struct abort_targets {
+  std::mutex m;
+  std::shared_ptr<grace::gloo_comm> comm;
+  std::vector<int> fds;
+  void abort() {
+    std::lock_guard<std::mutex> g(m);
+    if (comm) comm->abort();
+    for (int fd : fds) {
+      struct stat st;
+      if (::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) ::shutdown(fd, SHUT_RDWR);
+    }
+  }
+};
+
+/// A connected TCP socket that is not a listener and not on `skip_port`
+/// (torch's TCPStore at MASTER_PORT, whose server thread must not see it).
+bool peer_socket(int fd, int skip_port) {
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening) return false;
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof local, pl = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+    return false;
+  auto port = [](const sockaddr_storage& a) -> int {
+    if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+    if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+    return -1;
+  };
+  if (port(local) < 0) return false;  // not TCP/IP (a Unix socket)
+  return port(local) != skip_port && port(peer) != skip_port;
+}
 
 grace::dtype dtype_from_name(const std::string& name, const std::string& tensor) {
   grace::dtype t;
@@ -389,14 +432,43 @@ private:
     }
     if (!c) throw collective_error("all_reduce_: gloo rendezvous failed: " + c.err().what());
     comm_ = std::move(c.value());
-    auto comm = comm_;
-    s_->set_abort_handler([comm] { comm->abort(); });
+    {
+      std::lock_guard<std::mutex> g(aborts_->m);
+      aborts_->comm = comm_;
+    }
+    arm_abort();
   }
+  void arm_abort() {
+    auto targets = aborts_;
+    s_->set_abort_handler([targets] { targets->abort(); });
+  }
+
+public:
+  /// Sockets a Python process group opened (see grace.Session.abortable_sockets):
+  /// shut down when a peer is lost. Returns how many qualified.
+  size_t add_abort_sockets(const std::vector<int>& fds, int skip_port) {
+    alive();
+    if (!attached_) throw grace_error("abortable_sockets() before attach()");
+    size_t n = 0;
+    {
+      std::lock_guard<std::mutex> g(aborts_->m);
+      for (int fd : fds)
+        if (peer_socket(fd, skip_port)) {
+          aborts_->fds.push_back(fd);
+          ++n;
+        }
+    }
+    if (n) arm_abort();
+    return n;
+  }
+
+private:
 
   std::unique_ptr<grace::session> s_;
   bool exit_on_stop_ = true;
   std::chrono::milliseconds collective_timeout_;
   std::shared_ptr<grace::gloo_comm> comm_;
+  std::shared_ptr<abort_targets> aborts_ = std::make_shared<abort_targets>();
   std::deque<int64_t> counters_;
   std::vector<py::object> keepalive_;
   std::vector<std::unique_ptr<blob>> blobs_;
@@ -521,6 +593,7 @@ PYBIND11_MODULE(_grace, m) {
     .def("finish", &py_session::finish)
     .def("quick_exit", &py_session::quick_exit, py::arg("code"))
     .def("all_reduce", &py_session::all_reduce, py::arg("ptr"), py::arg("n"))
+    .def("add_abort_sockets", &py_session::add_abort_sockets, py::arg("fds"), py::arg("skip_port") = -1)
     .def("notify", &py_session::notify, py::arg("detail") = "notify() from Python")
     .def("close", &py_session::close)
     .def_property_readonly("attached", &py_session::attached)

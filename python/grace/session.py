@@ -34,6 +34,17 @@ def all_reduce_(t):
     return _current.all_reduce_(t)
 
 
+def _socket_fds():
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink("/proc/self/fd/" + name).startswith("socket:"):
+                fds.add(int(name))
+        except OSError:
+            pass  # closed meanwhile (the listing's own fd)
+    return fds
+
+
 class Session:
     """One worker's Grace session.
 
@@ -174,6 +185,19 @@ class Session:
             raise
         except Exception as e:
             raise CollectiveError("%s: %s" % (type(e).__name__, e)) from e
+
+    @contextlib.contextmanager
+    def abortable_sockets(self):
+        """Around torch.distributed.init_process_group (after attach): the
+        connections it opens are shut down when a peer is lost, so a
+        collective blocked on a dead or frozen peer fails at once (and
+        g.collective() turns that into a just-in-time save) instead of
+        waiting for torch's timeout. torch 1.13's Gloo group has no abort of
+        its own. The TCPStore's port ($MASTER_PORT) is left alone."""
+        before = _socket_fds()
+        yield
+        skip = int(os.environ.get("MASTER_PORT", "-1") or -1)
+        self._s.add_abort_sockets(sorted(_socket_fds() - before), skip)
 
     def all_reduce_(self, t):
         """In-place sum over the workers of a float32 CPU tensor or numpy

@@ -4,14 +4,16 @@
 # grace-launch's torchrun variables, dist.all_reduce inside g.collective()).
 #  - a restart gets a fresh MASTER_PORT and TORCHELASTIC_RESTART_COUNT, and
 #    init_process_group works again;
-#  - SIGKILL of a worker: the survivors' dist.all_reduce fails when the
-#    connections close; they save just in time;
-#  - SIGSTOP of a worker: torch 1.13's Gloo group cannot be aborted, so the
-#    survivors stay blocked until grace-launch kills the worker the
-#    coordinator declared dead (--dead-after-ms); then as for SIGKILL. The
-#    time from the freeze to the survivors' exit is printed (the bound is
-#    dead-after plus the kill; see docs/ARCHITECTURE.md).
-# Every run ends byte for byte in the uninterrupted run's state.
+#  - with g.abortable_sockets() around init_process_group, SIGKILL or SIGSTOP
+#    of a worker: the lost peer's verdict shuts the group's connections down,
+#    every survivor's blocked dist.all_reduce fails at once, and they save
+#    just in time (the SIGSTOP case prints the freeze -> exit times);
+#  - without it (torch 1.13's Gloo group has no abort): survivors not next to
+#    the dead peer in the ring stay blocked until grace-launch's
+#    --exit-timeout-ms kill (or torch's timeout, whichever is first), the
+#    just-in-time save is lost, and the job resumes from the newest periodic
+#    checkpoint: the bound is the exit timeout plus the work since that
+#    checkpoint, and the weights are still those of an uninterrupted run.
 source "$(dirname "$0")/lib.sh"
 STEPS=60
 ARGS=(--steps $STEPS --save-every 5 --step-delay-ms 5 --collective torch)
@@ -56,7 +58,7 @@ wait_job
 same=$(same_as_reference "$REF" "$D" $STEPS)
 jit=$(first_step_of "$D" agreed jit)
 [ "$jit" = "$(first_step_of "$D" restored)" ] || fail "SIGKILL: the just-in-time save was not restored"
-pass "SIGKILL with torch.distributed: just-in-time save at step $jit; $same"
+pass "SIGKILL with torch.distributed and abortable_sockets: just-in-time save at step $jit; $same"
 
 D="$WORK/sigstop"
 DEAD_MS=1500
@@ -69,6 +71,8 @@ wait_job
 kill -CONT "$frozen" 2>/dev/null || true
 same=$(same_as_reference "$REF" "$D" $STEPS)
 [ "$(count_events "$D/events.jsonl" "e['event']=='kill_lost' and e['worker_rank']==1")" -eq 1 ] || fail "SIGSTOP: the launcher must kill the frozen rank"
+jit=$(first_step_of "$D" agreed jit)
+[ "$jit" = "$(first_step_of "$D" restored)" ] || fail "SIGSTOP: the just-in-time save was not restored"
 bound=$("$PY" - "$D/events.jsonl" "$T0" <<'PYEOF'
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -79,4 +83,28 @@ lost = min(e["t_ns"] for e in ev if e["event"] == "peer_lost")
 print("freeze -> declared dead %.2f s -> last survivor out %.2f s" % ((lost - t0) / 1e9, (max(exits) - t0) / 1e9))
 PYEOF
 ) || fail "SIGSTOP: $bound"
-pass "SIGSTOP with torch.distributed (dead-after ${DEAD_MS} ms): $bound; $same"
+pass "SIGSTOP with torch.distributed (dead-after ${DEAD_MS} ms): just-in-time save at step $jit; $bound; $same"
+
+D="$WORK/unabortable"
+EXIT_MS=3000
+start_py_job "$D" 4 --exit-timeout-ms $EXIT_MS -- "${ARGS[@]}" --torch-unabortable
+wait_saved "$D" 15
+T0=$(date +%s%N)
+kill -KILL "$(pid_of "$D" 2)"
+wait_job
+same=$(same_as_reference "$REF" "$D" $STEPS)
+how=$("$PY" - "$D/events.jsonl" "$T0" <<'PYEOF'
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+t0 = int(sys.argv[2])
+out = [e for e in ev if e["event"] == "worker_exit" and e["incarnation"] == 0 and e["worker_rank"] != 2]
+killed = sum(1 for e in out if e["signal"] == 9)
+restored = next(e["step"] for e in ev if e["event"] == "restored")
+jit_ids = {e["id"] for e in ev if e["event"] == "agreed" and e["kind"] == "jit"}
+jit = [e["step"] for e in ev if e["event"] == "committed" and e["id"] in jit_ids]
+print("%d of 3 survivors blocked until the launcher killed them, last out %.2f s after the kill; "
+      "resumed from step %d (%s)" % (killed, (max(e["t_ns"] for e in out) - t0) / 1e9, restored,
+                                     "just-in-time" if restored in jit else "periodic"))
+PYEOF
+) || fail "unabortable: $how"
+pass "SIGKILL with an unabortable torch.distributed group (--exit-timeout-ms $EXIT_MS): $how; $same"
