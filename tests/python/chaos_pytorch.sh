@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # grace-chaos drives the PyTorch trainer as it drives grace-train: a trainer
-# command after `--`, a random schedule from a fixed seed (a notice, a
-# SIGKILL and a damaged checkpoint), every invariant checked (job finished,
+# command after `--`, a random schedule from a fixed seed (a damaged
+# checkpoint, a SIGKILL, a notice), every invariant checked (job finished,
 # exactly once, bit-identical to its own uninterrupted run, no damaged
 # checkpoint restored, no temporary left, exit codes, work lost in bounds).
 source "$(dirname "$0")/lib.sh"
 : "${GRACE_CHAOS:?}"
 OUT="$WORK/chaos"
 mkdir -p "$OUT"
-KINDS=sigterm_worker,sigkill_worker,sigterm_multi,flip_byte,truncate_file,sigterm_launcher
+KINDS=sigterm_worker,sigkill_worker,sigstop_worker,flip_byte,truncate_file,sigterm_launcher
 set +e
-"$GRACE_CHAOS" --seed "${CHAOS_SEED:-5}" --faults 3 --kinds "$KINDS" --workers 4 --steps 60 --save-every 10 \
+"$GRACE_CHAOS" --seed "${CHAOS_SEED:-29}" --faults 3 --kinds "$KINDS" --workers 4 --steps 60 --save-every 10 \
   --step-delay-ms 10 --timeout-s 400 --out "$OUT" --cache-dir "$OUT/cache" \
   --launcher "$GRACE_LAUNCH" --ckpt-tool "$GRACE_CKPT" -- "${TRAINER[@]}" >"$OUT/chaos.log" 2>&1
 rc=$?
