@@ -16,8 +16,9 @@ checkpoint is real:
   exactly as in an uninterrupted run; right after that step Grace copies it
   into the registered tensors and puts those back into the optimizer (the
   adoption), and live becomes 1.
-Every parameter must have a gradient at the first step (torch creates no
-state for one without): adoption raises GraceError otherwise.
+Every parameter that requires a gradient must have one at the first step
+(torch creates no state for one without): adoption raises GraceError
+otherwise. Frozen parameters (requires_grad=False) get no state.
 """
 import base64
 import functools
@@ -118,8 +119,8 @@ def _materialise(optimizer):
     saved = [(p, p.detach().clone(), p.grad) for p in params]
     try:
         with torch.no_grad():
-            for p in params:
-                p.grad = torch.zeros_like(p)
+            for p in params:  # a frozen parameter never gets state: nor here
+                p.grad = torch.zeros_like(p) if p.requires_grad else None
         type(optimizer).step(optimizer)
     except Exception as e:
         raise GraceError("cannot create the state of %s before its first step (%s: %s): register it "
