@@ -58,8 +58,9 @@ void flush_python_stdio() {
   }
 }
 
-/// The process's SIGINT/SIGTERM handlers and the thread's signal mask, to
-/// put back when a session closes.
+/// The process's SIGINT/SIGTERM handlers and the creating thread's signal
+/// mask, saved before grace::session blocks the signals and its watcher
+/// takes them, put back when the session closes.
 struct signal_state {
   pthread_t thread = pthread_self();
   sigset_t mask;
@@ -233,7 +234,6 @@ public:
   uint64_t attach() {
     alive();
     if (attached_) throw grace_error("attach() called twice");
-    signals_.save();
     grace::result<uint64_t> r = uint64_t(0);
     {
       py::gil_scoped_release nogil;

@@ -114,6 +114,7 @@ class NumpyState(unittest.TestCase):
             with session(d) as g:
                 g.register_array("w", w)
                 g.attach()
+                self.assertIn(signal.SIGINT, signal.pthread_sigmask(signal.SIG_BLOCK, []))  # the watcher takes it
                 for step in g.steps(FOREVER):
                     if step == 2:
                         os.kill(os.getpid(), signal.SIGINT)
@@ -121,6 +122,7 @@ class NumpyState(unittest.TestCase):
                 self.assertTrue(g.stopped)
                 self.assertEqual(g.exit_code, grace.RESTART)
             self.assertTrue(any(c["valid"] for c in grace._grace.list_checkpoints(os.path.join(d, "ck"))))
+            self.assertNotIn(signal.SIGINT, signal.pthread_sigmask(signal.SIG_BLOCK, []))  # mask put back
             with self.assertRaises(KeyboardInterrupt):  # Python's handler is back
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(1)
