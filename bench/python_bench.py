@@ -59,6 +59,7 @@ def time_loops(g, n):
 
 
 def mode_steps(a):
+    grace.set_log_level("warn")  # stdout is the results
     for blobs in (False, True):
         d = tempfile.mkdtemp(prefix="grace-bench-steps-", dir=a.dir)
         try:
