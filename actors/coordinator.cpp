@@ -47,6 +47,8 @@ struct coordinator_state {
   std::map<uint32_t, peer_watcher_actor> workers;
   std::map<caf::actor_addr, uint32_t> ranks;
   std::set<uint32_t> left;
+  std::set<uint32_t> lost;  ///< declared lost in this incarnation
+  std::set<uint32_t> refused;  ///< refused (restartable) in this incarnation: their exit is expected
   std::map<std::string, std::vector<uint8_t>> kv;
   std::map<uint64_t, pending_get> gets;
   uint64_t next_get = 0;
@@ -74,8 +76,26 @@ msg<proto::BarrierReply> barrier_reply(bool ok, const std::string& err) {
   return make<proto::BarrierReply>([&](auto b) { b.setOk(ok); b.setError(err); });
 }
 
-msg<proto::Welcome> refuse(const std::string& reason) {
-  return make<proto::Welcome>([&](auto b) { b.setAccepted(false); b.setReason(reason); });
+msg<proto::Welcome> refuse(const std::string& reason, bool restartable = false) {
+  return make<proto::Welcome>([&](auto b) {
+    b.setAccepted(false); b.setReason(reason); b.setRestartable(restartable);
+  });
+}
+
+proto::LossReason wire_reason(loss_reason r) {
+  switch (r) {
+    case loss_reason::dead: return proto::LossReason::DEAD;
+    case loss_reason::hung: return proto::LossReason::HUNG;
+    case loss_reason::left: return proto::LossReason::LEFT;
+  }
+  return proto::LossReason::DEAD;
+}
+
+/// How long a member may wait for this service's decision after a failure:
+/// a silent member is declared dead after dead_after (noticed at the next
+/// check), and this service's own loss shows within the connection timeout.
+uint32_t verdict_wait_ms(const coordinator_config& c) {
+  return static_cast<uint32_t>((c.dead_after + c.heartbeat_check + c.connection_timeout).count());
 }
 
 proto::CheckpointKind wire_kind(ckpt_kind k) {
@@ -100,6 +120,8 @@ void reset_incarnation(self_ptr self, uint32_t incarnation) {
   st.workers.clear();
   st.ranks.clear();
   st.left.clear();
+  st.lost.clear();
+  st.refused.clear();
   for (auto& [name, b] : st.barriers)
     for (auto& w : b.waiters) w.deliver(barrier_reply(false, "the group restarted (new incarnation)"));
   st.barriers.clear();
@@ -158,7 +180,7 @@ std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& act
         emit_event("peer_lost", {{"lost_rank", a.rank}, {"step", a.step}, {"why", a.message}});
         to_all(make<proto::PeerLost>([&](auto b) {
           b.setRank(a.rank); b.setLastStep(a.step); b.setDetail(a.message);
-          b.setReason(a.message.rfind("hung", 0) == 0 ? proto::LossReason::HUNG : proto::LossReason::DEAD);
+          b.setReason(wire_reason(a.reason));
         }));
         break;
       case ty::cluster_error:
@@ -193,13 +215,32 @@ void report_to_host(self_ptr self, uint32_t rank, const std::string& why) {
   }
 }
 
-void member_lost(self_ptr self, uint32_t rank, const std::string& why) {
+/// A lost member breaks this incarnation's group: rendezvous keys and
+/// barriers still pending can never complete, so they fail now rather than
+/// at their timeouts (the members then wait for the just-in-time round).
+void fail_pending(self_ptr self, const std::string& why) {
   auto& st = self->state;
-  if (st.left.count(rank)) return;
-  uint64_t completed = st.members->completed(rank);
+  for (auto& [id, g] : st.gets) g.rp.deliver(kv_reply(false, nullptr, why + " (waiting for key " + g.key + ")"));
+  st.gets.clear();
+  for (auto& [name, b] : st.barriers)
+    for (auto& w : b.waiters) w.deliver(barrier_reply(false, why + " (barrier " + name + ")"));
+  st.barriers.clear();
+}
+
+/// `completed`: the member's last completed step as heard (heartbeats).
+void member_lost(self_ptr self, uint32_t rank, loss_reason reason, const std::string& why, uint64_t completed) {
+  auto& st = self->state;
+  if (st.left.count(rank) || st.lost.count(rank)) return;
+  st.lost.insert(rank);
   st.members->remove(rank);
+  auto it = st.workers.find(rank);
+  if (it != st.workers.end()) {
+    st.ranks.erase(caf::actor_cast<caf::actor_addr>(it->second));
+    self->demonitor(it->second.address());
+  }
   report_to_host(self, rank, why);
-  dispatch(self, st.agree->on_member_lost(rank, completed, why));
+  dispatch(self, st.agree->on_member_lost(rank, completed, reason, why));
+  fail_pending(self, "rank " + std::to_string(rank) + " lost");
 }
 
 } // namespace
@@ -216,7 +257,8 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
       if (it == st.ranks.end()) return;
       auto rank = it->second;
       st.ranks.erase(it);
-      member_lost(self, rank, "dead: connection lost (" + self->system().render(dm.reason) + ")");
+      member_lost(self, rank, loss_reason::dead, "dead: connection lost (" + self->system().render(dm.reason) + ")",
+                  st.members->completed(rank));
     });
     self->send(self, tick_atom::value);
     return {
@@ -250,6 +292,11 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         if (st.workers.count(rank) || st.left.count(rank))
           return refuse("duplicate rank " + std::to_string(rank) + " in incarnation " +
                         std::to_string(st.cfg.incarnation));
+        if (auto why = st.agree->join_refusal(rank)) {
+          st.log->warn("rank {} refused: {}", rank, *why);
+          st.refused.insert(rank);
+          return refuse(*why, true);
+        }
         auto sender = self->current_sender();
         if (!sender) return refuse("join without a sender to reply to");
         auto handle = caf::actor_cast<peer_watcher_actor>(sender);
@@ -263,7 +310,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         auto welcome = make<proto::Welcome>([&](auto b) {
           b.setAccepted(true); b.setRank(rank); b.setWorldSize(st.cfg.world_size);
           b.setRunId(st.cfg.run_id); b.setIncarnation(st.cfg.incarnation);
-          b.setRendezvousPrefix(prefix);
+          b.setRendezvousPrefix(prefix); b.setVerdictWaitMs(verdict_wait_ms(st.cfg));
         });
         dispatch(self, st.agree->on_join(rank, j.getCompletedStep()));
         return welcome;
@@ -314,6 +361,8 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         if (it != st.kv.end()) return kv_reply(true, &it->second, "");
         auto timeout = r->get().getTimeoutMs();
         if (timeout == 0) return kv_reply(false, nullptr, "not found: " + key);
+        if (!st.lost.empty())
+          return kv_reply(false, nullptr, "the group lost a member; key " + key + " will not come");
         auto id = st.next_get++;
         auto rp = self->make_response_promise<msg<proto::KvReply>>();
         st.gets.emplace(id, pending_get{key, rp});
@@ -332,6 +381,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         auto r = decode(m);
         if (!r) return barrier_reply(false, r.err().message);
         auto name = str(r->get().getName());
+        if (!st.lost.empty()) return barrier_reply(false, "the group lost a member; barrier " + name + " cannot complete");
         auto& b = st.barriers[name];
         if (b.count == 0) b.count = r->get().getCount();
         if (b.count != r->get().getCount())
@@ -391,8 +441,21 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         if (!st.workers.count(rank)) return false;
         st.left.insert(rank);
         st.members->remove(rank);
-        dispatch(self, st.agree->on_leave(rank));
+        dispatch(self, st.agree->on_leave(rank, r->get().getExitCode()));
+        if (r->get().getExitCode() != 0) fail_pending(self, "rank " + std::to_string(rank) + " left");
         return true;
+      },
+      // The launcher saw a worker process exit before it left on purpose:
+      // a verdict as certain as a lost connection, and sometimes the only
+      // one (a worker that died before it joined).
+      [self](exited_atom, uint32_t rank, uint32_t incarnation, int32_t code) {
+        auto& st = self->state;
+        if (incarnation != st.cfg.incarnation || rank >= st.cfg.world_size) return;
+        if (st.refused.count(rank) && !st.workers.count(rank)) return;  // told to restart: its exit is expected
+        member_lost(self, rank, loss_reason::dead,
+                    code > 128 ? "dead: killed by signal " + std::to_string(code - 128)
+                               : "dead: exited with code " + std::to_string(code) + " without leaving",
+                    st.members->completed(rank));
       },
       [self](incarnation_atom, uint32_t incarnation) -> uint32_t {
         if (incarnation == self->state.cfg.incarnation && !self->state.workers.empty())
@@ -415,13 +478,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
             continue;
           }
           std::string why = std::string(to_string(v.what)) + ": " + v.detail;
-          auto it = st.workers.find(v.rank);
-          if (it != st.workers.end()) {
-            st.ranks.erase(caf::actor_cast<caf::actor_addr>(it->second));
-            self->demonitor(it->second.address());
-          }
-          report_to_host(self, v.rank, why);
-          dispatch(self, st.agree->on_member_lost(v.rank, v.completed, why));
+          member_lost(self, v.rank, v.what == verdict::hung ? loss_reason::hung : loss_reason::dead, why, v.completed);
         }
         self->delayed_send(self, st.cfg.heartbeat_check, tick_atom::value);
       },

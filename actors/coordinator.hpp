@@ -34,6 +34,7 @@ using coordinator_actor = caf::typed_actor<
   caf::replies_to<msg<proto::Leave>>::with<bool>,
   caf::replies_to<incarnation_atom, uint32_t>::with<uint32_t>,
   caf::replies_to<status_atom>::with<std::string>,
+  caf::reacts_to<exited_atom, uint32_t, uint32_t, int32_t>,
   caf::reacts_to<tick_atom>,
   caf::reacts_to<kv_timeout_atom, uint64_t>>;
 
@@ -45,6 +46,10 @@ struct coordinator_config {
   std::chrono::milliseconds heartbeat_check{250};
   std::chrono::milliseconds dead_after{5000};
   std::chrono::milliseconds hung_after{0};
+  /// CAF's connection timeout on the members' side (system_options): how
+  /// long a member takes to notice this service is gone. With dead_after
+  /// and heartbeat_check it makes the verdict wait announced in Welcome.
+  std::chrono::milliseconds connection_timeout{5000};
   std::shared_ptr<spdlog::logger> log;
   /// The host's hook for failure verdicts: called (on the coordinator's
   /// actor thread) once for each member declared dead or hung - connection

@@ -39,12 +39,44 @@ ckpt_kind from_wire(proto::CheckpointKind k) {
   return ckpt_kind::initial;
 }
 
-void lose(self_ptr self, const std::string& why) {
+void lose(self_ptr self, loss_info l) {
   auto& st = self->state;
-  {
-    std::lock_guard<std::mutex> g(st.ctl->m);
-    if (!st.ctl->lost) st.ctl->lost = why;
-    st.ctl->raise_locked();
+  st.ctl->post_loss(l);
+  st.ctl->abort();
+}
+
+loss_kind kind_of(proto::LossReason r) {
+  switch (r) {
+    case proto::LossReason::DEAD: return loss_kind::peer_dead;
+    case proto::LossReason::HUNG: return loss_kind::peer_hung;
+    case proto::LossReason::LEFT: return loss_kind::peer_left;
+  }
+  return loss_kind::peer_dead;
+}
+
+/// A checkpoint order: hand it to the trainer, then acknowledge what can be
+/// acknowledged without it (see the protocol in runtime/agreement.hpp).
+void on_order(self_ptr self, const checkpoint_order& o) {
+  auto& st = self->state;
+  auto progress = st.ctl->post_order(o);
+  if (o.agreed) return;
+  if (o.kind != ckpt_kind::jit) {
+    auto earliest = std::max(o.step, progress.started);
+    self->send(st.coord, make<proto::Ack>([&](auto b) {
+      b.setAgreementId(o.id); b.setRank(st.cfg.rank); b.setEarliestStep(earliest);
+    }));
+    return;
+  }
+  // A peer is gone. A trainer inside a step has its collective aborted and
+  // acknowledges its completed step once the step has failed (or, if the
+  // step got everything it needed, completed). A trainer outside a step
+  // (at a boundary, restoring, in its rendezvous) cannot start one any more
+  // (Dekker), so its completed step is final: acknowledge it now.
+  if (progress.idle()) {
+    self->send(st.coord, make<proto::Ack>([&](auto b) {
+      b.setAgreementId(o.id); b.setRank(st.cfg.rank); b.setEarliestStep(progress.completed);
+    }));
+    st.ctl->post_acked_for_trainer(o.id);
   }
   st.ctl->abort();
 }
@@ -63,11 +95,7 @@ peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor 
     self->set_down_handler([self](caf::down_msg& dm) {
       self->state.log->error("coordination service lost ({}): stopping", self->system().render(dm.reason));
       emit_event("coordinator_lost", {});
-      {
-        std::lock_guard<std::mutex> g(self->state.ctl->m);
-        self->state.ctl->coordinator_gone = true;
-      }
-      lose(self, "coordination service lost");
+      lose(self, {loss_kind::coordinator_lost, 0, 0, "coordination service lost"});
     });
     return {
       [self](join_atom, msg<proto::Join>& m) -> caf::result<msg<proto::Welcome>> {
@@ -79,6 +107,8 @@ peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor 
               auto r = decode(w);
               if (r && r->get().getAccepted() && !self->state.joined) {
                 self->state.joined = true;
+                if (auto ms = r->get().getVerdictWaitMs())
+                  self->state.cfg.request_timeout = std::chrono::milliseconds(ms);
                 self->send(self, tick_atom::value);
               }
               rp.deliver(std::move(w));
@@ -113,7 +143,8 @@ peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor 
             },
             [self](caf::error& e) {
               self->state.log->error("claim failed: {}", self->system().render(e));
-              lose(self, "coordination service unreachable while claiming a notice");
+              lose(self, {loss_kind::coordinator_lost, 0, 0,
+                          "coordination service unreachable while claiming a notice"});
             });
         st.log->info("termination notice ({}): claiming at step {}", str(n.getDetail()), started);
         emit_event("notice", {{"source", static_cast<int>(n.getSource())}, {"detail", str(n.getDetail())},
@@ -121,80 +152,41 @@ peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor 
                               {"step", started}});
       },
       [self](msg<proto::CheckpointAt>& m) {
-        auto& st = self->state;
         auto r = decode(m);
         if (!r) return;
         auto c = r->get();
-        checkpoint_order o{c.getAgreementId(), c.getStep(), from_wire(c.getKind()), c.getAgreed(),
-                           c.getSaver(), c.getExitAfter(), c.getDeadlineNs()};
-        uint64_t started = 0;
-        {
-          std::lock_guard<std::mutex> g(st.ctl->m);
-          st.ctl->order = o;
-          if (o.deadline_ns) st.ctl->deadline_ns = o.deadline_ns;
-          st.ctl->raise_locked();
-          // Dekker: the flag is visible before we read `started`, so the
-          // trainer starts no step beyond max(o.step, started).
-          started = st.ctl->started.load(std::memory_order_seq_cst);
-        }
-        if (o.kind == ckpt_kind::jit) {
-          // A peer is gone: unblock the collective; the trainer acknowledges
-          // with its completed step once it has stopped.
-          if (!o.agreed) st.ctl->abort();
-          return;
-        }
-        if (!o.agreed) {
-          auto earliest = std::max(o.step, started);
-          self->send(st.coord, make<proto::Ack>([&](auto b) {
-            b.setAgreementId(o.id); b.setRank(st.cfg.rank); b.setEarliestStep(earliest);
-          }));
-        }
+        on_order(self, checkpoint_order{c.getAgreementId(), c.getStep(), from_wire(c.getKind()), c.getAgreed(),
+                                        c.getSaver(), c.getExitAfter(), c.getDeadlineNs()});
       },
       [self](msg<proto::Committed>& m) {
-        auto& st = self->state;
         auto r = decode(m);
         if (!r) return;
-        std::lock_guard<std::mutex> g(st.ctl->m);
-        st.ctl->committed_id = r->get().getAgreementId();
-        st.ctl->committed_step = r->get().getStep();
-        st.ctl->committed_exit = r->get().getExitAfter();
-        st.ctl->raise_locked();
+        self->state.ctl->post_commit({r->get().getAgreementId(), r->get().getStep(), r->get().getExitAfter()});
       },
       [self](msg<proto::PeerLost>& m) {
         auto r = decode(m);
         if (!r) return;
         auto p = r->get();
-        lose(self, "rank " + std::to_string(p.getRank()) + " lost: " + str(p.getDetail()));
+        lose(self, {kind_of(p.getReason()), p.getRank(), p.getLastStep(), str(p.getDetail())});
       },
       [self](msg<proto::ClusterError>& m) {
         auto& st = self->state;
         auto r = decode(m);
         if (!r) return;
         auto e = r->get();
-        {
-          std::lock_guard<std::mutex> g(st.ctl->m);
-          st.ctl->failure = cluster_failure{e.getOriginRank(), e.getStep(), "failed", str(e.getMessage())};
-          st.ctl->raise_locked();
-        }
+        st.ctl->post_failure({e.getOriginRank(), e.getStep(), str(e.getMessage())});
         st.ctl->abort();
       },
       [self](msg<proto::DeadlineUpdate>& m) {
-        auto& st = self->state;
         auto r = decode(m);
         if (!r) return;
-        std::lock_guard<std::mutex> g(st.ctl->m);
-        st.ctl->deadline_ns = r->get().getDeadlineNs();
-        st.ctl->raise_locked();
+        self->state.ctl->post_deadline(r->get().getDeadlineNs());
       },
       [self](msg<proto::Shutdown>& m) {
         auto& st = self->state;
         auto r = decode(m);
         if (!r) return;
-        {
-          std::lock_guard<std::mutex> g(st.ctl->m);
-          st.ctl->shutdown_code = r->get().getExitCode();
-          st.ctl->raise_locked();
-        }
+        st.ctl->post_shutdown(r->get().getExitCode());
         st.ctl->abort();
       },
       [self](tick_atom) {

@@ -163,10 +163,12 @@ int main(int argc, char** argv) {
                "  grace-chaos --seed 7 --faults 4 --out /tmp/chaos\n"
                "  grace-chaos --schedule faults.json --out /tmp/chaos\n"
                "  grace-chaos --soak 50 --seed 1000 --out /tmp/soak\n"
+               "  grace-chaos --soak 200 --seed 1 --overlap 0.7 --out /tmp/soak   # faults on top of faults\n"
                "  grace-chaos --seed 7 --out /tmp/chaos -- /usr/bin/python3 examples/pytorch_train.py"};
   run_config cfg;
   uint64_t seed = 1;
   int faults = 3, soak = 0;
+  double overlap = 0;
   std::string schedule_file, out = "grace-chaos-out", kinds_arg, cache_dir;
   std::vector<std::string> trainer_args;
   bool print_only = false, no_reference = false;
@@ -180,6 +182,11 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "random schedule seed (same seed, same schedule)");
   app.add_option("--faults", faults, "faults in a random schedule")->check(CLI::Range(0, 100));
   app.add_option("--kinds", kinds_arg, "random schedules use only these kinds (comma separated)");
+  app.add_option("--overlap", overlap,
+                 "chance (0..1) that a random fault brings overlapping companions: a second notice, a SIGKILL or "
+                 "SIGSTOP ms later or during the agreement, the save or the restart, the launcher's SIGKILL "
+                 "during the agreement")
+    ->check(CLI::Range(0.0, 1.0));
   app.add_option("--schedule", schedule_file, "scripted schedule (JSON array) instead of --seed/--faults");
   app.add_option("--soak", soak, "run N random schedules (seeds seed..seed+N-1)")->check(CLI::Range(0, 1000000));
   app.add_option("--out", out, "output directory (run/, report.json, timeline.png)");
@@ -192,6 +199,9 @@ int main(int argc, char** argv) {
     ->check(CLI::Range(0, 10000));
   app.add_option("--timeout-s", timeout_s, "give up on one job after this long")->check(CLI::Range(10, 86400));
   app.add_option("--cache-dir", cache_dir, "reference runs cache (default ~/.cache/grace-chaos)");
+  app.add_option("--fs-size-mb", cfg.fs_size_mb,
+                 "fs_full: size of the tmpfs on the checkpoint directory (room for the kept checkpoints)")
+    ->check(CLI::Range(1, 65536));
   app.add_flag("--no-reference", no_reference, "skip the reference run (bit_identical is SKIP)");
   app.add_flag("--print-schedule", print_only, "print the schedule and exit");
   app.add_flag("-v,--verbose", cfg.verbose, "log each launch and fault");
@@ -266,6 +276,7 @@ int main(int argc, char** argv) {
     g.workers = cfg.workers;
     g.steps = cfg.steps;
     g.kinds = kinds;
+    g.overlap = overlap;
     return generate(g);
   };
   if (print_only) {

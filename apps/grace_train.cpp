@@ -2,6 +2,7 @@
 // on Grace's public API (runtime/grace.hpp) plus a compute backend and its
 // collective (the MLP and Gloo on CPU; in a CUDA build also mlp_cuda and
 // NCCL), so it doubles as the example a research trainer copies.
+#include "runtime/cancel_token.hpp"
 #include "runtime/device_copy.hpp"
 #include "runtime/gloo_comm.hpp"
 #include "runtime/grace.hpp"
@@ -61,8 +62,11 @@ trainer_backend cpu_backend(const grace::mlp_config& mc) {
   b.weights_checksum = [model] { return model->weights_checksum(); };
   b.connect = [model](grace::session& g, int rank,
                       int world) -> grace::result<std::function<grace::status()>> {
+    // A peer lost during the rendezvous ends it at once (see cancel_token).
+    auto rendezvous = std::make_shared<grace::cancel_token>();
+    g.set_abort_handler([rendezvous] { rendezvous->cancel(); });
     auto c = grace::gloo_comm::connect(g.rendezvous_store(), g.rendezvous_prefix() + "gloo", rank, world,
-                                       collective_timeout);
+                                       collective_timeout, "127.0.0.1", rendezvous);
     if (!c) return grace::error{c.err().code, "gloo rendezvous failed: " + c.err().message};
     // Shared with the abort handler, which may run on another thread until
     // the session is gone.
@@ -90,8 +94,10 @@ grace::result<trainer_backend> cuda_backend(const grace::mlp_config& mc, int dev
   b.weights_checksum = [model] { return model->weights_checksum(); };
   b.connect = [model](grace::session& g, int rank,
                       int world) -> grace::result<std::function<grace::status()>> {
+    auto rendezvous = std::make_shared<grace::cancel_token>();
+    g.set_abort_handler([rendezvous] { rendezvous->cancel(); });
     auto c = grace::nccl_comm::connect(g.rendezvous_store(), g.rendezvous_prefix() + "nccl", rank, world,
-                                       model->device(), collective_timeout);
+                                       model->device(), collective_timeout, rendezvous);
     if (!c) return grace::error{c.err().code, "nccl rendezvous failed: " + c.err().message};
     std::shared_ptr<grace::nccl_comm> comm = std::move(c.value());
     g.set_abort_handler([comm] { comm->abort(); });
@@ -286,8 +292,10 @@ int main(int argc, char** argv) {
   if (world > 1) {
     auto c = backend.connect(g, rank, world);
     if (!c) {
+      // Usually a peer that died before its rendezvous: the session waits
+      // for the cluster's verdict and gives the exit code.
       spdlog::error("{}", c.err().message);
-      return restart_code;
+      g.quick_exit(g.stop_after_failure(c.err()));
     }
     allreduce_gradients = std::move(c.value());
   }

@@ -219,6 +219,26 @@ for kind in sorted(kinds):
 if broken:
     add("7b grace-chaos runs without a report", str(len(broken)), broken[0]["error"][:60], "-", "-", "-")
 
+# 7c: faults on top of faults, one group each run (bench/scenario.py overlap).
+ov = [r for r in sel("overlap") if "error" not in r]
+for key, what in (("agreement_kill", "SIGKILL during an agreement"), ("saver_kill", "SIGKILL of the saver during its save"),
+                  ("restore_kill", "SIGKILL during a restore")):
+    lost = [r[key + "_lost"] for r in ov if r.get(key + "_lost") is not None]
+    if not lost:
+        continue
+    dead = ov[0]["dead_after_ms"]
+    commits = [r[key + "_commit_ms"] for r in ov if r.get(key + "_commit_ms") is not None]
+    stopped = [r[key + "_stopped_ms"] for r in ov if r.get(key + "_stopped_ms") is not None]
+    measured = "max %d steps lost; " % max(lost)
+    measured += ("committed in %s (median of %d)" % (fmt(median(commits), "ms", 0), len(commits)) if commits
+                 else "nothing newer to commit; group stopped in %s" % fmt(median(stopped), "ms", 0))
+    met = max(lost) <= 1 and (not commits or max(commits) <= dead + 100)
+    add("7c %s (%d runs, 4 workers)" % (what, len(lost)), measured, "dead-after %d ms" % dead, "-",
+        "<= 1 step, commit <= dead-after + 100 ms", yes(met))
+for r in sel("overlap"):
+    if "error" in r:
+        add("7c overlap run failed", r["error"][:60], "-", "-", "-", "no")
+
 # 8: the Python module and the PyTorch trainer.
 for blobs in (0, 1):
     o = med("py_steps", "overhead_ns", blobs=blobs)

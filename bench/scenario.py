@@ -8,6 +8,10 @@ events (GRACE_EVENTS_FILE) and wall-clock stamps. One JSON object per line.
       exited) and restart (exit -> collectives ready -> first step); then,
       with --kill, SIGKILL of rank 1 in the restarted group (just-in-time
       save, restart) for the lost-work row; then SIGTERM to the launcher.
+  scenario.py overlap --launch L --train T --nproc N --work DIR
+      faults on top of faults: SIGKILL during an agreement, SIGKILL of the
+      saver during its save, SIGKILL during a restore; steps lost and the
+      time from each SIGKILL to the checkpoint committed for it.
   scenario.py torchrun --nproc N --work DIR
       torchrun restart of N workers: failing worker's exit -> every
       restarted worker's process group ready.
@@ -210,6 +214,100 @@ def grace_group(a):
         shutil.rmtree(os.path.join(work, "ckpt"), ignore_errors=True)
 
 
+def committed_after(ev, inc, t_ns):
+    """The first commit in incarnation `inc` at or after t_ns (any kind)."""
+    c = [e for e in ev.where("committed", inc) if e["t_ns"] >= t_ns]
+    return min(c, key=lambda e: e["t_ns"]) if c else None
+
+
+def overlap_faults(a):
+    """Faults on top of faults in one group, each measured on its own:
+    SIGKILL during an agreement (a SIGTERM, then a SIGKILL as soon as the
+    proposal is out), SIGKILL of the saver while its save is in flight, and
+    SIGKILL during a restore (right after the restarted group started).
+    For each: steps lost (as grace-chaos counts them) and the time from the
+    SIGKILL to the committed checkpoint that covers it."""
+    work = os.path.abspath(a.work)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    events_path = os.path.join(work, "events.jsonl")
+    env = dict(os.environ, GRACE_EVENTS_FILE=events_path)
+    cmd = [a.launch, "--nproc", str(a.nproc), "--checkpoint-dir", os.path.join(work, "ckpt"), "--max-restarts", "10",
+           "--dead-after-ms", str(a.dead_after_ms), "--quiet", "--", a.train, "--steps", "1000000",
+           "--step-delay-ms", str(a.step_delay_ms), "--hidden", a.hidden or "1024,1024"]
+    log = open(os.path.join(work, "launch.log"), "w")
+    p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    ev = Events(events_path)
+    out = {"row": "overlap", "nproc": a.nproc, "dead_after_ms": a.dead_after_ms}
+
+    def pid_of(inc, rank):
+        g = ev.where("group_started", inc)
+        return g[0]["pids"][str(rank)] if g and "pids" in g[0] else None
+
+    def after(name, inc, t_ns):
+        return lambda: [e for e in ev.where(name, inc) if e["t_ns"] >= t_ns]
+
+    def measure(label, inc, t_kill):
+        ev.wait(lambda: workers_stepping(ev, inc + 1, a.nproc), a.timeout, label + ": no restart")
+        c = committed_after(ev, inc, t_kill)
+        r, s, lost = lost_work(ev, inc)
+        exits = [e["t_ns"] for e in ev.where("worker_exit", inc)]
+        out[label + "_lost"] = lost
+        # No commit: nothing newer than the restored checkpoint to write.
+        out[label + "_commit_ms"] = ms(t_kill, c["t_ns"]) if c else None
+        out[label + "_stopped_ms"] = ms(t_kill, max(exits)) if exits else None
+        return inc + 1
+
+    try:
+        t = a.timeout
+        inc = 0
+        ev.wait(lambda: workers_stepping(ev, inc, a.nproc), t, "group 0 did not start")
+        time.sleep(0.3)
+        # 1. SIGKILL during an agreement.
+        t0 = time.time_ns()
+        os.kill(pid_of(inc, 1), signal.SIGTERM)
+        ev.wait(after("proposed", inc, t0), t, "no proposal")
+        t_kill = time.time_ns()
+        os.kill(pid_of(inc, 2), signal.SIGKILL)
+        inc = measure("agreement_kill", inc, t_kill)
+        time.sleep(0.3)
+        # 2. SIGKILL of the saver (the chief) while its save is in flight.
+        t0 = time.time_ns()
+        os.kill(pid_of(inc, 1), signal.SIGTERM)
+        ev.wait(lambda: [e for e in after("snapshot_done", inc, t0)() if e.get("rank") == 0], t, "no snapshot")
+        t_kill = time.time_ns()
+        os.kill(pid_of(inc, 0), signal.SIGKILL)
+        inc = measure("saver_kill", inc, t_kill)
+        time.sleep(0.3)
+        # 3. SIGKILL during a restore: kill one, then another as soon as the
+        # restarted group is started (its members are restoring).
+        os.kill(pid_of(inc, 1), signal.SIGKILL)
+        ev.wait(lambda: ev.where("group_started", inc + 1), t, "no restart after the first SIGKILL")
+        inc += 1
+        t_kill = time.time_ns()
+        os.kill(pid_of(inc, 2), signal.SIGKILL)
+        out["restore_kill_restored_before"] = max([e["step"] for e in ev.where("restored", inc)] + [-1])
+        inc = measure("restore_kill", inc, t_kill)
+        os.kill(p.pid, signal.SIGTERM)
+        p.wait(timeout=t)
+    except Exception as e:
+        out["error"] = "%s: %s" % (type(e).__name__, e)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        ev.poll()
+        for pid in {e["pid"] for e in ev.all if e.get("rank") != LAUNCHER}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        log.close()
+    print(json.dumps(out), flush=True)
+    if not a.keep:
+        shutil.rmtree(os.path.join(work, "ckpt"), ignore_errors=True)
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -240,7 +338,7 @@ def torchrun_restart(a):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["grace", "torchrun"])
+    p.add_argument("mode", choices=["grace", "torchrun", "overlap"])
     p.add_argument("--launch")
     p.add_argument("--train")
     p.add_argument("--train-cmd", default="", help="a trainer command instead of --train (e.g. "
@@ -252,10 +350,13 @@ def main():
     p.add_argument("--hidden", default="")
     p.add_argument("--label", default="as built")
     p.add_argument("--step-delay-ms", type=int, default=20)
+    p.add_argument("--dead-after-ms", type=int, default=3000)
     p.add_argument("--timeout", type=float, default=90)
     a = p.parse_args()
     if a.mode == "grace":
         grace_group(a)
+    elif a.mode == "overlap":
+        overlap_faults(a)
     else:
         torchrun_restart(a)
 

@@ -28,6 +28,9 @@ using tick_atom = caf::atom_constant<caf::atom("g_tick")>;
 using kv_timeout_atom = caf::atom_constant<caf::atom("g_kvto")>;
 using incarnation_atom = caf::atom_constant<caf::atom("g_incarn")>;
 using status_atom = caf::atom_constant<caf::atom("g_status")>;
+/// Launcher -> coordinator: a worker process of (rank, incarnation) exited
+/// with a code (128 + signal when killed) before leaving on purpose.
+using exited_atom = caf::atom_constant<caf::atom("g_exited")>;
 
 } // namespace grace
 

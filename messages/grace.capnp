@@ -30,6 +30,11 @@ struct Welcome {
   runId @4 :Text;
   incarnation @5 :UInt32;
   rendezvousPrefix @6 :Text;  # fresh key prefix for this incarnation's collectives
+  restartable @7 :Bool;       # refused only for now: exit with the restart code
+                              # (a late join after the group lost a member)
+  verdictWaitMs @8 :UInt32;   # longest the service takes to decide after a
+                              # failure (dead-after + its check + the connection
+                              # timeout): a member's waits at a boundary end by then
 }
 
 struct Heartbeat {

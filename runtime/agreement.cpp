@@ -1,7 +1,5 @@
 #include "runtime/agreement.hpp"
 
-#include <algorithm>
-
 namespace grace {
 
 const char* to_string(ckpt_kind k) noexcept {
@@ -29,6 +27,15 @@ const char* to_string(agreement_phase p) noexcept {
   return "?";
 }
 
+const char* to_string(loss_reason r) noexcept {
+  switch (r) {
+    case loss_reason::dead: return "dead";
+    case loss_reason::hung: return "hung";
+    case loss_reason::left: return "left";
+  }
+  return "?";
+}
+
 const char* to_string(agreement_action::type t) noexcept {
   using ty = agreement_action::type;
   switch (t) {
@@ -45,21 +52,40 @@ const char* to_string(agreement_action::type t) noexcept {
 
 using ty = agreement_action::type;
 
+namespace {
+
+bool settled(agreement_phase p) {
+  return p == agreement_phase::stopping || p == agreement_phase::failed || p == agreement_phase::finishing;
+}
+
+void append(actions& out, actions more) { out.insert(out.end(), more.begin(), more.end()); }
+
+} // namespace
+
 agreement::agreement(uint32_t world_size) : world_size_(world_size) {}
 
 uint32_t agreement::chief() const { return live_.empty() ? 0 : *live_.begin(); }
 
-actions agreement::on_join(uint32_t rank, uint64_t /*completed*/) {
-  if (rank >= world_size_ || lost_.count(rank)) return {};
+std::optional<std::string> agreement::join_refusal(uint32_t rank) const {
+  if (rank >= world_size_) return "rank " + std::to_string(rank) + " out of range";
+  if (lost_.count(rank)) return "rank " + std::to_string(rank) + " was declared lost in this incarnation";
+  if (!lost_.empty() || !gone_.empty())
+    return "the group lost a member in this incarnation and is stopping; restart into the next one";
+  if (settled(phase_) && phase_ != agreement_phase::finishing)
+    return std::string("the group is ") + to_string(phase_) + "; restart into the next incarnation";
+  return std::nullopt;
+}
+
+actions agreement::on_join(uint32_t rank, uint64_t completed) {
+  if (join_refusal(rank)) return {};
   joined_.insert(rank);
   live_.insert(rank);
-  if (phase_ == agreement_phase::waiting && all_joined())
-    return propose(ckpt_kind::initial, claim_started_);
+  restored_min_ = std::min(restored_min_.value_or(completed), completed);
+  if (phase_ == agreement_phase::waiting && all_joined()) return propose(ckpt_kind::initial, claim_started_);
   return {};
 }
 
 actions agreement::on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns) {
-  actions out;
   agreement_action reply{ty::claim_reply};
   reply.rank = rank;
   if (phase_ == agreement_phase::idle) {
@@ -69,13 +95,9 @@ actions agreement::on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns
     reply.won = true;
     reply.holder = rank;
     reply.id = id_ + 1;
-    out.push_back(reply);
-    if (all_joined()) {
-      auto more = propose(ckpt_kind::initial, started);
-      out.insert(out.end(), more.begin(), more.end());
-    } else {
-      phase_ = agreement_phase::waiting;
-    }
+    actions out{reply};
+    if (all_joined()) append(out, propose(ckpt_kind::initial, started));
+    else phase_ = agreement_phase::waiting;
     return out;
   }
   // The claim is taken: the second notice defers to the holder. A later
@@ -83,10 +105,10 @@ actions agreement::on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns
   reply.won = false;
   reply.holder = holder_.value_or(launcher_rank);
   reply.id = id_;
-  out.push_back(reply);
+  actions out{reply};
   bool running = phase_ == agreement_phase::waiting || phase_ == agreement_phase::proposing ||
                  phase_ == agreement_phase::saving || phase_ == agreement_phase::countdown;
-  if (running && deadline_ns_ != 0 && deadline_ns != 0 && deadline_ns < deadline_ns_) {
+  if (running && kind_ != ckpt_kind::jit && deadline_ns_ != 0 && deadline_ns != 0 && deadline_ns < deadline_ns_) {
     deadline_ns_ = deadline_ns;
     agreement_action upd{ty::deadline_update};
     upd.rank = chief();
@@ -109,8 +131,7 @@ actions agreement::propose(ckpt_kind kind, uint64_t lower_bound) {
   p.kind = kind;
   p.deadline_ns = deadline_ns_;
   actions out{p};
-  auto more = maybe_agree();
-  out.insert(out.end(), more.begin(), more.end());
+  append(out, maybe_agree());
   return out;
 }
 
@@ -124,34 +145,54 @@ actions agreement::maybe_agree() {
     phase_ = agreement_phase::stopping;
     return {};
   }
+  if (kind_ == ckpt_kind::jit) return agree_jit();
   agreement_action a{ty::agreed};
   a.id = id_;
   a.kind = kind_;
   a.deadline_ns = deadline_ns_;
-  if (kind_ == ckpt_kind::jit) {
-    // The survivor with the most completed steps saves; ties: lowest rank
-    // (std::map iterates in rank order and only a strictly larger step wins).
-    uint64_t best = 0;
-    uint32_t saver = chief();
-    bool first = true;
-    for (auto& [r, s] : acks_) {
-      if (!live_.count(r)) continue;
-      if (first || s > best) { best = s; saver = r; first = false; }
-    }
-    a.step = best;
-    a.saver = saver;
-    a.exit_after = true;
-  } else {
-    uint64_t step = lower_bound_;
-    for (auto& [r, s] : acks_)
-      if (live_.count(r)) step = std::max(step, s);
-    a.step = step;
-    a.saver = chief();
-    a.exit_after = kind_ == ckpt_kind::final || deadline_ns_ == 0 || !lost_.empty();
-  }
+  uint64_t step = lower_bound_;
+  for (auto& [r, s] : acks_)
+    if (live_.count(r)) step = std::max(step, s);
+  a.step = step;
+  a.saver = chief();
+  a.exit_after = kind_ == ckpt_kind::final || deadline_ns_ == 0;
   agreed_step_ = a.step;
   saver_ = a.saver;
   exit_after_ = a.exit_after;
+  phase_ = agreement_phase::saving;
+  return {a};
+}
+
+actions agreement::agree_jit() {
+  // The survivor with the most completed steps saves; ties: lowest rank
+  // (std::map iterates in rank order and only a strictly larger step wins).
+  uint64_t best = 0;
+  uint32_t saver = chief();
+  bool first = true;
+  for (auto& [r, s] : acks_) {
+    if (!live_.count(r)) continue;
+    if (first || s > best) { best = s; saver = r; first = false; }
+  }
+  agreed_step_ = best;
+  saver_ = saver;
+  exit_after_ = true;
+  if (best <= durable_step()) {
+    // Every survivor's state is already on disk: nothing to write.
+    phase_ = agreement_phase::stopping;
+    agreement_action c{ty::committed};
+    c.id = id_;
+    c.step = durable_step();
+    c.kind = ckpt_kind::jit;
+    c.exit_after = true;
+    return {c};
+  }
+  agreement_action a{ty::agreed};
+  a.id = id_;
+  a.kind = ckpt_kind::jit;
+  a.deadline_ns = deadline_ns_;
+  a.step = best;
+  a.saver = saver;
+  a.exit_after = true;
   phase_ = agreement_phase::saving;
   return {a};
 }
@@ -163,8 +204,7 @@ actions agreement::on_ack(uint32_t rank, uint64_t id, uint64_t earliest) {
   return maybe_agree();
 }
 
-actions agreement::on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok,
-                            const std::string& error) {
+actions agreement::on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error) {
   if (id != id_ || phase_ != agreement_phase::saving || rank != saver_) return {};
   if (!ok) {
     phase_ = agreement_phase::failed;
@@ -174,14 +214,13 @@ actions agreement::on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok,
     e.message = "checkpoint save at step " + std::to_string(step) + " failed: " + error;
     return {e};
   }
-  // A member lost while the save ran: the cluster cannot keep training.
-  bool exit_after = exit_after_ || !lost_.empty();
+  committed_step_ = std::max(committed_step_, step);
   agreement_action c{ty::committed};
   c.id = id;
   c.step = step;
   c.kind = kind_;
-  c.exit_after = exit_after;
-  phase_ = exit_after ? agreement_phase::stopping : agreement_phase::countdown;
+  c.exit_after = exit_after_;
+  phase_ = exit_after_ ? agreement_phase::stopping : agreement_phase::countdown;
   return {c};
 }
 
@@ -190,16 +229,8 @@ actions agreement::on_propose_final(uint32_t rank, uint64_t started) {
   return propose(ckpt_kind::final, started);
 }
 
-actions agreement::on_member_lost(uint32_t rank, uint64_t completed, const std::string& why) {
-  if (!live_.count(rank)) return {};
-  live_.erase(rank);
-  lost_.insert(rank);
-  agreement_action lost{ty::peer_lost};
-  lost.rank = rank;
-  lost.step = completed;
-  lost.message = why;
-  actions out{lost};
-  auto append = [&](actions more) { out.insert(out.end(), more.begin(), more.end()); };
+actions agreement::member_gone(uint32_t rank) {
+  actions out;
   switch (phase_) {
     case agreement_phase::stopping:
     case agreement_phase::failed:
@@ -207,21 +238,40 @@ actions agreement::on_member_lost(uint32_t rank, uint64_t completed, const std::
       break;
     case agreement_phase::jit_collect:
       acks_.erase(rank);
-      append(maybe_agree());
+      append(out, maybe_agree());
       break;
     case agreement_phase::saving:
-      // The saver already holds the agreed state; only its own loss forces a
-      // just-in-time save from the survivors.
-      if (rank == saver_) append(propose(ckpt_kind::jit, 0));
-      break;
+      // A just-in-time saver needs nobody else: it stopped at a step
+      // boundary and holds its state. Only its own loss moves the save.
+      if (kind_ == ckpt_kind::jit && rank != saver_) break;
+      [[fallthrough]];
     case agreement_phase::idle:
     case agreement_phase::waiting:
     case agreement_phase::proposing:
     case agreement_phase::countdown:
+      // The group cannot train on without it, and whatever was agreed may
+      // never be reached (the collectives of the agreed step need every
+      // member): the survivors save their own most advanced state. A saver
+      // that already holds the agreed step acknowledges it and saves it.
       if (!holder_) holder_ = rank;
-      append(propose(ckpt_kind::jit, 0));
+      if (live_.empty()) phase_ = agreement_phase::stopping;
+      else append(out, propose(ckpt_kind::jit, 0));
       break;
   }
+  return out;
+}
+
+actions agreement::on_member_lost(uint32_t rank, uint64_t completed, loss_reason why, const std::string& detail) {
+  if (rank >= world_size_ || lost_.count(rank) || gone_.count(rank)) return {};
+  live_.erase(rank);
+  lost_.insert(rank);
+  agreement_action lost{ty::peer_lost};
+  lost.rank = rank;
+  lost.step = completed;
+  lost.reason = why;
+  lost.message = detail;
+  actions out{lost};
+  append(out, member_gone(rank));
   return out;
 }
 
@@ -235,20 +285,36 @@ actions agreement::on_error(uint32_t rank, uint64_t step, const std::string& mes
   return {e};
 }
 
-actions agreement::on_leave(uint32_t rank) {
+actions agreement::on_leave(uint32_t rank, int exit_code) {
   if (!live_.count(rank)) return {};
   live_.erase(rank);
-  switch (phase_) {
-    case agreement_phase::idle:
-      phase_ = agreement_phase::finishing;
-      return {};
-    case agreement_phase::proposing:
-    case agreement_phase::jit_collect:
-      acks_.erase(rank);
-      return maybe_agree();
-    default:
-      return {};
+  gone_.insert(rank);
+  if (exit_code == 0) {
+    // Members leave with 0 only after the last step and the final save:
+    // everyone is finishing, no agreement can complete any more.
+    if (!settled(phase_)) phase_ = agreement_phase::finishing;
+    return {};
   }
+  return member_gone(rank);
+}
+
+std::string agreement::state_key() const {
+  std::string k = std::to_string(static_cast<int>(phase_)) + "|";
+  auto set = [&](const std::set<uint32_t>& v) {
+    for (auto r : v) k += std::to_string(r) + ",";
+    k += "|";
+  };
+  set(joined_);
+  set(live_);
+  set(lost_);
+  set(gone_);
+  k += (holder_ ? std::to_string(*holder_) : "-") + "|" + std::to_string(id_) + "|" +
+       std::to_string(static_cast<int>(kind_)) + "|" + std::to_string(lower_bound_) + "|" +
+       std::to_string(deadline_ns_) + "|" + std::to_string(claim_started_) + "|";
+  for (auto& [r, s] : acks_) k += std::to_string(r) + ":" + std::to_string(s) + ",";
+  k += "|" + std::to_string(agreed_step_) + "|" + std::to_string(saver_) + "|" + std::to_string(exit_after_) + "|" +
+       (restored_min_ ? std::to_string(*restored_min_) : "-") + "|" + std::to_string(committed_step_);
+  return k;
 }
 
 } // namespace grace

@@ -34,21 +34,44 @@
 /// | saving       | saved ok, initial w/ deadline | countdown     | committed(continue)                       |
 /// | saving       | saved failed                  | failed        | cluster_error                             |
 /// | countdown    | propose_final                 | proposing     | propose(final)                            |
-/// | idle..saving,| member lost                   | jit_collect   | peer_lost, propose(jit) to survivors      |
+/// | idle, waiting| member lost (joined or not),  | jit_collect   | peer_lost, propose(jit) to survivors      |
+/// | proposing,   | member gone (leave, code != 0)|               |                                           |
+/// | saving,      |                               |               |                                           |
 /// | countdown    |                               |               |                                           |
-/// | jit_collect  | last survivor ack             | saving        | agreed(max completed, saver = its owner,  |
-/// |              |                               |               |   ties: lowest rank)                      |
+/// | jit_collect  | last survivor ack, best step  | saving        | agreed(max completed, saver = its owner,  |
+/// |              |   not yet durable             |               |   ties: lowest rank)                      |
+/// | jit_collect  | last survivor ack, best step  | stopping      | committed(exit) - no save: the state is   |
+/// |              |   already durable             |               |   on disk already                         |
 /// | jit_collect  | member lost                   | jit_collect   | peer_lost (and agree if all others acked) |
 /// | any live     | error report                  | failed        | cluster_error (names origin, step)        |
 /// | stopping,    | member lost / leave           | (same)        | - (expected exits)                        |
-/// | failed       |                               |               |                                           |
-/// | idle         | leave                         | finishing     | - (claims are answered lost from now on)  |
+/// | failed,      |                               |               |                                           |
+/// | finishing    |                               |               |                                           |
+/// | not failed/  | leave with exit code 0        | finishing     | - (claims are answered lost from now on)  |
+/// |   stopping   |                               |               |                                           |
 /// | any          | no survivor left              | stopping      | -                                         |
 ///
-/// A death during the final agreement or the save therefore also becomes a
-/// just-in-time save from the best survivor; a death of the claimant changes
-/// nothing, since the chief (lowest live rank) keeps time and saves.
-
+/// A join is refused (restartable, `join_refusal`) once a member of the
+/// incarnation was lost or left: the group can no longer train together,
+/// so a late joiner restarts with the next incarnation.
+///
+/// ## Faults on top of faults
+/// Every loss while anything is unsettled (a claim waiting for members, a
+/// proposal out, an agreed step not yet reached, a save in flight by the
+/// saver or by anyone, a grace-period countdown, a restart still joining)
+/// becomes one just-in-time round among the survivors: each acknowledges its
+/// completed step (a survivor still inside a step first has its collective
+/// aborted), the most advanced one saves, so the committed checkpoint is at
+/// most one step behind the most advanced survivor. A survivor that is not
+/// inside a step (waiting at a boundary, restoring, in its rendezvous) is
+/// acknowledged for by its peer watcher at once. When the best completed
+/// step is already durable - every member restored it, or an agreement of
+/// this incarnation committed it - nothing is written and the round commits
+/// at once. A loss once a commit with exit is out (stopping) changes nothing.
+/// A second notice during any of this defers to the holder; a cluster error
+/// fails the job (exit 3) whatever the phase.
+///
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -69,13 +92,21 @@ const char* to_string(agreement_phase p) noexcept;
 /// Rank used by the launcher when it claims on behalf of a signal it received.
 constexpr uint32_t launcher_rank = 0xffffffffu;
 
+/// Why a member was lost (the wire's LossReason): a typed value, never text.
+enum class loss_reason : uint8_t {
+  dead,   ///< connection lost, heartbeats silent, or the process exited
+  hung,   ///< alive but no progress for longer than the hang timeout
+  left,   ///< left on purpose with a non-zero exit code while others trained
+};
+const char* to_string(loss_reason r) noexcept;
+
 struct agreement_action {
   enum class type : uint8_t {
     claim_reply,     ///< to `rank`: won, holder, id
     propose,         ///< to every live member: lower bound `step`, `kind`
     agreed,          ///< to every live member: `step`, `kind`, `saver`, `exit_after`
     committed,       ///< to every live member: `step`, `exit_after`
-    peer_lost,       ///< to every live member: `rank` was lost (`message` says why)
+    peer_lost,       ///< to every live member: `rank` was lost (`reason`, `message` says why)
     cluster_error,   ///< to every live member: origin `rank`, `step`, `message`
     deadline_update, ///< to the chief: `deadline_ns`
   };
@@ -91,6 +122,7 @@ struct agreement_action {
   uint32_t saver = 0;
   bool exit_after = false;
   int64_t deadline_ns = 0;
+  loss_reason reason = loss_reason::dead;
   std::string message;
 };
 const char* to_string(agreement_action::type t) noexcept;
@@ -101,7 +133,11 @@ class agreement {
 public:
   explicit agreement(uint32_t world_size);
 
-  /// A member joined (or re-joined) with `completed` steps restored.
+  /// Why `rank` may not join now (nullopt: it may). A refusal here is
+  /// restartable: the member should exit with the restart code.
+  std::optional<std::string> join_refusal(uint32_t rank) const;
+  /// A member joined with `completed` steps restored (call only when
+  /// join_refusal() said yes).
   actions on_join(uint32_t rank, uint64_t completed);
   /// A termination notice claimed by `rank` (or launcher_rank), whose step in
   /// progress is `started`; `deadline_ns` is 0 without a grace period.
@@ -112,32 +148,42 @@ public:
   actions on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error);
   /// The chief says the grace period's margin is reached.
   actions on_propose_final(uint32_t rank, uint64_t started);
-  /// A member was declared lost (dead or hung) with its last completed step.
-  actions on_member_lost(uint32_t rank, uint64_t completed, const std::string& why);
+  /// A member (joined or not yet joined) was declared lost with its last
+  /// completed step.
+  actions on_member_lost(uint32_t rank, uint64_t completed, loss_reason why, const std::string& detail);
   /// A member reported an error in its step.
   actions on_error(uint32_t rank, uint64_t step, const std::string& message);
-  /// A member left on purpose (finished, or exiting after a save).
-  actions on_leave(uint32_t rank);
+  /// A member left on purpose: exit code 0 (finished) or another code
+  /// (stopping after a commit, or giving up on its own).
+  actions on_leave(uint32_t rank, int exit_code);
 
   agreement_phase phase() const noexcept { return phase_; }
   uint64_t current_id() const noexcept { return id_; }
   std::optional<uint32_t> holder() const noexcept { return holder_; }
   int64_t deadline_ns() const noexcept { return deadline_ns_; }
   uint64_t agreed_step() const noexcept { return agreed_step_; }
+  /// The newest step known to be on disk for everyone: the lowest step the
+  /// members restored, or a step an agreement of this incarnation committed.
+  uint64_t durable_step() const noexcept { return std::max(restored_min_.value_or(0), committed_step_); }
   const std::set<uint32_t>& live() const noexcept { return live_; }
   uint32_t world_size() const noexcept { return world_size_; }
-  bool all_joined() const noexcept { return joined_.size() == world_size_ && lost_.empty(); }
+  bool all_joined() const noexcept { return joined_.size() == world_size_ && lost_.empty() && gone_.empty(); }
+  /// Every field, compactly: the protocol model's state key and a debug aid.
+  std::string state_key() const;
 
 private:
   actions propose(ckpt_kind kind, uint64_t lower_bound);
   actions maybe_agree();
+  actions agree_jit();
+  actions member_gone(uint32_t rank);
   uint32_t chief() const;
 
   uint32_t world_size_;
   agreement_phase phase_ = agreement_phase::idle;
   std::set<uint32_t> joined_;
   std::set<uint32_t> live_;
-  std::set<uint32_t> lost_;
+  std::set<uint32_t> lost_;   ///< declared lost (dead or hung)
+  std::set<uint32_t> gone_;   ///< left on purpose
   std::optional<uint32_t> holder_;
   uint64_t id_ = 0;
   ckpt_kind kind_ = ckpt_kind::initial;
@@ -148,6 +194,8 @@ private:
   uint64_t agreed_step_ = 0;
   uint32_t saver_ = 0;
   bool exit_after_ = false;
+  std::optional<uint64_t> restored_min_;  ///< lowest step restored by a member that joined
+  uint64_t committed_step_ = 0;           ///< newest step an agreement committed
 };
 
 } // namespace grace

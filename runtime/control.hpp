@@ -2,22 +2,27 @@
 /// The control block between a worker's actors and its trainer thread.
 ///
 /// The trainer's per-step cost is one seq_cst store (`started`) and one load
-/// (`pending`). Everything else happens under the mutex, only when `pending`
-/// is set. The store/load pair on each side (trainer: store started, load
-/// pending; watcher: store pending, load started) is Dekker's pattern: with
-/// seq_cst either the trainer sees the flag before starting step k, or the
-/// watcher sees started >= k. So the watcher can promise "this worker stops
-/// no later than max(N, started)" without waiting for the trainer.
+/// (`pending`). Everything else happens under the block's own lock, only
+/// when `pending` is set, and only through its methods: the peer watcher and
+/// the checkpoint writer *post* what they learned, the trainer takes a
+/// *snapshot* and waits for a *change*. The store/load pair on each side
+/// (trainer: store started, load pending; watcher: store pending, load
+/// started) is Dekker's pattern: with seq_cst either the trainer sees the
+/// flag before starting step k, or the watcher sees started >= k. So the
+/// watcher can promise "this worker stops no later than max(N, started)"
+/// without waiting for the trainer.
 
 #include "runtime/agreement.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace grace {
 
@@ -31,11 +36,64 @@ struct checkpoint_order {
   int64_t deadline_ns = 0;
 };
 
+struct commit_info {
+  uint64_t id = 0;
+  uint64_t step = 0;
+  bool exit_after = false;
+};
+
 struct cluster_failure {
   uint32_t origin = 0;
   uint64_t step = 0;
-  std::string kind;
   std::string message;
+};
+
+/// What this worker lost, as a type (restart policy switches on it).
+enum class loss_kind : uint8_t {
+  peer_dead,         ///< the coordinator declared a peer dead
+  peer_hung,         ///< the coordinator declared a peer hung
+  peer_left,         ///< a peer left on purpose while the group trained
+  coordinator_lost,  ///< the coordination service is unreachable
+};
+const char* to_string(loss_kind k) noexcept;
+
+struct loss_info {
+  loss_kind kind = loss_kind::peer_dead;
+  uint32_t rank = 0;       ///< the peer (peer_* kinds)
+  uint64_t last_step = 0;  ///< the peer's last completed step, as known
+  std::string detail;
+};
+
+/// A save that finished on the writer thread, as the trainer learns of it.
+struct save_outcome {
+  uint64_t step = 0;
+  bool ok = false;
+  int64_t duration_ns = 0;  ///< snapshot + write
+};
+
+/// What the trainer sees at a step boundary: a copy taken under the lock.
+struct control_state {
+  uint64_t version = 0;                    ///< bumps on every post
+  std::optional<checkpoint_order> order;   ///< newest checkpoint order
+  std::optional<commit_info> committed;    ///< newest committed agreement
+  std::optional<cluster_failure> failure;  ///< a cluster error (fatal)
+  std::optional<loss_info> lost;           ///< the first peer loss
+  bool coordinator_gone = false;
+  std::optional<int> shutdown_code;
+  int64_t deadline_ns = 0;                 ///< grace-period deadline (wall clock)
+  uint64_t acked_for_trainer = 0;          ///< the peer watcher acknowledged this jit round for us
+  std::vector<save_outcome> saves;         ///< finished saves not yet taken by the trainer
+};
+
+/// The started/completed counters as the peer watcher read them right
+/// after raising the flag (Dekker: the trainer starts no step beyond).
+struct trainer_progress {
+  uint64_t started = 0;
+  uint64_t completed = 0;
+  /// Not inside a step: at a boundary, before the first step or between
+  /// the last step and finish(). Whatever the watcher reports for the
+  /// trainer from here is what the trainer itself would report.
+  bool idle() const noexcept { return started == completed; }
 };
 
 class control_block {
@@ -46,82 +104,63 @@ public:
   std::atomic<uint64_t> completed{0};
   std::atomic<int64_t> last_step_ns{0};
 
-  // --- rare path: guarded by `m` ---
-  std::mutex m;
-  std::condition_variable cv;
-  std::optional<checkpoint_order> order;      ///< newest checkpoint order
-  std::optional<uint64_t> committed_id;       ///< newest committed agreement
-  std::optional<uint64_t> committed_step;
-  bool committed_exit = false;
-  std::optional<cluster_failure> failure;     ///< a cluster error (fatal)
-  std::optional<std::string> lost;            ///< peer or coordinator lost
-  std::optional<int> shutdown_code;
-  int64_t deadline_ns = 0;                    ///< grace-period deadline (chief keeps time)
+  // --- posted by the peer watcher and the writer (any thread) ---
+  /// A new checkpoint order; returns the trainer's progress read after the
+  /// flag was raised.
+  trainer_progress post_order(const checkpoint_order& o);
+  void post_commit(const commit_info& c);
+  void post_failure(const cluster_failure& f);
+  /// Keeps the first peer loss; a coordinator loss is recorded on its own.
+  void post_loss(const loss_info& l);
+  void post_deadline(int64_t deadline_ns);
+  void post_shutdown(int code);
+  void post_save(const save_outcome& s);
+  /// The peer watcher acknowledged jit round `id` for an idle trainer.
+  void post_acked_for_trainer(uint64_t id);
 
-  bool coordinator_gone = false;              ///< the coordination service is unreachable
-
-  /// Sets the flag and wakes a trainer waiting at a step boundary.
-  /// Call with `m` held.
-  void raise_locked() {
-    pending.store(true, std::memory_order_seq_cst);
-    cv.notify_all();
-  }
+  // --- read by the trainer ---
+  /// A copy of the state; finished saves are handed over (taken) with it.
+  control_state take_snapshot();
+  /// Waits until the version moves past `seen` or `deadline` passes.
+  /// Returns false on the deadline.
+  bool wait_for_change(uint64_t seen, std::chrono::steady_clock::time_point deadline);
+  /// Lowers the flag, unless something was posted after version `seen`.
+  bool clear_pending_if_unchanged(uint64_t seen);
+  /// Forgets order `id` (a grace-period save handed to the writer).
+  void clear_order(uint64_t id);
+  /// True once the coordination service is known to be gone.
+  bool coordinator_gone();
+  /// True once a cluster error, a lost peer or the coordinator's loss is known.
+  bool failure_known();
 
   /// Installs (or, with an empty function, clears) the handler that unblocks
   /// a collective stuck on a dead peer (closes the Gloo context /
-  /// ncclCommAbort). Set by the trainer; called from actor threads.
-  void set_abort_handler(std::function<void()> f) {
-    std::lock_guard<std::mutex> g(m);
-    abort_collectives_ = std::move(f);
-  }
-
+  /// ncclCommAbort). Set by the trainer; called from actor threads. When a
+  /// loss, a cluster error or the coordinator's loss is already known, the
+  /// new handler is called at once (the abort it would have had).
+  void set_abort_handler(std::function<void()> f);
   /// Aborts collectives, if a handler is armed. Runs the handler outside the
   /// lock (it may block briefly) but counted, so disarm() can wait for it.
-  void abort() {
-    {
-      std::function<void()> f;
-      {
-        std::lock_guard<std::mutex> g(m);
-        if (!abort_collectives_) return;
-        f = abort_collectives_;
-        ++aborts_running_;
-      }
-      try {
-        f();
-      } catch (...) {
-        // A handler must not throw; an abort is best effort anyway.
-      }
-      // `f` (and whatever it captured) is released before the count drops,
-      // so after disarm() no abort call holds the communicator.
-    }
-    {
-      std::lock_guard<std::mutex> g(m);
-      --aborts_running_;
-    }
-    abort_cv_.notify_all();
-  }
-
+  void abort();
   /// Clears the handler and waits until an abort already running has
   /// returned. Afterwards the handler is never called again, so what it
   /// points at (the communicator) may be destroyed. Why this is needed: the
   /// peer watcher calls abort() on a ClusterError / PeerLost from an actor
   /// thread, which races with the trainer thread tearing the communicator
   /// down once run() returned stop. Never call from inside the handler.
-  void disarm() {
-    std::unique_lock<std::mutex> lk(m);
-    abort_collectives_ = nullptr;
-    abort_cv_.wait(lk, [this] { return aborts_running_ == 0; });
-  }
-
+  void disarm();
   /// True while a handler is installed (tests, diagnostics).
-  bool armed() {
-    std::lock_guard<std::mutex> g(m);
-    return static_cast<bool>(abort_collectives_);
-  }
+  bool armed();
 
 private:
-  std::function<void()> abort_collectives_;  ///< guarded by `m`
-  int aborts_running_ = 0;                   ///< guarded by `m`
+  /// Bumps the version, raises the flag and wakes the trainer. `m_` held.
+  void raise_locked();
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  control_state state_;                      ///< guarded by m_
+  std::function<void()> abort_collectives_;  ///< guarded by m_
+  int aborts_running_ = 0;                   ///< guarded by m_
   std::condition_variable abort_cv_;
 };
 

@@ -1,5 +1,7 @@
 #include "runtime/gloo_comm.hpp"
 
+#include "runtime/cancel_token.hpp"
+
 #include <gloo/common/error.h>
 #include <gloo/context.h>
 #include <gloo/common/logging.h>
@@ -23,6 +25,7 @@
 #include <exception>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace grace {
@@ -150,11 +153,54 @@ error classify(const char* op, bool aborted, bool timed_out) {
   return error{errc::disconnected, std::string(op) + ": " + what};
 }
 
+/// A store the rendezvous helper thread uses: once the caller abandoned the
+/// attempt it refuses every call, so the helper never touches the real store
+/// (whose owner may be gone by then).
+class abandonable_store : public gloo::rendezvous::Store {
+public:
+  explicit abandonable_store(std::shared_ptr<gloo::rendezvous::Store> s) : inner_(std::move(s)) {}
+  void abandon() { abandoned_.store(true, std::memory_order_release); }
+  void set(const std::string& key, const std::vector<char>& data) override {
+    check();
+    inner_->set(key, data);
+  }
+  std::vector<char> get(const std::string& key) override {
+    check();
+    return inner_->get(key);
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    check();
+    inner_->wait(keys);
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    check();
+    inner_->wait(keys, timeout);
+  }
+
+private:
+  void check() const {
+    if (abandoned_.load(std::memory_order_acquire)) throw gloo::IoException("rendezvous abandoned");
+  }
+  std::shared_ptr<gloo::rendezvous::Store> inner_;
+  std::atomic<bool> abandoned_{false};
+};
+
+/// The caller stopped waiting for the mesh (its cancel token was raised).
+struct cancelled_error {};
+
+/// One mesh setup on a helper thread, waited for with a cancel token.
+struct mesh_attempt {
+  std::mutex m;
+  bool done = false;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  std::exception_ptr error;
+};
+
 } // namespace
 
 result<std::unique_ptr<gloo_comm>> gloo_comm::connect(
     std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix, int rank, int size,
-    std::chrono::milliseconds timeout, std::string iface_host) {
+    std::chrono::milliseconds timeout, std::string iface_host, std::shared_ptr<cancel_token> cancel) {
   if (!store) return error{errc::invalid_input, "gloo_comm: no rendezvous store given"};
   if (size < 1 || rank < 0 || rank >= size)
     return error{errc::invalid_input, "gloo_comm: rank " + std::to_string(rank) +
@@ -175,16 +221,62 @@ result<std::unique_ptr<gloo_comm>> gloo_comm::connect(
     attr.hostname = iface_host;
     c->device_ = gloo::transport::tcp::CreateDevice(attr);
     c->prefix_store_ = std::make_unique<gloo::rendezvous::PrefixStore>(prefix, *c->store_);
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    ctx->setTimeout(timeout);
-    ctx->connectFullMesh(*c->prefix_store_, c->device_);
-    c->context_ = std::move(ctx);
+    if (cancel) {
+      c->context_ = c->connect_abandonable(prefix, timeout, cancel);
+    } else {
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      ctx->setTimeout(timeout);
+      ctx->connectFullMesh(*c->prefix_store_, c->device_);
+      c->context_ = std::move(ctx);
+    }
+  } catch (const cancelled_error&) {
+    return error{errc::disconnected, "connect (prefix '" + prefix + "', " + iface_host +
+                                         "): aborted during the rendezvous (a peer was lost)"};
   } catch (...) {
     const bool timed_out = std::chrono::steady_clock::now() - start >= timeout;
     return classify(("connect (prefix '" + prefix + "', " + iface_host + ")").c_str(), false,
                     timed_out);
   }
   return c;
+}
+
+std::shared_ptr<gloo::Context> gloo_comm::connect_abandonable(const std::string& prefix,
+                                                               std::chrono::milliseconds timeout,
+                                                               std::shared_ptr<cancel_token> token) {
+  auto guarded = std::make_shared<abandonable_store>(store_);
+  auto attempt = std::make_shared<mesh_attempt>();
+  // The helper owns everything it touches (store wrapper, device, context,
+  // token) and only signals through `attempt` and the token.
+  std::thread([attempt, guarded, dev = device_, prefix, rank = rank_, size = size_, timeout, token]() mutable {
+    std::shared_ptr<gloo::rendezvous::Context> ctx;
+    std::exception_ptr err;
+    try {
+      gloo::rendezvous::PrefixStore ps(prefix, *guarded);
+      ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      ctx->setTimeout(timeout);
+      ctx->connectFullMesh(ps, dev);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    std::lock_guard<std::mutex> g(attempt->m);
+    attempt->context = std::move(ctx);
+    attempt->error = err;
+    attempt->done = true;
+    token->notify();
+  }).detach();
+  auto done = [&] {
+    std::lock_guard<std::mutex> g(attempt->m);
+    return attempt->done;
+  };
+  // Gloo's own timeout ends the helper; a second past it is only a backstop.
+  token->wait_until(done, std::chrono::steady_clock::now() + timeout + std::chrono::seconds(1));
+  std::lock_guard<std::mutex> g(attempt->m);
+  if (!attempt->done) {
+    guarded->abandon();
+    throw cancelled_error();
+  }
+  if (attempt->error) std::rethrow_exception(attempt->error);
+  return attempt->context;
 }
 
 gloo_comm::~gloo_comm() {

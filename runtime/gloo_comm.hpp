@@ -36,15 +36,25 @@ class UnboundBuffer;
 
 namespace grace {
 
+class cancel_token;
+
 class gloo_comm {
 public:
   /// Rendezvous through `store` under `prefix` and connect a full mesh of
   /// TCP pairs bound to `iface_host`. `timeout` bounds the rendezvous and
   /// every later collective. Errors: invalid_input for bad rank/size,
   /// disconnected or overloaded (timeout) when peers do not show up.
+  ///
+  /// With `cancel`, the mesh is set up on a helper thread and the call
+  /// returns errc::disconnected as soon as the token is cancelled (arm the
+  /// session's abort handler with it before connecting: a peer lost during
+  /// the rendezvous then ends the wait at once instead of at the timeout).
+  /// The abandoned helper keeps what it uses alive and never touches
+  /// `store` again; it ends at Gloo's own timeout or with the process.
   static result<std::unique_ptr<gloo_comm>> connect(
       std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix, int rank, int size,
-      std::chrono::milliseconds timeout, std::string iface_host = "127.0.0.1");
+      std::chrono::milliseconds timeout, std::string iface_host = "127.0.0.1",
+      std::shared_ptr<cancel_token> cancel = nullptr);
 
   ~gloo_comm();
   gloo_comm(const gloo_comm&) = delete;
@@ -72,6 +82,10 @@ public:
 
 private:
   gloo_comm() = default;
+  /// connectFullMesh on a helper thread; throws cancelled_error (private to
+  /// the .cpp) when `cancel` is raised first.
+  std::shared_ptr<gloo::Context> connect_abandonable(const std::string& prefix, std::chrono::milliseconds timeout,
+                                                     std::shared_ptr<cancel_token> cancel);
   /// Maps the exception in flight (call inside a catch block only).
   error map_exception(const char* op, std::chrono::steady_clock::time_point start) const;
   status precheck(const char* op) const;

@@ -15,6 +15,7 @@
 #include "runtime/events.hpp"
 #include "runtime/snapshot.hpp"
 #include "runtime/system.hpp"
+#include "runtime/worker_policy.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/io/middleman.hpp>
@@ -72,9 +73,11 @@ struct session::impl {
   std::unique_ptr<checkpoint_writer> writer;
   std::shared_ptr<gloo::rendezvous::Store> kv;
   std::string prefix;
-  // Keeps the snapshot buffers resident: this VM hands idle pages back to
-  // the host, and a snapshot into cold pages runs ~10x slower. Read-only
-  // touches, so it may run during a capture or a write.
+  std::unique_ptr<worker_policy> policy;
+  std::chrono::milliseconds verdict_wait{10000};
+  // Keeps the snapshot buffers resident: idle pages are handed back to the
+  // host by the VM, and a snapshot into cold pages runs ~10x slower.
+  // Read-only touches, so it may run during a capture or a write.
   std::thread warmer;
   std::mutex warm_m;
   std::condition_variable warm_cv;
@@ -101,18 +104,25 @@ struct session::impl {
   bool attached = false;
   uint64_t completed = 0;
   uint64_t restored_step = 0;
-  uint64_t last_saved_step = 0;
   int code = 0;
   std::string reason;
-  uint64_t acked_jit_id = 0;
-  uint64_t handled_order_id = 0;
-  bool final_proposed = false;
   int64_t last_periodic_ns = 0;
-  std::vector<int64_t> step_ns;   // recent step durations (ring)
-  std::vector<int64_t> save_ns;   // recent snapshot+write durations
   bool first_step_logged = false;
-  bool in_step = false;     // between begin() and complete() / fail()
+  bool in_step = false;  // between begin() and complete() / a failure
   int64_t step_t0 = 0;
+
+  /// The newest save as the writer thread finished it: a later agreement
+  /// for the same step (a just-in-time round after a loss during the save)
+  /// reports it instead of writing it again. Guarded by `last_save_m`.
+  struct save_record {
+    uint64_t step = 0;
+    bool ok = false;
+    save_stats stats;
+    int64_t snap_ns = 0;
+    int64_t write_ns = 0;
+  };
+  std::mutex last_save_m;
+  std::optional<save_record> last_save;
 
   // ---------------------------------------------------------------- helpers
 
@@ -173,17 +183,27 @@ struct session::impl {
     return {};
   }
 
+  /// Reports a save of `step` that is already on disk under agreement `id`.
+  bool reuse_save(uint64_t step, uint64_t id) {
+    std::lock_guard<std::mutex> g(last_save_m);
+    if (!last_save || last_save->step != step || !last_save->ok) return false;
+    log->info("checkpoint step {} is already on disk: reporting it for agreement #{}", step, id);
+    report_saved(id, step, true, "", &last_save->stats, last_save->snap_ns, last_save->write_ns);
+    return true;
+  }
+
   /// Snapshot (blocking the trainer only for the copy), then write on the
   /// writer thread. `sync`: wait for the commit. Reports to the coordinator
   /// when `agreement_id` is set.
   status save(uint64_t step, checkpoint_kind kind, uint64_t agreement_id, bool sync) {
+    writer->wait_idle(); // the buffers of the previous write are free again
+    if (reuse_save(step, agreement_id)) return {};
     auto meta = meta_for(step, kind);
     if (auto b = add_blobs(meta); !b) {
       log->error("checkpoint step {} not taken: {}", step, b.err().message);
       report_saved(agreement_id, step, false, b.err().message, nullptr, 0, 0);
       return b;
     }
-    writer->wait_idle(); // the buffers of the previous write are free again
     auto t0 = mono_ns();
     auto st = buffers->capture(tensors);
     auto snap_ns = mono_ns() - t0;
@@ -196,27 +216,42 @@ struct session::impl {
     auto fut = done->get_future();
     auto t1 = mono_ns();
     writer->submit(buffers, std::move(meta), [this, agreement_id, step, snap_ns, t1, done,
-                                                   kind](result<save_stats> r) {
-      auto write_ns = mono_ns() - t1;
-      if (r) {
-        save_ns.push_back(snap_ns + write_ns);
-        if (save_ns.size() > 32) save_ns.erase(save_ns.begin());
-        log->info("checkpoint step {} ({}) committed: {:.1f} MiB in {:.0f} ms (snapshot {:.1f} ms){}",
-                  step, to_string(kind), r->total_bytes / 1048576.0, write_ns / 1e6, snap_ns / 1e6,
-                  r->already_existed ? " [already on disk]" : "");
-        emit_event("committed_local", {{"step", step}, {"bytes", r->total_bytes}, {"write_ns", write_ns},
-                                       {"path", r->path.string()}});
-        report_saved(agreement_id, step, true, "", &r.value(), snap_ns, write_ns);
-        done->set_value(status{});
-      } else {
-        log->error("checkpoint step {} failed: {}", step, r.err().message);
-        report_saved(agreement_id, step, false, r.err().message, nullptr, snap_ns, write_ns);
-        done->set_value(status{r.err()});
-      }
+                                              kind](result<save_stats> r) {
+      on_written(step, kind, agreement_id, snap_ns, mono_ns() - t1, r);
+      done->set_value(r ? status{} : status{r.err()});
     });
-    last_saved_step = std::max(last_saved_step, step);
+    if (policy) policy->saved(step);
     if (!sync) return {};
     return fut.get();
+  }
+
+  /// The writer thread's completion: recorded for reuse, posted to the
+  /// trainer (timings are read only from what the control block hands
+  /// over), logged and reported.
+  void on_written(uint64_t step, checkpoint_kind kind, uint64_t id, int64_t snap_ns, int64_t write_ns,
+                  const result<save_stats>& r) {
+    {
+      std::lock_guard<std::mutex> g(last_save_m);
+      save_record rec;
+      rec.step = step;
+      rec.ok = static_cast<bool>(r);
+      if (r) rec.stats = *r;
+      rec.snap_ns = snap_ns;
+      rec.write_ns = write_ns;
+      last_save = std::move(rec);
+    }
+    ctl->post_save({step, static_cast<bool>(r), snap_ns + write_ns});
+    if (!r) {
+      log->error("checkpoint step {} failed: {}", step, r.err().message);
+      report_saved(id, step, false, r.err().message, nullptr, snap_ns, write_ns);
+      return;
+    }
+    log->info("checkpoint step {} ({}) committed: {:.1f} MiB in {:.0f} ms (snapshot {:.1f} ms){}", step,
+              to_string(kind), r->total_bytes / 1048576.0, write_ns / 1e6, snap_ns / 1e6,
+              r->already_existed ? " [already on disk]" : "");
+    emit_event("committed_local",
+               {{"step", step}, {"bytes", r->total_bytes}, {"write_ns", write_ns}, {"path", r->path.string()}});
+    report_saved(id, step, true, "", &r.value(), snap_ns, write_ns);
   }
 
   void report_saved(uint64_t id, uint64_t step, bool ok, const std::string& err, const save_stats* s,
@@ -243,179 +278,143 @@ struct session::impl {
   void disarm_abort() { ctl->disarm(); }
 
   /// Tells the coordinator this worker leaves on purpose, and waits for its
-  /// answer (bounded): once answered, the coordinator no longer treats this
-  /// process's exit as a lost member (no PeerLost, no kill by the launcher).
+  /// answer (at most the verdict wait: by then a live service has answered
+  /// or its loss is known). Once answered, the coordinator no longer treats
+  /// this process's exit as a lost member (no PeerLost, no kill by the
+  /// launcher).
   void leave(int c) {
-    if (!attached || !rt) return;
-    {
-      std::lock_guard<std::mutex> g(ctl->m);
-      if (ctl->coordinator_gone) return;  // nobody to tell; don't wait for a timeout
-    }
+    if (!attached || !rt || ctl->coordinator_gone()) return;  // nobody to tell
     auto m = make<proto::Leave>([&](auto b) {
       b.setRank(cluster.rank); b.setExitCode(c); b.setCompletedStep(completed);
     });
     caf::scoped_actor self{rt->sys()};
-    self->request(coord, std::chrono::seconds(2), std::move(m))
+    self->request(coord, verdict_wait, std::move(m))
       .receive([](bool) {},
                [&](caf::error& e) { log->warn("leave: no answer from the coordinator: {}", rt->sys().render(e)); });
   }
 
-  step_result stop(int c, std::string why) {
+  step_result stop(int c, std::string why, bool may_throw = true) {
     disarm_abort();
     code = c;
     reason = std::move(why);
     log->info("stopping with exit code {}: {}", c, reason);
     emit_event("exit", {{"code", c}, {"reason", reason}, {"step", completed}});
     leave(c);
-    if (opts.throw_on_stop) throw stop_requested(c, reason);
+    if (may_throw && opts.throw_on_stop) throw stop_requested(c, reason);
     return step_result::stop;
   }
 
-  /// Waits (at a step boundary) until the control block changes or the
-  /// timeout passes. `lk` holds ctl->m.
-  bool wait_for_change(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done) {
-    return ctl->cv.wait_for(lk, opts.wait_timeout, done);
+  status restore();
+  status start_actors();
+  status join();
+  void start_signal_watcher();
+  void maybe_periodic_save(uint64_t k);
+  void remove_backups();
+  void finish_barrier();
+
+  /// Save durations the writer finished since the last boundary.
+  void absorb_saves(const control_state& s) {
+    for (auto& o : s.saves)
+      if (o.ok) policy->save_time(o.duration_ns);
   }
 
-  /// The rare path, entered at the start of step k (k - 1 completed) when
-  /// the flag is set. Returns nullopt to run step k, or a stop.
-  std::optional<step_result> boundary(uint64_t k) {
+  /// The rare path, entered before step k (k - 1 completed) when the flag
+  /// is set, or after step k failed (`mode`). Carries out the policy's
+  /// decisions until one says run (nullopt) or stop.
+  std::optional<step_result> boundary(uint64_t k, boundary_mode mode, const std::string& error = {},
+                                      bool may_throw = true) {
+    using ty = worker_decision::type;
     const uint64_t c = k - 1;
-    std::unique_lock<std::mutex> lk(ctl->m);
     for (;;) {
-      if (ctl->failure) {
-        auto f = *ctl->failure;
-        lk.unlock();
-        log->error("cluster error from rank {} at step {}: {}", f.origin, f.step, f.message);
-        return stop(exit_code::fatal, "cluster error: " + f.message);
-      }
-      if (ctl->shutdown_code) {
-        int sc = *ctl->shutdown_code;
-        lk.unlock();
-        return stop(sc, "shutdown requested by the coordinator");
-      }
-      auto order = ctl->order;
-      if (order && order->kind == ckpt_kind::jit) {
-        if (!order->agreed) {
-          if (acked_jit_id != order->id) {
-            acked_jit_id = order->id;
-            log->warn("peer lost: stopped at step {}, reporting it for a just-in-time save", c);
-            to_coordinator(make<proto::Ack>([&](auto b) {
-              b.setAgreementId(order->id); b.setRank(cluster.rank); b.setEarliestStep(c);
-            }));
-          }
-          if (!wait_for_change(lk, [&] { return ctl->failure || (ctl->order && ctl->order->agreed); }))
-            break;
+      auto s = ctl->take_snapshot();
+      absorb_saves(s);
+      boundary_input in{c, mode, mono_ns(), wall_ns(), error};
+      auto d = policy->next(s, in);
+      switch (d.what) {
+        case ty::run:
+          return std::nullopt;
+        case ty::run_clear:
+          if (ctl->clear_pending_if_unchanged(s.version)) return std::nullopt;
+          continue;  // something arrived meanwhile: decide again
+        case ty::ack_jit:
+          ack_jit(d);
           continue;
-        }
-        if (handled_order_id != order->id) {
-          handled_order_id = order->id;
-          if (order->saver == cluster.rank) {
-            lk.unlock();
-            log->warn("saving a just-in-time checkpoint at step {} (the most advanced survivor)", c);
-            if (order->step != c)
-              log->warn("just-in-time step {} differs from completed {}: saving completed", order->step, c);
-            auto s = save(c, checkpoint_kind::jit, order->id, true);
-            lk.lock();
-            if (!s) { lk.unlock(); return stop(exit_code::fatal, "just-in-time save failed: " + s.err().message); }
-          }
-        }
-        wait_for_change(lk, [&] { return ctl->committed_id && *ctl->committed_id >= order->id; });
-        lk.unlock();
-        return stop(opts.restart_exit_code, "peer lost; just-in-time checkpoint at step " +
-                                                std::to_string(order->step) + " committed");
-      }
-      if (ctl->lost && (!order || order->kind != ckpt_kind::jit)) {
-        // Wait briefly for the coordinator's just-in-time proposal, which
-        // follows the peer-lost notice in the same dispatch.
-        auto lost = *ctl->lost;
-        bool coordinator_gone = lost.find("coordination service") != std::string::npos;
-        if (!coordinator_gone &&
-            ctl->cv.wait_for(lk, std::chrono::seconds(5), [&] {
-              return ctl->failure || (ctl->order && ctl->order->kind == ckpt_kind::jit);
-            }))
+        case ty::reach:
+          if (auto st = reach(d); !st)
+            return stop(exit_code::fatal, "checkpoint save failed: " + st.err().message, may_throw);
           continue;
-        lk.unlock();
-        if (coordinator_gone && cluster.is_chief() && c > last_saved_step && c > restored_step) {
-          log->warn("coordination service lost: the chief saves step {} before exiting", c);
-          save(c, checkpoint_kind::jit, 0, true);
-        }
-        return stop(opts.restart_exit_code, lost);
-      }
-      if (order && order->kind != ckpt_kind::jit) {
-        if (!order->agreed) {
-          if (c >= order->step) {
-            // We reached the lower bound: wait here (a step boundary, never
-            // inside a step) for the agreed step.
-            if (!wait_for_change(lk, [&] {
-                  return ctl->failure || ctl->lost || (ctl->order && ctl->order->agreed) ||
-                         (ctl->order && ctl->order->id != order->id);
-                }))
-              break;
-            continue;
-          }
-          return std::nullopt;  // keep the flag: check again next step
-        }
-        if (c < order->step) return std::nullopt;
-        if (c > order->step) {
-          lk.unlock();
-          return stop(exit_code::fatal, "protocol violation: completed step " + std::to_string(c) +
-                                            " is past the agreed step " + std::to_string(order->step));
-        }
-        if (handled_order_id != order->id) {
-          handled_order_id = order->id;
-          emit_event("reached_agreed_step", {{"step", c}, {"id", order->id}});
-          if (order->saver == cluster.rank) {
-            lk.unlock();
-            auto s = save(c, to_checkpoint_kind(order->kind), order->id, order->exit_after);
-            lk.lock();
-            if (!s) { lk.unlock(); return stop(exit_code::fatal, "checkpoint save failed: " + s.err().message); }
-          }
-        }
-        if (order->exit_after) {
-          if (!wait_for_change(lk, [&] {
-                return ctl->failure || ctl->lost ||
-                       (ctl->committed_id && *ctl->committed_id >= order->id);
-              }))
-            break;
-          if (ctl->committed_id && *ctl->committed_id >= order->id) {
-            lk.unlock();
-            return stop(opts.restart_exit_code, "preempted: checkpoint at step " + std::to_string(c) +
-                                                    " committed, restart to resume");
-          }
+        case ty::continue_grace:
+          ctl->clear_order(d.id);
+          policy->grace_continues();
+          log->info("grace period: training continues after the save at step {}", c);
           continue;
-        }
-        // Grace period: training continues while the writer persists.
-        ctl->order.reset();
-        final_proposed = false;
-        log->info("grace period: training continues after the save at step {}", c);
+        case ty::propose_final:
+          propose_final(d);
+          return std::nullopt;
+        case ty::save_own:
+          log->warn("coordination service lost: the chief saves step {} before exiting", d.step);
+          save(d.step, checkpoint_kind::jit, 0, true);
+          continue;
+        case ty::wait:
+          if (d.new_wait)
+            log->info("step boundary {}: waiting for {} (at most {} ms)", c, to_string(d.reason),
+                      (d.deadline_ns - in.mono_ns) / 1000000);
+          ctl->wait_for_change(s.version, std::chrono::steady_clock::time_point(std::chrono::nanoseconds(d.deadline_ns)));
+          continue;
+        case ty::stop:
+          return stop(d.code, d.message, may_throw);
       }
-      // Countdown: the chief keeps time for the final save.
-      if (ctl->deadline_ns && cluster.is_chief() && !final_proposed && ctl->committed_id) {
-        int64_t margin = final_save_margin(step_ns, save_ns, opts.margin_factor, opts.margin_steps);
-        int64_t now = wall_ns();
-        int64_t left = ctl->deadline_ns - now;
-        if (final_save_due(ctl->deadline_ns, now, margin)) {
-          final_proposed = true;
-          log->info("grace period: {} ms left, margin {} ms: proposing the final save", left / 1000000,
-                    margin / 1000000);
-          emit_event("propose_final", {{"left_ns", left}, {"margin_ns", margin}, {"step", k}});
-          to_coordinator(make<proto::ProposeFinal>([&](auto b) {
-            b.setRank(cluster.rank); b.setStartedStep(k);
-          }));
-        }
-        return std::nullopt;  // keep checking every step
-      }
-      if (ctl->deadline_ns && !ctl->committed_id) return std::nullopt;
-      ctl->pending.store(false, std::memory_order_seq_cst);
-      return std::nullopt;
     }
-    lk.unlock();
-    return stop(opts.restart_exit_code, "timed out waiting for the coordination service at step " +
-                                            std::to_string(c));
   }
 
-  // --------------------------------------------- one step: run() or split
+  void ack_jit(const worker_decision& d) {
+    log->warn("peer lost: stopped at step {}, reporting it for a just-in-time save", d.step);
+    to_coordinator(make<proto::Ack>([&](auto b) {
+      b.setAgreementId(d.id); b.setRank(cluster.rank); b.setEarliestStep(d.step);
+    }));
+    policy->acked(d.id);
+  }
+
+  status reach(const worker_decision& d) {
+    emit_event("reached_agreed_step", {{"step", d.step}, {"id", d.id}});
+    policy->reached(d.id);
+    if (!d.save) return {};
+    if (d.kind == ckpt_kind::jit)
+      log->warn("saving a just-in-time checkpoint at step {} (the most advanced survivor)", d.step);
+    return save(d.step, to_checkpoint_kind(d.kind), d.id, d.sync);
+  }
+
+  void propose_final(const worker_decision& d) {
+    log->info("grace period: {} ms left, margin {} ms: proposing the final save", d.left_ns / 1000000,
+              d.margin_ns / 1000000);
+    emit_event("propose_final", {{"left_ns", d.left_ns}, {"margin_ns", d.margin_ns}, {"step", d.step}});
+    to_coordinator(make<proto::ProposeFinal>([&](auto b) {
+      b.setRank(cluster.rank); b.setStartedStep(d.step);
+    }));
+    policy->proposed_final();
+  }
+
+  /// Step k raised: a collective that failed (or any error while a failure
+  /// is already known) waits for the cluster's verdict; an error of the
+  /// step's own is reported to everyone first.
+  step_result after_step_error(uint64_t k, bool collective, const std::string& what) {
+    in_step = false;
+    // An error while a failure is known is its consequence (an aborted
+    // collective surfacing as some other exception).
+    if (!collective) collective = ctl->failure_known();
+    if (collective) {
+      log->warn("step {} failed in a collective: {}", k, what);
+      if (auto s = boundary(k, boundary_mode::collective_failed)) return *s;
+      return stop(opts.restart_exit_code, "collective failed: " + what);
+    }
+    log->error("step {} raised: {}", k, what);
+    emit_event("step_error", {{"step", k}, {"message", what}});
+    to_coordinator(make<proto::ErrorReport>([&](auto b) {
+      b.setRank(cluster.rank); b.setStep(k); b.setKind(proto::ErrorKind::FAILED); b.setMessage(what);
+    }));
+    if (auto s = boundary(k, boundary_mode::own_error, what)) return *s;
+    return stop(exit_code::fatal, "error in step " + std::to_string(k) + ": " + what);
+  }
 
   /// Before step k = completed + 1: nullopt to run it, or a stop.
   std::optional<step_result> begin() {
@@ -423,48 +422,11 @@ struct session::impl {
     const uint64_t k = completed + 1;
     ctl->started.store(k, std::memory_order_seq_cst);
     if (ctl->pending.load(std::memory_order_seq_cst)) {
-      if (auto s = boundary(k)) return s;
+      if (auto s = boundary(k, boundary_mode::step_start)) return s;
     }
     in_step = true;
     step_t0 = mono_ns();
     return std::nullopt;
-  }
-
-  /// Step k raised. `collective`: a collective failed (step_failure); wait
-  /// for the coordinator's verdict. Otherwise report the error to everyone,
-  /// unless it is the consequence of a failure already known.
-  step_result fail(uint64_t k, const std::string& what, bool collective) {
-    in_step = false;
-    if (collective) {
-      log->warn("step {} failed in a collective: {}", k, what);
-      // Wait for the coordinator's verdict (peer lost -> just-in-time save).
-      {
-        std::unique_lock<std::mutex> lk(ctl->m);
-        ctl->cv.wait_for(lk, opts.wait_timeout, [&] { return ctl->pending.load(); });
-      }
-      if (ctl->pending.load())
-        if (auto s = boundary(k)) return *s;
-      return stop(opts.restart_exit_code, "collective failed: " + what);
-    }
-    bool consequence = false;
-    {
-      std::lock_guard<std::mutex> g(ctl->m);
-      consequence = ctl->failure || ctl->lost;
-    }
-    if (!consequence) {
-      log->error("step {} raised: {}", k, what);
-      emit_event("step_error", {{"step", k}, {"message", what}});
-      to_coordinator(make<proto::ErrorReport>([&](auto b) {
-        b.setRank(cluster.rank); b.setStep(k); b.setKind(proto::ErrorKind::FAILED); b.setMessage(what);
-      }));
-      std::unique_lock<std::mutex> lk(ctl->m);
-      ctl->cv.wait_for(lk, std::chrono::seconds(5), [&] { return ctl->failure.has_value(); });
-      lk.unlock();
-      return stop(exit_code::fatal, "error in step " + std::to_string(k) + " on rank " +
-                                        std::to_string(cluster.rank) + ": " + what);
-    }
-    if (auto s = boundary(k)) return *s;
-    return stop(opts.restart_exit_code, "step aborted: " + what);
   }
 
   /// Step k finished: count it; the chief takes a periodic save when due.
@@ -472,23 +434,14 @@ struct session::impl {
     in_step = false;
     auto dt = mono_ns() - step_t0;
     completed = k;
-    ctl->completed.store(k, std::memory_order_release);
+    ctl->completed.store(k, std::memory_order_seq_cst);
     ctl->last_step_ns.store(dt, std::memory_order_relaxed);
-    if (step_ns.size() < 64) step_ns.push_back(dt); else step_ns[k % 64] = dt;
+    policy->step_time(dt);
     if (!first_step_logged) {
       first_step_logged = true;
       emit_event("first_step", {{"step", k}, {"ns", dt}});
     }
-    if (cluster.is_chief()) {
-      bool due = opts.save_every_steps && k % opts.save_every_steps == 0;
-      if (!due && opts.save_every_seconds > 0 &&
-          double(mono_ns() - last_periodic_ns) >= opts.save_every_seconds * 1e9)
-        due = true;
-      if (due) {
-        last_periodic_ns = mono_ns();
-        save(k, checkpoint_kind::periodic, 0, false);
-      }
-    }
+    if (cluster.is_chief()) maybe_periodic_save(k);
   }
 };
 
@@ -533,128 +486,154 @@ result<uint64_t> session::attach() {
   set_event_identity(d.cluster.rank, d.cluster.incarnation);
   d.log->info("grace: rank {}/{} (cluster from {}), incarnation {}, checkpoints in {}", d.cluster.rank,
               d.cluster.world_size, d.cluster.source, d.cluster.incarnation, d.opts.checkpoint_dir);
-
   for (auto& t : d.tensors)
     if (t.memory == memory_kind::device && !device_copy_available())
       return error{errc::invalid_input, "tensor '" + t.name + "' is in device memory but no CUDA device-copy "
                                         "hook is registered (a CUDA build calls register_cuda_device_copy())"};
   // Restore first, so the join carries the restored step.
-  d.store = std::make_unique<checkpoint_store>(d.opts.checkpoint_dir, d.opts.keep_last);
-  if (d.cluster.is_chief()) d.store->remove_stale_temporaries();
+  if (auto st = d.restore(); !st) return st.err();
+  if (auto st = d.start_actors(); !st) return st.err();
+  if (auto st = d.join(); !st) return st.err();
+  d.start_signal_watcher();
+  d.last_periodic_ns = mono_ns();
+  d.attached = true;
+  return d.completed;
+}
+
+status session::impl::restore() {
+  store = std::make_unique<checkpoint_store>(opts.checkpoint_dir, opts.keep_last);
+  if (cluster.is_chief()) store->remove_stale_temporaries();
   // The snapshot buffers first: the restore reads into them (warm pages,
   // and a checkpoint that fails verification never touches the tensors).
-  d.buffers = std::make_shared<snapshot_buffers>(d.tensors);
+  buffers = std::make_shared<snapshot_buffers>(tensors);
   auto t0 = mono_ns();
-  auto restored = d.store->restore_latest(d.tensors, d.buffers->regions());
+  auto restored = store->restore_latest(tensors, buffers->regions());
   if (!restored) return restored.err();
-  for (auto& s : restored->skipped)
-    d.log->warn("skipped checkpoint {}: {}", s.path.string(), s.reason);
+  for (auto& s : restored->skipped) log->warn("skipped checkpoint {}: {}", s.path.string(), s.reason);
   if (restored->found) {
-    d.completed = restored->manifest.step;
-    for (auto& [name, p] : d.counters) {
+    completed = restored->manifest.step;
+    for (auto& [name, p] : counters) {
       auto it = restored->manifest.counters.find(name);
       if (it != restored->manifest.counters.end()) *p = it->second;
     }
-    if (auto b = d.restore_blobs(*restored); !b) return b.err();
-    d.log->info("restored step {} from {} ({} tensors, {:.1f} ms)", d.completed, restored->path.string(),
-                restored->loaded.size(), (mono_ns() - t0) / 1e6);
-    emit_event("restored", {{"step", d.completed}, {"path", restored->path.string()},
-                            {"ns", mono_ns() - t0}});
+    if (auto b = restore_blobs(*restored); !b) return b;
+    log->info("restored step {} from {} ({} tensors, {:.1f} ms)", completed, restored->path.string(),
+              restored->loaded.size(), (mono_ns() - t0) / 1e6);
+    emit_event("restored", {{"step", completed}, {"path", restored->path.string()}, {"ns", mono_ns() - t0}});
   }
-  d.restored_step = d.last_saved_step = d.completed;
-  d.ctl->started = d.completed;
-  d.ctl->completed = d.completed;
-  d.writer = std::make_unique<checkpoint_writer>(*d.store);
+  restored_step = completed;
+  ctl->started = completed;
+  ctl->completed = completed;
+  writer = std::make_unique<checkpoint_writer>(*store);
   // The first save must not fault in the write staging on its critical
   // path (after a restore the pages are resident already; this then only
   // rewrites them, in the writer thread).
-  d.writer->prepare_io(d.buffers->total_bytes());
-  d.start_warmer();
+  writer->prepare_io(buffers->total_bytes());
+  start_warmer();
+  return {};
+}
 
-  // The actor system, and the coordinator: in-process for one worker or
-  // for rank 0 of a --workers/TF_CONFIG cluster; remote under grace-launch.
-  d.rt = std::make_unique<actor_runtime>();
-  auto& sys = d.rt->sys();
-  bool launched = d.cluster.source == "GRACE_*";
-  if (d.cluster.local_mode() || (!launched && d.cluster.is_chief())) {
+/// The actor system, and the coordinator: in-process for one worker or for
+/// rank 0 of a --workers/TF_CONFIG cluster; remote under grace-launch.
+status session::impl::start_actors() {
+  rt = std::make_unique<actor_runtime>();
+  auto& sys = rt->sys();
+  bool launched = cluster.source == "GRACE_*";
+  if (cluster.local_mode() || (!launched && cluster.is_chief())) {
     coordinator_config cc;
-    cc.world_size = d.cluster.world_size;
-    cc.run_id = d.cluster.run_id;
-    cc.token = d.cluster.token;
-    cc.incarnation = d.cluster.incarnation;
-    cc.dead_after = d.opts.dead_after;
-    cc.log = d.log;
-    d.coord = spawn_coordinator(sys, cc);
-    d.hosts_coordinator = true;
-    if (!d.cluster.local_mode()) {
-      auto port = sys.middleman().publish(d.coord, d.cluster.coordinator_port,
-                                          d.cluster.coordinator_host.c_str(), true);
+    cc.world_size = cluster.world_size;
+    cc.run_id = cluster.run_id;
+    cc.token = cluster.token;
+    cc.incarnation = cluster.incarnation;
+    cc.dead_after = opts.dead_after;
+    cc.connection_timeout = system_options{}.connection_timeout;
+    cc.log = log;
+    coord = spawn_coordinator(sys, cc);
+    hosts_coordinator = true;
+    if (!cluster.local_mode()) {
+      auto port = sys.middleman().publish(coord, cluster.coordinator_port, cluster.coordinator_host.c_str(), true);
       if (!port)
-        return error{errc::invalid_input, "cannot host the coordination service on " +
-                                              d.cluster.coordinator_host + ":" +
-                                              std::to_string(d.cluster.coordinator_port) + ": " +
+        return error{errc::invalid_input, "cannot host the coordination service on " + cluster.coordinator_host +
+                                              ":" + std::to_string(cluster.coordinator_port) + ": " +
                                               sys.render(port.error())};
     }
   } else {
-    auto h = connect_coordinator(sys, d.cluster.coordinator_host, d.cluster.coordinator_port,
-                                 std::chrono::seconds(30));
+    auto h = connect_coordinator(sys, cluster.coordinator_host, cluster.coordinator_port, std::chrono::seconds(30));
     if (!h) return h.err();
-    d.coord = *h;
+    coord = *h;
   }
   peer_watcher_config pc;
-  pc.rank = d.cluster.rank;
-  pc.incarnation = d.cluster.incarnation;
-  pc.heartbeat = d.opts.heartbeat;
-  pc.log = d.log;
-  d.watcher = spawn_peer_watcher(sys, d.coord, d.ctl, pc);
+  pc.rank = cluster.rank;
+  pc.incarnation = cluster.incarnation;
+  pc.heartbeat = opts.heartbeat;
+  pc.log = log;
+  watcher = spawn_peer_watcher(sys, coord, ctl, pc);
+  return {};
+}
 
+/// Joins through the peer watcher; the welcome carries the rendezvous
+/// prefix and how long the service may take to decide after a failure,
+/// which bounds this worker's waits.
+status session::impl::join() {
+  auto& sys = rt->sys();
   char host[256] = "?";
   ::gethostname(host, sizeof(host) - 1);
-  auto join = make<proto::Join>([&](auto b) {
-    b.setRank(d.cluster.rank); b.setWorldSize(d.cluster.world_size); b.setRunId(d.cluster.run_id);
-    b.setIncarnation(d.cluster.incarnation); b.setToken(d.cluster.token);
+  auto m = make<proto::Join>([&](auto b) {
+    b.setRank(cluster.rank); b.setWorldSize(cluster.world_size); b.setRunId(cluster.run_id);
+    b.setIncarnation(cluster.incarnation); b.setToken(cluster.token);
     b.setProtocolVersion(proto::PROTOCOL_VERSION); b.setHost(host);
-    b.setPid(static_cast<uint32_t>(::getpid())); b.setCompletedStep(d.completed);
+    b.setPid(static_cast<uint32_t>(::getpid())); b.setCompletedStep(completed);
   });
   std::optional<error> failure;
   {
     caf::scoped_actor self{sys};
-    self->request(d.watcher, std::chrono::seconds(30), join_atom::value, std::move(join))
+    self->request(watcher, std::chrono::seconds(30), join_atom::value, std::move(m))
       .receive(
         [&](msg<proto::Welcome>& w) {
           auto r = decode(w);
           if (!r) { failure = r.err(); return; }
-          if (!r->get().getAccepted()) {
-            failure = error{errc::invalid_input, "the coordination service refused rank " +
-                                                     std::to_string(d.cluster.rank) + ": " +
-                                                     str(r->get().getReason())};
+          auto wr = r->get();
+          if (!wr.getAccepted()) {
+            failure = error{wr.getRestartable() ? errc::preempted : errc::invalid_input,
+                            "the coordination service refused rank " + std::to_string(cluster.rank) + ": " +
+                                str(wr.getReason())};
             return;
           }
-          d.prefix = str(r->get().getRendezvousPrefix());
+          prefix = str(wr.getRendezvousPrefix());
+          if (wr.getVerdictWaitMs()) verdict_wait = std::chrono::milliseconds(wr.getVerdictWaitMs());
         },
         [&](caf::error& e) { failure = error{errc::disconnected, "join: " + sys.render(e)}; });
   }
   if (failure) return *failure;
-  if (!d.cluster.local_mode())
-    d.kv = std::make_shared<coordinator_store>(sys, d.coord, d.opts.wait_timeout);
+  worker_policy_config pc;
+  pc.rank = cluster.rank;
+  pc.is_chief = cluster.is_chief();
+  pc.restart_code = opts.restart_exit_code;
+  pc.fatal_code = exit_code::fatal;
+  pc.verdict_wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(verdict_wait).count();
+  pc.save_wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(opts.save_timeout).count();
+  pc.margin_factor = opts.margin_factor;
+  pc.margin_steps = opts.margin_steps;
+  policy = std::make_unique<worker_policy>(pc, completed);
+  if (!cluster.local_mode()) kv = std::make_shared<coordinator_store>(sys, coord, opts.wait_timeout);
+  return {};
+}
 
+void session::impl::start_signal_watcher() {
   signal_watcher_config sc;
-  sc.notice_file = d.opts.notice_file;
-  sc.notice_command = d.opts.notice_command;
-  sc.callback = d.opts.notice_callback;
-  sc.poll_interval = d.opts.poll_interval;
-  sc.grace_period = d.opts.grace_period;
-  auto watcher = d.watcher;
-  auto rank = d.cluster.rank;
-  d.signals = std::make_unique<signal_watcher>(sc, [watcher, rank](const notice_info& n) {
-    caf::anon_send(watcher, make<proto::Notice>([&](auto b) {
-      b.setRank(rank); b.setSource(static_cast<proto::NoticeSource>(n.source)); b.setDetail(n.detail);
+  sc.notice_file = opts.notice_file;
+  sc.notice_command = opts.notice_command;
+  sc.callback = opts.notice_callback;
+  sc.poll_interval = opts.poll_interval;
+  sc.grace_period = opts.grace_period;
+  auto w = watcher;
+  auto r = cluster.rank;
+  signals = std::make_unique<signal_watcher>(sc, [w, r](const notice_info& n) {
+    caf::anon_send(w, make<proto::Notice>([&](auto b) {
+      b.setRank(r); b.setSource(static_cast<proto::NoticeSource>(n.source)); b.setDetail(n.detail);
       b.setReceivedNs(n.received_ns); b.setDeadlineNs(n.deadline_ns);
     }));
   });
-  d.last_periodic_ns = mono_ns();
-  d.attached = true;
-  return d.completed;
 }
 
 step_result session::run(const std::function<void(uint64_t)>& fn) {
@@ -664,9 +643,9 @@ step_result session::run(const std::function<void(uint64_t)>& fn) {
   try {
     fn(k);
   } catch (const step_failure& e) {
-    return d.fail(k, e.what(), true);
+    return d.after_step_error(k, true, e.what());
   } catch (const std::exception& e) {
-    return d.fail(k, e.what(), false);
+    return d.after_step_error(k, false, e.what());
   }
   d.complete(k);
   return step_result::ok;
@@ -685,7 +664,25 @@ void session::end_step() {
 
 step_result session::fail_step(const std::string& what, bool collective) {
   if (!impl_->attached) return impl_->stop(exit_code::usage, "fail_step() before attach()");
-  return impl_->fail(impl_->completed + 1, what, collective);
+  return impl_->after_step_error(impl_->completed + 1, collective, what);
+}
+
+void session::impl::maybe_periodic_save(uint64_t k) {
+  bool due = opts.save_every_steps && k % opts.save_every_steps == 0;
+  if (!due && opts.save_every_seconds > 0 && double(mono_ns() - last_periodic_ns) >= opts.save_every_seconds * 1e9)
+    due = true;
+  if (!due) return;
+  last_periodic_ns = mono_ns();
+  save(k, checkpoint_kind::periodic, 0, false);
+}
+
+int session::stop_after_failure(const error& e) {
+  auto& d = *impl_;
+  if (!d.attached) return exit_code::usage;
+  d.log->warn("outside a step: {}", e.message);
+  if (!d.boundary(d.completed + 1, boundary_mode::collective_failed, {}, false))
+    d.stop(d.opts.restart_exit_code, e.message, false);
+  return d.code;
 }
 
 status session::finish() {
@@ -697,36 +694,42 @@ status session::finish() {
   if (d.cluster.is_chief()) {
     auto s = d.save(d.completed, checkpoint_kind::final, 0, true);
     if (!s) return s;
-    if (!d.opts.keep_checkpoints_on_success) {
-      for (auto& info : d.store->list()) {
-        if (info.temporary || info.set_aside || !info.valid || info.step == d.completed) continue;
-        std::error_code ec;
-        std::filesystem::remove_all(info.path, ec);
-        if (ec) d.log->warn("could not delete backup {}: {}", info.path.string(), ec.message());
-      }
-    }
+    if (!d.opts.keep_checkpoints_on_success) d.remove_backups();
   }
-  // Nobody leaves before the chief's final checkpoint is on disk.
-  if (d.kv) {
-    caf::scoped_actor self{d.rt->sys()};
-    std::string err;
-    self->request(d.coord, d.opts.wait_timeout + std::chrono::seconds(1),
-                  make<proto::Barrier>([&](auto b) {
-                    b.setName(d.prefix + "finish"); b.setRank(d.cluster.rank);
-                    b.setCount(d.cluster.world_size);
-                  }))
-      .receive([&](msg<proto::BarrierReply>& r) {
-                 auto rr = decode(r);
-                 if (!rr || !rr->get().getOk()) err = rr ? str(rr->get().getError()) : rr.err().message;
-               },
-               [&](caf::error& e) { err = d.rt->sys().render(e); });
-    if (!err.empty()) d.log->warn("finish barrier: {}", err);
-  }
+  d.finish_barrier();
   d.leave(0);
   d.code = exit_code::success;
   d.reason = "finished";
   emit_event("finished", {{"step", d.completed}});
   return {};
+}
+
+void session::impl::remove_backups() {
+  for (auto& info : store->list()) {
+    if (info.temporary || info.set_aside || !info.valid || info.step == completed) continue;
+    std::error_code ec;
+    std::filesystem::remove_all(info.path, ec);
+    if (ec) log->warn("could not delete backup {}: {}", info.path.string(), ec.message());
+  }
+}
+
+/// Nobody leaves before the chief's final checkpoint is on disk (the chief
+/// arrives once it is). The service fails the barrier at once when a member
+/// is lost; otherwise it may take as long as the chief's save.
+void session::impl::finish_barrier() {
+  if (!kv) return;
+  caf::scoped_actor self{rt->sys()};
+  std::string err;
+  self->request(coord, opts.save_timeout + verdict_wait,
+                make<proto::Barrier>([&](auto b) {
+                  b.setName(prefix + "finish"); b.setRank(cluster.rank); b.setCount(cluster.world_size);
+                }))
+    .receive([&](msg<proto::BarrierReply>& r) {
+               auto rr = decode(r);
+               if (!rr || !rr->get().getOk()) err = rr ? str(rr->get().getError()) : rr.err().message;
+             },
+             [&](caf::error& e) { err = rt->sys().render(e); });
+  if (!err.empty()) log->warn("finish barrier: {}", err);
 }
 
 void session::quick_exit(int code) {

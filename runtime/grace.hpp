@@ -47,7 +47,12 @@ struct options {
   int margin_steps = 2;                   ///< steps left to run after the proposal (in flight + agreed)
   // behaviour
   bool throw_on_stop = false;             ///< run() throws grace::stop_requested instead of returning stop
-  std::chrono::milliseconds wait_timeout{60000}; ///< longest wait at a step boundary
+  std::chrono::milliseconds wait_timeout{60000}; ///< longest wait for a rendezvous key (collectives' setup)
+  /// Longest wait for another member's checkpoint to commit (a save of the
+  /// whole state by the saver). Waits for the coordinator's decisions are
+  /// bounded by what it announces when this worker joins (its dead-after,
+  /// heartbeat check and the connection timeout), not by a fixed time.
+  std::chrono::milliseconds save_timeout{600000};
   std::chrono::milliseconds heartbeat{200};
   std::chrono::milliseconds dead_after{3000}; ///< coordinator's failure verdict (local/--workers modes)
   std::optional<cluster_config> cluster;  ///< default: from the environment
@@ -124,6 +129,13 @@ public:
 
   /// After the last step: final checkpoint, backup cleanup, leave.
   status finish();
+
+  /// Something outside run() that needs every peer failed (typically the
+  /// collective's rendezvous after attach()): waits, as after a failed step,
+  /// for the cluster's verdict (a lost peer's just-in-time save, a cluster
+  /// error, or the coordinator's loss), leaves, and returns the exit code
+  /// for main. Never throws stop_requested.
+  int stop_after_failure(const error& why);
 
   /// Ends the process with `code` at once: waits for a checkpoint write in
   /// flight, flushes the logs and the event file, then skips destructors

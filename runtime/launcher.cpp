@@ -251,6 +251,7 @@ int run_launcher(const launch_options& in) {
     cc.incarnation = incarnation;
     cc.dead_after = o.dead_after;
     cc.hung_after = o.hang_after;
+    cc.connection_timeout = so.connection_timeout;
     // Member-lost verdicts come back here, so a worker the coordinator has
     // declared dead (frozen, hung) is killed at once instead of holding the
     // restart until --exit-timeout-ms.
@@ -315,7 +316,9 @@ int run_launcher(const launch_options& in) {
         return exit_code::unhealthy;
       }
     }
-    emit_event("group_started", {{"incarnation", incarnation}, {"workers", o.nproc}});
+    nlohmann::json pids = nlohmann::json::object();
+    for (auto& w : workers) pids[std::to_string(w.rank)] = w.pid;
+    emit_event("group_started", {{"incarnation", incarnation}, {"workers", o.nproc}, {"pids", pids}});
 
     // Wait for the group; decide on the first exit that is not success.
     std::optional<std::chrono::steady_clock::time_point> kill_at;
@@ -373,6 +376,11 @@ int run_launcher(const launch_options& in) {
           else if (WIFSIGNALED(status)) { w.signal = WTERMSIG(status); w.code = 128 + w.signal; }
           emit_event("worker_exit", {{"worker_rank", w.rank}, {"code", w.code}, {"signal", w.signal}});
           if (w.code == 0) break;
+          // A process exit is a verdict: the service may not have seen this
+          // worker at all yet (it died restoring or joining), and a member
+          // that left on purpose first is ignored there.
+          caf::anon_send(coord, exited_atom::value, static_cast<uint32_t>(w.rank), incarnation,
+                         static_cast<int32_t>(w.code));
           if (cause.empty()) cause = "rank " + std::to_string(w.rank) + " " + describe(w);
           if (w.code == o.restart_code || w.signal) {
             restart = true;
@@ -380,7 +388,7 @@ int run_launcher(const launch_options& in) {
             fatal = true;
             if (w.code == exit_code::usage) usage = true;
           }
-          if (!kill_at) kill_at = std::chrono::steady_clock::now() + (fatal ? std::chrono::milliseconds(10000) : o.exit_timeout);
+          if (!kill_at) kill_at = std::chrono::steady_clock::now() + o.exit_timeout;
         }
       }
       if (kill_at && std::chrono::steady_clock::now() > *kill_at) {

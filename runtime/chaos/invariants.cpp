@@ -268,22 +268,47 @@ verdict exit_codes(const check_input& in) {
   return v;
 }
 
+/// Steps a fault may cost on its own (-1: not measured).
+int64_t own_bound(const fault_record& f, int save_every) {
+  auto cls = loss_class_of(f.f.kind);
+  if (f.f.kind == fault_kind::sigstop_worker && f.f.duration_ms > 0) cls = loss_class::none;
+  if (!injected(f) || cls == loss_class::terminal || cls == loss_class::none) return -1;
+  return cls == loss_class::notice ? 0 : cls == loss_class::hard ? 1 : save_every;
+}
+
+/// Overlapping faults (a chain: each chained to the one before) share the
+/// bound of their worst member: a notice with a SIGKILL 1 ms later may cost
+/// what the SIGKILL alone may.
+std::vector<int64_t> group_bounds(const run_result& res, int save_every) {
+  std::vector<int64_t> bound(res.faults.size(), -1);
+  size_t start = 0;
+  for (size_t i = 0; i <= res.faults.size(); ++i) {
+    if (i < res.faults.size() && (i == 0 || res.faults[i].f.chained())) continue;
+    int64_t worst = -1;
+    for (size_t j = start; j < i; ++j) worst = std::max(worst, own_bound(res.faults[j], save_every));
+    for (size_t j = start; j < i; ++j) bound[j] = worst;
+    start = i;
+  }
+  return bound;
+}
+
 verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
   auto& res = *in.res;
   verdict v{"work_lost", verdict_status::skip, ""};
   std::vector<std::string> bad;
   int measured = 0;
+  auto bounds = group_bounds(res, in.cfg->save_every);
   for (auto& f : res.faults) {
     fault_loss l;
     l.index = f.index;
     auto cls = loss_class_of(f.f.kind);
-    if (f.f.kind == fault_kind::sigstop_worker && f.f.duration_ms > 0) cls = loss_class::none;
-    if (!injected(f) || cls == loss_class::terminal || cls == loss_class::none) {
+    if (own_bound(f, in.cfg->save_every) < 0) {
       losses.push_back(l);
       continue;
     }
     l.applicable = true;
-    l.bound = cls == loss_class::notice ? 0 : cls == loss_class::hard ? 1 : in.cfg->save_every;
+    l.bound = bounds[f.index];
+    if (l.bound != own_bound(f, in.cfg->save_every)) l.detail = "bound of its overlapping group; ";
     bool disk_was_full = std::any_of(res.faults.begin(), res.faults.end(), [&](const fault_record& g) {
       return injected(g) && g.f.kind == fault_kind::fs_full && g.t_ns < f.t_ns;
     });
@@ -295,13 +320,25 @@ verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
         if (e.name == "committed_local" && e.t_ns < f.corrupted_ns && e.j.value("path", "") != f.corrupted_path)
           fallback = std::max(fallback, e.step());
     }
+    bool worker_spoke = false;
     for (auto& e : res.events) {
-      if (e.incarnation != f.incarnation || e.rank < 0 || e.t_ns < f.t_ns - 5000000000LL) continue;
-      if (e.name == "exit" || e.name == "committed_local") l.reached = std::max(l.reached, e.step());
+      if (e.incarnation != f.incarnation || e.rank < 0) continue;
+      worker_spoke = true;
+      if (e.t_ns < f.t_ns - 5000000000LL) continue;
+      if (e.name == "exit" || e.name == "committed_local" || e.name == "restored")
+        l.reached = std::max(l.reached, e.step());
+    }
+    if (!worker_spoke) {
+      // The group was hit before any worker restored or stepped (a fault
+      // during the restart): it held nothing the previous one had not.
+      l.applicable = false;
+      l.detail = "hit its group before any worker restored: nothing to lose";
+      losses.push_back(l);
+      continue;
     }
     if (l.reached < 0) {
       l.reached = f.est_step;
-      l.detail = "reached step estimated; ";
+      l.detail += "reached step estimated; ";
     }
     int64_t next_inc = -1;
     for (auto& e : res.events)

@@ -33,6 +33,16 @@ void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms
 
 bool alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
+/// Alive and not a zombie waiting to be reaped.
+bool running_process(pid_t pid) {
+  if (!alive(pid)) return false;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  auto close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
+}
+
 /// Children of `pid`, from /proc/<pid>/task/*/children.
 std::vector<pid_t> children_of(pid_t pid) {
   std::vector<pid_t> out;
@@ -127,6 +137,11 @@ struct job_view {
         exited.clear();
         first_step = -1;
       }
+      // The launcher names its workers' pids: a fault keyed to the restart
+      // can hit a worker before it has said anything.
+      if (e.incarnation == incarnation && e.j.contains("pids") && e.j["pids"].is_object())
+        for (auto& [rank, pid] : e.j["pids"].items())
+          if (pid.is_number_integer()) pid_of[std::stoll(rank)] = pid.get<int64_t>();
       return;
     }
     if (e.rank < 0 || e.incarnation != incarnation) return;
@@ -192,8 +207,13 @@ public:
       res_.launches.push_back(lr);
       next_incarnation = std::max(next_incarnation, view_.incarnation + 1);
       bool relaunch = (lr.exit_code == 42) || (lr.exit_code < 0);
-      if (active_ && active_->gap) finish_gap_fault(lr);
-      if (active_ && active_->until == active_fault::wait_for::launcher_exit) active_.reset();
+      for (auto& a : active_)
+        if (a.gap) finish_gap_fault(lr, a);
+      active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                   [](const active_fault& a) {
+                                     return a.gap || a.until == active_fault::wait_for::launcher_exit;
+                                   }),
+                    active_.end());
       if (res_.timed_out || !relaunch) break;
     }
     end_job();
@@ -214,9 +234,10 @@ private:
     bool wants_fs = std::any_of(res_.faults.begin(), res_.faults.end(),
                                 [](auto& r) { return r.f.kind == fault_kind::fs_full; });
     if (wants_fs) {
-      if (::mount("grace-chaos", ckpt_.c_str(), "tmpfs", 0, "size=4m,mode=0755") == 0) {
+      auto opts = "size=" + std::to_string(cfg_.fs_size_mb) + "m,mode=0755";
+      if (::mount("grace-chaos", ckpt_.c_str(), "tmpfs", 0, opts.c_str()) == 0) {
         res_.fs_mounted = true;
-        res_.notes.push_back("checkpoint dir is a 4 MiB tmpfs (for fs_full)");
+        res_.notes.push_back("checkpoint dir is a " + std::to_string(cfg_.fs_size_mb) + " MiB tmpfs (for fs_full)");
       } else {
         res_.notes.push_back(std::string("fs_full: cannot mount a tmpfs on the checkpoint dir (") +
                              std::strerror(errno) + "): fs_full faults are skipped");
@@ -352,8 +373,10 @@ private:
         kill_job(lr.pid, last_children);
       }
       progress_active(lr, last_children, now);
-      if (!active_) maybe_fire(lr, last_children, now);
-      sleep_ms(10);
+      maybe_fire(lr, last_children, now);
+      // A chained fault keyed to a phase must land inside it: look often.
+      auto* next = next_fault();
+      sleep_ms(next && next->f.chained() ? 2 : 10);
     }
     poll_events();
     // Workers left behind (the launcher was killed): give them time to
@@ -384,22 +407,60 @@ private:
     for (pid_t k : kids) ::kill(-k, SIGKILL);
   }
 
+  /// The current incarnation's worker of `rank`: a child of the launcher,
+  /// or, once the launcher is gone (its workers are orphans the harness
+  /// reaps as subreaper), any live process the launcher named for it.
   pid_t pid_of_rank(int rank, const std::vector<pid_t>& kids) {
     auto it = view_.pid_of.find(rank);
-    if (it != view_.pid_of.end() && std::find(kids.begin(), kids.end(), it->second) != kids.end())
-      return static_cast<pid_t>(it->second);
+    if (it == view_.pid_of.end()) return -1;
+    auto pid = static_cast<pid_t>(it->second);
+    if (std::find(kids.begin(), kids.end(), pid) != kids.end()) return pid;
+    if (!running_process(launcher_) && running_process(pid)) return pid;
     return -1;
+  }
+
+  /// When the chained fault `r` is due: its predecessor's injection time
+  /// plus after_ms, or its on_event's first occurrence since then plus
+  /// delay_ms; nullopt while unknown. A predecessor that was skipped skips it.
+  std::optional<int64_t> chained_due(fault_record& r) {
+    int64_t ref = res_.start_ns;
+    if (r.index > 0) {
+      auto& prev = res_.faults[r.index - 1];
+      if (prev.status == "skipped") {
+        r.status = "skipped";
+        r.detail = "chained to fault " + std::to_string(prev.index) + ", which was skipped";
+        return std::nullopt;
+      }
+      if (prev.status != "injected") return std::nullopt;
+      ref = prev.t_ns;
+    }
+    if (r.f.after_ms) return ref + *r.f.after_ms * 1000000;
+    for (auto& e : res_.events)
+      if (e.name == r.f.on_event && e.t_ns >= ref) return e.t_ns + int64_t(r.f.delay_ms) * 1000000;
+    return std::nullopt;
   }
 
   void maybe_fire(launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
     auto* r = next_fault();
-    if (!r || !view_.running()) return;
+    if (!r) return;
+    if (r->f.chained()) {
+      // Overlapping: fires while earlier faults are still in progress.
+      auto due = chained_due(*r);
+      if (due && now >= *due) fire(*r, lr, kids, now);
+      return;
+    }
+    if (!active_.empty() || !view_.running()) return;
     int64_t est = view_.estimate(now);
     // Let a restarted group settle for two steps before the next fault.
     if (est < view_.first_step + 2) return;
     bool due = (r->f.at_step && est >= static_cast<int64_t>(*r->f.at_step)) ||
                (r->f.at_ms && now - res_.start_ns >= *r->f.at_ms * 1000000);
-    if (!due) return;
+    if (due) fire(*r, lr, kids, now);
+  }
+
+  void fire(fault_record& rec, launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
+    auto* r = &rec;
+    int64_t est = view_.estimate(now);
     r->t_ns = now;
     r->est_step = est;
     r->launch = lr.index;
@@ -495,15 +556,30 @@ private:
         break;
       }
     }
+    bool worker_fault = f.kind == fault_kind::sigterm_worker || f.kind == fault_kind::sigkill_worker ||
+                        f.kind == fault_kind::sigstop_worker ||
+                        (f.kind == fault_kind::sigterm_multi && !f.include_launcher);
+    if (worker_fault && r->ranks.empty()) {
+      // Nothing was signalled: not covered, never counted as injected.
+      r->status = "skipped";
+      r->detail += "no target process to signal";
+      return;
+    }
     note_event("fault", {{"fault", to_string(f.kind)}, {"index", r->index}, {"est_step", est}, {"ranks", r->ranks}});
     if (cfg_.verbose)
       spdlog::info("fault {} {} at ~step {} (incarnation {})", r->index, to_string(f.kind), est, view_.incarnation);
-    active_ = a;
+    active_.push_back(a);
   }
 
   void progress_active(launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
-    if (!active_) return;
-    auto& a = *active_;
+    for (size_t i = 0; i < active_.size();) {
+      if (progress_one(active_[i], lr, kids, now)) active_.erase(active_.begin() + static_cast<long>(i));
+      else ++i;
+    }
+  }
+
+  /// Advances one fault in progress; true once it is over.
+  bool progress_one(active_fault& a, launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
     auto& r = res_.faults[a.idx];
     if (a.deadline_kill_ns && now >= a.deadline_kill_ns) {
       a.deadline_kill_ns = 0;
@@ -524,26 +600,24 @@ private:
     }
     switch (a.until) {
       case active_fault::wait_for::restart:
-        if (view_.incarnation > r.incarnation && view_.running()) active_.reset();
-        break;
-      case active_fault::wait_for::launcher_exit: break; // handled after the launcher exits
+        return view_.incarnation > r.incarnation && view_.running();
+      case active_fault::wait_for::launcher_exit:
+        return false;  // handled after the launcher exits
       case active_fault::wait_for::timer:
-        if (now >= a.timer_ns) {
-          for (pid_t p : a.stopped) ::kill(p, SIGCONT);
-          if (!a.filler.empty()) {
-            std::error_code ec;
-            fs::remove(a.filler, ec);
-          }
-          note_event("fault_end", {{"index", r.index}});
-          active_.reset();
+        if (now < a.timer_ns) return false;
+        for (pid_t p : a.stopped) ::kill(p, SIGCONT);
+        if (!a.filler.empty()) {
+          std::error_code ec;
+          fs::remove(a.filler, ec);
         }
-        break;
+        note_event("fault_end", {{"index", r.index}});
+        return true;
     }
+    return false;
   }
 
-  void finish_gap_fault(const launch_record& lr) {
-    auto& r = res_.faults[active_->idx];
-    active_.reset();
+  void finish_gap_fault(const launch_record& lr, const active_fault& a) {
+    auto& r = res_.faults[a.idx];
     if (lr.exit_code != 42) {
       r.status = "skipped";
       r.detail = "the job did not stop for the preemption (launcher exit " + std::to_string(lr.exit_code) +
@@ -652,7 +726,7 @@ private:
   uint64_t events_offset_ = 0;
   pid_t launcher_ = -1;
   int grace_launcher_ = 0, grace_worker_ = 0;
-  std::optional<active_fault> active_;
+  std::vector<active_fault> active_;  ///< faults whose effects are still in progress
 };
 
 } // namespace

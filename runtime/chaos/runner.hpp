@@ -35,6 +35,10 @@ struct run_config {
   int64_t job_timeout_ms = 240000;       ///< give up on the whole job after this
   int grace_kill_slack_ms = 500;         ///< the "platform" kills this long after a grace period ends
   double step_ns_hint = 25e6;            ///< step time, for "at step X" triggers
+  /// Size of the tmpfs mounted on the checkpoint directory when a schedule
+  /// has fs_full: room for the kept checkpoints of the trainer's model (the
+  /// fault itself fills whatever is left).
+  int fs_size_mb = 256;
   std::filesystem::path dir;             ///< the run's directory (created, emptied)
   bool verbose = false;
 };

@@ -41,6 +41,20 @@ const std::vector<fault_kind>& all_fault_kinds() {
   return all;
 }
 
+const std::vector<std::string>& trigger_events() {
+  static const std::vector<std::string> names = {
+    "proposed",       // the coordinator proposed an agreement
+    "agreed",         // the agreed step is out
+    "snapshot_done",  // a saver took its snapshot: its write is in flight
+    "committed",      // the coordinator committed an agreement's checkpoint
+    "peer_lost",      // the coordinator declared a member lost
+    "group_started",  // the launcher started a (re)started group: restores follow
+    "restored",       // a worker restored a checkpoint: its rendezvous follows
+    "first_step",     // a worker completed its first step after a (re)start
+  };
+  return names;
+}
+
 loss_class loss_class_of(fault_kind k) noexcept {
   switch (k) {
     case fault_kind::sigterm_worker:
@@ -64,6 +78,9 @@ nlohmann::json to_json(const fault& f) {
   j["fault"] = to_string(f.kind);
   if (f.at_step) j["at_step"] = *f.at_step;
   if (f.at_ms) j["at_ms"] = *f.at_ms;
+  if (f.after_ms) j["after_ms"] = *f.after_ms;
+  if (!f.on_event.empty()) j["on_event"] = f.on_event;
+  if (f.delay_ms) j["delay_ms"] = f.delay_ms;
   if (!f.targets.empty()) {
     if (f.targets.size() == 1 && f.kind != fault_kind::sigterm_multi) j["target"] = f.targets[0];
     else j["targets"] = f.targets;
@@ -80,8 +97,8 @@ fault fault_from_json(const nlohmann::json& j, size_t index) {
     return std::invalid_argument("schedule entry " + std::to_string(index) + ": " + what);
   };
   if (!j.is_object()) throw bad("must be an object like {\"at_step\": 50, \"fault\": \"sigterm_worker\"}");
-  static const char* known[] = {"fault", "at_step", "at_ms", "target", "targets", "include_launcher",
-                                "grace_ms", "duration_ms", "file", "comment"};
+  static const char* known[] = {"fault", "at_step", "at_ms", "after_ms", "on_event", "delay_ms", "target",
+                                "targets", "include_launcher", "grace_ms", "duration_ms", "file", "comment"};
   for (auto& [k, v] : j.items())
     if (std::find_if(std::begin(known), std::end(known), [&](const char* n) { return k == n; }) == std::end(known))
       throw bad("unknown field '" + k + "'");
@@ -101,7 +118,24 @@ fault fault_from_json(const nlohmann::json& j, size_t index) {
   };
   if (auto v = uint_field("at_step")) f.at_step = static_cast<uint64_t>(*v);
   if (auto v = uint_field("at_ms")) f.at_ms = *v;
-  if (!f.at_step && !f.at_ms) throw bad("needs \"at_step\" or \"at_ms\"");
+  if (auto v = uint_field("after_ms")) f.after_ms = *v;
+  if (auto v = uint_field("delay_ms")) f.delay_ms = static_cast<int>(*v);
+  if (j.contains("on_event")) {
+    if (!j["on_event"].is_string()) throw bad("on_event must be an event name");
+    f.on_event = j["on_event"].get<std::string>();
+    auto& ev = trigger_events();
+    if (std::find(ev.begin(), ev.end(), f.on_event) == ev.end()) {
+      std::string names;
+      for (auto& n : ev) names += (names.empty() ? "" : ", ") + n;
+      throw bad("unknown on_event '" + f.on_event + "' (known: " + names + ")");
+    }
+  }
+  int triggers = int(f.at_step.has_value()) + int(f.at_ms.has_value()) + int(f.after_ms.has_value()) +
+                 int(!f.on_event.empty());
+  if (triggers == 0) throw bad("needs one trigger: \"at_step\", \"at_ms\", \"after_ms\" or \"on_event\"");
+  if (triggers > 1) throw bad("has more than one trigger (at_step, at_ms, after_ms, on_event): give one");
+  if (f.delay_ms && f.on_event.empty()) throw bad("delay_ms needs on_event");
+  if (f.after_ms && index == 0) throw bad("after_ms chains to the previous fault, and this is the first");
   if (auto v = uint_field("target")) f.targets.push_back(static_cast<int>(*v));
   if (j.contains("targets")) {
     if (!j["targets"].is_array()) throw bad("targets must be an array of ranks");
@@ -175,6 +209,81 @@ std::vector<fault> generate(const generate_options& o) {
       f.grace_ms = rng.range(0, 1) ? 1500 : 0;
     out.push_back(f);
     if (terminal) break;
+    if (o.overlap > 0 && double(rng.range(0, 999)) < o.overlap * 1000.0)
+      for (auto& c : companions(f, w, rng)) out.push_back(c);
+  }
+  return out;
+}
+
+namespace {
+
+fault chained_fault(fault_kind kind, int target, splitmix64& rng, const std::vector<std::string>& events) {
+  fault c;
+  c.kind = kind;
+  c.targets = {target};
+  // Half a few milliseconds after the previous fault, half keyed to a phase.
+  if (events.empty() || rng.range(0, 1) == 0) c.after_ms = static_cast<int64_t>(rng.range(0, 5));
+  else {
+    c.on_event = events[rng.range(0, events.size() - 1)];
+    if (c.on_event == "group_started") c.delay_ms = static_cast<int>(rng.range(0, 30));
+  }
+  if (kind == fault_kind::sigstop_worker) c.duration_ms = rng.range(0, 1) ? 1000 : 0;
+  return c;
+}
+
+bool stops_the_launcher(fault_kind k) { return k == fault_kind::sigkill_launcher; }
+
+} // namespace
+
+std::vector<fault> companions(const fault& primary, int workers, splitmix64& rng) {
+  std::vector<fault> out;
+  const int w = std::max(1, workers);
+  if (w < 3) return out;  // two members: an overlap leaves nobody to save
+  std::vector<int> hit(primary.targets.begin(), primary.targets.end());
+  bool launcher_killed = stops_the_launcher(primary.kind);
+  auto pick = [&](bool allow_chief) -> int {
+    for (int tries = 0; tries < 32; ++tries) {
+      int r = static_cast<int>(rng.range(0, w - 1));
+      if (!allow_chief && r == 0) continue;
+      if (std::find(hit.begin(), hit.end(), r) != hit.end()) continue;
+      return r;
+    }
+    return -1;
+  };
+  const bool notice = primary.kind == fault_kind::sigterm_worker || primary.kind == fault_kind::sigterm_multi ||
+                      primary.kind == fault_kind::sigterm_launcher;
+  const bool hard = primary.kind == fault_kind::sigkill_worker || primary.kind == fault_kind::sigstop_worker ||
+                    primary.kind == fault_kind::sigkill_launcher;
+  if (!notice && !hard) return out;
+  const int n = static_cast<int>(rng.range(1, 2));
+  for (int i = 0; i < n; ++i) {
+    // The phases the next fault may be keyed to, after what came before.
+    std::vector<std::string> phases = {"group_started", "restored"};
+    if (notice) phases.insert(phases.end(), {"proposed", "agreed", "snapshot_done"});
+    if (hard && !launcher_killed) phases.push_back("agreed");
+    int choice = static_cast<int>(rng.range(0, 3));
+    fault c;
+    if (choice == 0 && notice && !launcher_killed && primary.kind != fault_kind::sigterm_launcher && i == 0) {
+      // The coordination service lost during the agreement.
+      c.kind = fault_kind::sigkill_launcher;
+      c.on_event = rng.range(0, 1) ? "proposed" : "agreed";
+      launcher_killed = true;
+    } else if (choice == 1 && !launcher_killed && out.empty()) {
+      int t = pick(true);
+      if (t < 0) break;
+      c = chained_fault(notice ? fault_kind::sigterm_worker : fault_kind::sigkill_worker, t, rng, {});
+      if (c.kind == fault_kind::sigterm_worker) c.after_ms = static_cast<int64_t>(rng.range(0, 3));
+    } else if (choice == 2) {
+      int t = pick(!launcher_killed);
+      if (t < 0) break;
+      c = chained_fault(fault_kind::sigstop_worker, t, rng, {});
+    } else {
+      int t = pick(!launcher_killed);
+      if (t < 0) break;
+      c = chained_fault(fault_kind::sigkill_worker, t, rng, phases);
+    }
+    for (int t : c.targets) hit.push_back(t);
+    out.push_back(c);
   }
   return out;
 }

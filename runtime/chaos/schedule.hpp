@@ -3,7 +3,16 @@
 ///
 /// A schedule is a JSON array, scripted by hand or generated from a seed:
 ///   [{"at_step": 50, "fault": "sigterm_worker", "target": 1},
-///    {"at_ms": 3000, "fault": "sigstop_worker", "target": 2, "duration_ms": 1000}]
+///    {"after_ms": 1, "fault": "sigkill_worker", "target": 2},
+///    {"at_ms": 3000, "fault": "sigstop_worker", "target": 2, "duration_ms": 1000},
+///    {"on_event": "snapshot_done", "fault": "sigkill_worker", "target": 0}]
+/// A fault with `after_ms` or `on_event` is *chained* to the one before it:
+/// it fires that many ms after the previous fault was injected, or at the
+/// first `on_event` event (a phase: "proposed", "agreed", "snapshot_done",
+/// "group_started", "restored", ...) after it, plus `delay_ms` - without
+/// waiting for the previous fault's effects to settle. Chained faults make
+/// overlapping faults: a notice and a kill 1 ms apart, a kill of the saver
+/// while its save is in flight, a kill during the restart that follows.
 /// The same seed always gives the same schedule: generation uses its own
 /// generator (splitmix64) rather than std::uniform_*_distribution, whose
 /// output differs between standard libraries.
@@ -43,10 +52,17 @@ const std::vector<fault_kind>& all_fault_kinds();
 enum class loss_class { none, notice, hard, periodic, terminal };
 loss_class loss_class_of(fault_kind k) noexcept;
 
+/// Events a chained fault can be keyed to (the phase it hits).
+const std::vector<std::string>& trigger_events();
+
 struct fault {
   fault_kind kind = fault_kind::sigterm_worker;
   std::optional<uint64_t> at_step;  ///< fire when the job reaches this step
   std::optional<int64_t> at_ms;     ///< or this long after the job started
+  std::optional<int64_t> after_ms;  ///< chained: this long after the previous fault fired
+  std::string on_event;             ///< chained: at this event after the previous fault fired
+  int delay_ms = 0;                 ///< chained on_event: this long after the event
+  bool chained() const noexcept { return after_ms.has_value() || !on_event.empty(); }
   std::vector<int> targets;         ///< worker ranks; empty = chosen at run time (rank 1 or 0)
   bool include_launcher = false;    ///< sigterm_multi: the launcher gets one too
   int grace_ms = 0;                 ///< sigterm_*: grace period given to the job
@@ -68,11 +84,24 @@ struct generate_options {
   uint64_t steps = 200;
   /// Restrict to these kinds (empty: all). Used by the CI soak to pin coverage.
   std::vector<fault_kind> kinds;
+  /// Chance (0..1) that a fault brings one or two overlapping companions
+  /// (chained faults a few ms later or keyed to a phase of the agreement,
+  /// the save or the restart that follows).
+  double overlap = 0;
 };
 
 /// A random schedule: faults spread over 10%..85% of the steps, at least a
-/// few steps apart, step_error (terminal) only ever last.
+/// few steps apart, step_error (terminal) only ever last; with `overlap`,
+/// some faults bring chained companions (see `companions`).
 std::vector<fault> generate(const generate_options& o);
+
+struct splitmix64;
+/// One or two chained faults to overlap `primary` with: a second notice, a
+/// SIGKILL or SIGSTOP a few ms later or keyed to the agreement's proposal,
+/// the save's snapshot or the next group's start; the launcher's SIGKILL
+/// during the agreement. Never kills the chief together with the launcher
+/// (that takes the coordinator's whole host: a multi-host matter).
+std::vector<fault> companions(const fault& primary, int workers, splitmix64& rng);
 
 /// splitmix64: small, portable, good enough to pick faults.
 struct splitmix64 {

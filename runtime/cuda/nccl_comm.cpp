@@ -1,5 +1,7 @@
 #include "runtime/cuda/nccl_comm.hpp"
 
+#include "runtime/cancel_token.hpp"
+
 #include <cuda_runtime_api.h>
 #include <gloo/rendezvous/store.h>
 #include <nccl.h>
@@ -74,7 +76,7 @@ struct nccl_comm::impl {
 
 result<std::unique_ptr<nccl_comm>> nccl_comm::connect(
     std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix, int rank, int size,
-    int device, std::chrono::milliseconds timeout) {
+    int device, std::chrono::milliseconds timeout, std::shared_ptr<cancel_token> cancel) {
   if (!store) return error{errc::invalid_input, "nccl_comm: no rendezvous store given"};
   if (size < 1 || rank < 0 || rank >= size)
     return error{errc::invalid_input, "nccl_comm: rank " + std::to_string(rank) +
@@ -156,6 +158,12 @@ result<std::unique_ptr<nccl_comm>> nccl_comm::connect(
       ncclCommAbort(comm);
       return error{nccl_errc(state), "nccl_comm: init of rank " + std::to_string(rank) + "/" +
                                          std::to_string(size) + ": " + text};
+    }
+    if (cancel && cancel->cancelled()) {
+      ncclCommAbort(comm);
+      return error{errc::disconnected, "nccl_comm: init of rank " + std::to_string(rank) + "/" +
+                                           std::to_string(size) +
+                                           ": aborted during the rendezvous (a peer was lost)"};
     }
     if (clock_type::now() >= deadline) {
       ncclCommAbort(comm);

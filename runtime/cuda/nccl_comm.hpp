@@ -36,15 +36,19 @@ class Store;
 
 namespace grace {
 
+class cancel_token;
+
 class nccl_comm {
 public:
   /// Joins the NCCL communicator of `size` ranks on CUDA device `device`.
   /// Errors: invalid_input (bad rank/size/device/timeout), overloaded (the
   /// unique id or the peers did not arrive within `timeout`), disconnected
   /// (the store or a peer failed), failed (a local CUDA/NCCL error).
+  /// With `cancel`, a raised token ends the init's polling at once
+  /// (errc::disconnected): arm the session's abort handler with it.
   static result<std::unique_ptr<nccl_comm>> connect(
       std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix, int rank, int size,
-      int device, std::chrono::milliseconds timeout);
+      int device, std::chrono::milliseconds timeout, std::shared_ptr<cancel_token> cancel = nullptr);
 
   ~nccl_comm();
   nccl_comm(const nccl_comm&) = delete;

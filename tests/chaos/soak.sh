@@ -7,6 +7,11 @@ set -u
 : "${GRACE_CHAOS:?set GRACE_CHAOS to the grace-chaos binary}"
 SEEDS=${CHAOS_SEEDS:-"2 32 53 4 7 11 19"}
 FAULTS=${CHAOS_FAULTS:-4}
+# Faults on top of faults: these seeds with --overlap 0.7 bring a notice to
+# two workers with a SIGSTOP and a SIGKILL during the restore, three SIGKILLs
+# within 1 ms (one keyed to the just-in-time agreement) after a full disk,
+# SIGKILL + SIGSTOP, three workers lost at once.
+OVERLAP_SEEDS=${CHAOS_OVERLAP_SEEDS:-"2 20 27"}
 OUT=${CHAOS_OUT:-$(mktemp -d /tmp/grace-chaos-soak.XXXXXX)}
 ALL_KINDS="sigterm_worker sigterm_launcher sigterm_multi sigkill_worker sigstop_worker sigkill_launcher
 step_error flip_byte truncate_file delete_file stale_tmp fs_full"
@@ -15,14 +20,17 @@ step_error flip_byte truncate_file delete_file stale_tmp fs_full"
 CACHE=${CHAOS_CACHE:-$OUT/cache}
 failed=0
 seen=""
-for s in $SEEDS; do
-  dir=$OUT/seed-$s
+for spec in $SEEDS $(for s in $OVERLAP_SEEDS; do echo "$s:overlap"; done); do
+  s=${spec%%:*}
+  dir=$OUT/seed-$spec
   mkdir -p "$dir"
-  if "$GRACE_CHAOS" --seed "$s" --faults "$FAULTS" --out "$dir" --cache-dir "$CACHE" > "$dir/chaos.log" 2>&1; then
-    echo "seed $s: PASS"
+  args=(--seed "$s" --faults "$FAULTS")
+  [ "$spec" != "$s" ] && args=(--seed "$s" --faults 3 --overlap 0.7)
+  if "$GRACE_CHAOS" "${args[@]}" --out "$dir" --cache-dir "$CACHE" > "$dir/chaos.log" 2>&1; then
+    echo "seed $spec: PASS"
   else
     rc=$?
-    echo "seed $s: FAIL (grace-chaos exit $rc)"
+    echo "seed $spec: FAIL (grace-chaos exit $rc)"
     sed -n '/^faults:/,$p' "$dir/chaos.log"
     failed=1
   fi
@@ -45,6 +53,6 @@ if [ -n "$missing" ]; then
   echo "soak: these fault kinds were never injected:$missing"
   failed=1
 fi
-echo "soak: seeds [$SEEDS], output in $OUT"
+echo "soak: seeds [$SEEDS], overlapping [$OVERLAP_SEEDS], output in $OUT"
 [ "$failed" = 0 ] && echo "soak: PASS" || echo "soak: FAIL"
 exit $failed

@@ -147,7 +147,7 @@ struct explorer {
       branch([&](world& n) {
         n.death_done = true;
         n.dead.insert(victim);
-        apply(n, n.machine.on_member_lost(victim, n.started[victim] - 1, "dead: test"));
+        apply(n, n.machine.on_member_lost(victim, n.started[victim] - 1, loss_reason::dead, "dead: test"));
       });
     if (!any) {
       ++terminal_states;
@@ -237,7 +237,7 @@ TEST_CASE("agreement: a member dying mid-agreement turns into a just-in-time sav
   auto a = joined(3);
   auto id = find(a.on_claim(0, 9, 0), ty::propose)->id;
   a.on_ack(0, id, 9);
-  auto lost = a.on_member_lost(1, 8, "dead: test");
+  auto lost = a.on_member_lost(1, 8, loss_reason::dead, "dead: test");
   REQUIRE(find(lost, ty::peer_lost));
   auto jit = find(lost, ty::propose);
   REQUIRE(jit);
@@ -251,7 +251,7 @@ TEST_CASE("agreement: a member dying mid-agreement turns into a just-in-time sav
 
 TEST_CASE("agreement: jit ties go to the lowest rank", "[agreement]") {
   auto a = joined(4);
-  auto p = find(a.on_member_lost(0, 4, "dead"), ty::propose);
+  auto p = find(a.on_member_lost(0, 4, loss_reason::dead, "dead"), ty::propose);
   a.on_ack(3, p->id, 5);
   a.on_ack(1, p->id, 5);
   auto ag = find(a.on_ack(2, p->id, 4), ty::agreed);
@@ -259,20 +259,43 @@ TEST_CASE("agreement: jit ties go to the lowest rank", "[agreement]") {
   REQUIRE(ag->step == 5);
 }
 
-TEST_CASE("agreement: the saver dying during the save moves the save to a survivor", "[agreement]") {
+TEST_CASE("agreement: any death before the commit moves the save to the most advanced survivor", "[agreement]") {
+  // The saver may not have reached the agreed step yet, and the agreed
+  // step's collectives need every member: a non-saver's death during the
+  // save starts a just-in-time round too (issue 13's SIGTERM + SIGKILL).
   auto a = joined(3);
   auto id = find(a.on_claim(2, 4, 0), ty::propose)->id;
   for (uint32_t r = 0; r < 3; ++r) a.on_ack(r, id, 4);
   REQUIRE(a.phase() == agreement_phase::saving);
-  // A non-saver's death does not disturb the save.
-  auto other = a.on_member_lost(1, 4, "dead");
-  REQUIRE_FALSE(find(other, ty::propose));
-  auto lost = a.on_member_lost(0, 4, "dead");
+  auto other = a.on_member_lost(1, 4, loss_reason::dead, "dead");
+  auto jit = find(other, ty::propose);
+  REQUIRE(jit);
+  REQUIRE(jit->kind == ckpt_kind::jit);
+  // The old agreement's report is late now and changes nothing.
+  REQUIRE(a.on_saved(0, id, 4, true, "").empty());
+  a.on_ack(2, jit->id, 3);
+  auto ag = find(a.on_ack(0, jit->id, 4), ty::agreed);
+  REQUIRE(ag);
+  REQUIRE(ag->saver == 0);
+  REQUIRE(ag->step == 4);
+  // The jit saver's own loss moves the save again; another's does not.
+  REQUIRE_FALSE(find(a.on_member_lost(2, 3, loss_reason::dead, "dead"), ty::propose));
+  auto again = find(a.on_member_lost(0, 4, loss_reason::dead, "dead"), ty::propose);
+  REQUIRE_FALSE(again);  // nobody left: stopping
+  REQUIRE(a.phase() == agreement_phase::stopping);
+}
+
+TEST_CASE("agreement: the saver dying during the save moves the save to a survivor", "[agreement]") {
+  auto a = joined(3);
+  auto id = find(a.on_claim(2, 4, 0), ty::propose)->id;
+  for (uint32_t r = 0; r < 3; ++r) a.on_ack(r, id, 4);
+  auto lost = a.on_member_lost(0, 4, loss_reason::dead, "dead");
   auto jit = find(lost, ty::propose);
   REQUIRE(jit);
   REQUIRE(jit->kind == ckpt_kind::jit);
+  a.on_ack(1, jit->id, 4);
   auto ag = find(a.on_ack(2, jit->id, 4), ty::agreed);
-  REQUIRE(ag->saver == 2);
+  REQUIRE(ag->saver == 1);
 }
 
 TEST_CASE("agreement: grace period keeps training, then a final save", "[agreement][grace]") {
@@ -314,7 +337,7 @@ TEST_CASE("agreement: a death during the final agreement saves just in time", "[
   a.on_saved(0, id, 1, true, "");
   auto fin = find(a.on_propose_final(0, 7), ty::propose);
   a.on_ack(1, fin->id, 7);
-  auto lost = a.on_member_lost(0, 6, "dead");
+  auto lost = a.on_member_lost(0, 6, loss_reason::dead, "dead");
   auto jit = find(lost, ty::propose);
   REQUIRE(jit->kind == ckpt_kind::jit);
   auto ag = find(a.on_ack(1, jit->id, 7), ty::agreed);
@@ -332,7 +355,7 @@ TEST_CASE("agreement: an error report fails the cluster once, naming its origin"
   REQUIRE(ce->message == "boom");
   REQUIRE(a.phase() == agreement_phase::failed);
   REQUIRE(a.on_error(1, 17, "consequence").empty());
-  REQUIRE(find(a.on_member_lost(1, 17, "dead"), ty::peer_lost));
+  REQUIRE(find(a.on_member_lost(1, 17, loss_reason::dead, "dead"), ty::peer_lost));
   REQUIRE(a.phase() == agreement_phase::failed);
 }
 
@@ -347,7 +370,7 @@ TEST_CASE("agreement: a failed save is a cluster error", "[agreement]") {
 
 TEST_CASE("agreement: claims after a member finished are not started", "[agreement]") {
   auto a = joined(2);
-  a.on_leave(1);
+  a.on_leave(1, 0);
   REQUIRE(a.phase() == agreement_phase::finishing);
   auto acts = a.on_claim(0, 50, 0);
   REQUIRE_FALSE(find(acts, ty::claim_reply)->won);

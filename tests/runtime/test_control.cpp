@@ -93,3 +93,17 @@ TEST_CASE("control_block: the handler's captures are released by disarm, and lat
   hammer.join();
   CHECK(at_disarm >= 10);
 }
+
+TEST_CASE("control_block: a handler armed after a loss was posted is called at once", "[control]") {
+  // The trainer arms its collective's abort after attach(); a peer lost
+  // before that must still reach the collective (its rendezvous).
+  control_block ctl;
+  int calls = 0;
+  ctl.set_abort_handler([&] { ++calls; });
+  CHECK(calls == 0);  // nothing known yet
+  ctl.post_loss({loss_kind::peer_dead, 2, 7, "dead"});
+  ctl.set_abort_handler([&] { ++calls; });
+  CHECK(calls == 1);
+  ctl.set_abort_handler(nullptr);  // clearing never calls anything
+  CHECK(calls == 1);
+}

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/cancel_token.hpp"
 #include "runtime/gloo_comm.hpp"
 #include "runtime/kernels.hpp"
 #include "runtime/mlp.hpp"
@@ -354,4 +355,77 @@ TEST_CASE("gloo_comm: abort unblocks every collective waiting on a peer that nev
       CHECK(st[r].err().code == errc::disconnected);
     }
   }
+}
+
+namespace {
+
+/// Rank 2's view of the rendezvous in the test below: it publishes its
+/// addresses, then stalls before connecting any pair - a peer that died
+/// right after publishing - until the test releases it.
+class stalling_store : public gloo::rendezvous::Store {
+public:
+  stalling_store(std::shared_ptr<gloo::rendezvous::Store> inner, std::shared_future<void> release)
+      : inner_(std::move(inner)), release_(std::move(release)) {}
+  void set(const std::string& k, const std::vector<char>& v) override { inner_->set(k, v); }
+  std::vector<char> get(const std::string& k) override { return inner_->get(k); }
+  void wait(const std::vector<std::string>& keys) override {
+    release_.wait();
+    inner_->wait(keys);
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    release_.wait();
+    inner_->wait(keys, t);
+  }
+
+private:
+  std::shared_ptr<gloo::rendezvous::Store> inner_;
+  std::shared_future<void> release_;
+};
+
+} // namespace
+
+TEST_CASE("gloo_comm: a cancelled rendezvous returns at once while a peer never connects its pairs", "[gloo]") {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  const std::string prefix = fresh_prefix();
+  std::promise<void> release;
+  auto stalled = std::make_shared<stalling_store>(store, release.get_future().share());
+  auto r2 = std::async(std::launch::async, [=] { return gloo_comm::connect(stalled, prefix, 2, 3, 3000ms); });
+  // Ranks 0 and 1 with Gloo's timeout far away: only the cancel can end them.
+  std::vector<std::shared_ptr<cancel_token>> tokens{std::make_shared<cancel_token>(),
+                                                    std::make_shared<cancel_token>()};
+  std::vector<std::future<result<std::unique_ptr<gloo_comm>>>> fs;
+  for (int r = 0; r < 2; ++r)
+    fs.push_back(std::async(std::launch::async, [=] {
+      return gloo_comm::connect(store, prefix, r, 3, 60000ms, "127.0.0.1", tokens[r]);
+    }));
+  store->wait({prefix + "/2"});  // rank 2 published its pairs' addresses
+  for (auto& t : tokens) t->cancel();
+  for (auto& f : fs) {
+    auto c = f.get();
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.err().code == errc::disconnected);
+    CHECK(c.err().message.find("aborted during the rendezvous") != std::string::npos);
+  }
+  release.set_value();
+  CHECK_FALSE(r2.get().ok());  // its peers are gone: it fails at its own timeout
+}
+
+TEST_CASE("gloo_comm: a rendezvous with a cancel token that is never raised connects normally", "[gloo]") {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  const std::string prefix = fresh_prefix();
+  std::vector<std::future<result<std::unique_ptr<gloo_comm>>>> fs;
+  for (int r = 0; r < 2; ++r)
+    fs.push_back(std::async(std::launch::async, [=] {
+      return gloo_comm::connect(store, prefix, r, 2, 10000ms, "127.0.0.1", std::make_shared<cancel_token>());
+    }));
+  std::vector<std::unique_ptr<gloo_comm>> comms;
+  for (auto& f : fs) {
+    auto c = f.get();
+    REQUIRE(c.ok());
+    comms.push_back(std::move(c.value()));
+  }
+  std::vector<float> a{1, 2}, b{10, 20};
+  on_all_ranks(2, [&](int r) { REQUIRE(comms[r]->allreduce_sum(r == 0 ? a.data() : b.data(), 2).ok()); });
+  CHECK(a == std::vector<float>{11, 22});
+  CHECK(b == a);
 }

@@ -1,0 +1,619 @@
+// The whole agreement protocol as a model, explored exhaustively.
+//
+// The coordination service is the real state machine (runtime/agreement);
+// each of three workers is its real decision class (runtime/worker_policy)
+// plus a peer watcher and a trainer that behave as actors/peer_watcher.cpp
+// and session::run do, all connected by FIFO queues. Every interleaving of
+// their events is explored, with states de-duplicated:
+//   trainers start, complete or fail steps (a step completes only once every
+//   member started it: the allreduce), decide at their boundaries, save;
+//   watchers deliver orders, commits, losses and errors (and acknowledge);
+//   members' messages reach the service when sent (a delay there adds no
+//   behaviour: a member observes nothing of the service in between that it
+//   could not observe after an immediate delivery; the service's messages
+//   to members, which do race with the trainers, are queued);
+//   faults: up to two notices, up to two deaths (each detected later, at any
+//   point), a save that fails, the coordinator's own loss, the grace-period
+//   clock running out, a member that joins late.
+// Every end state is checked: no live member is left waiting (no deadlock);
+// after any fault the newest checkpoint on disk is at most one step behind
+// the most advanced survivor; exit codes are the restart code (or 3 after a
+// failed save); never a protocol violation; at most one claim wins; an
+// agreed step is at most the largest started step + 1.
+#include "runtime/agreement.hpp"
+#include "runtime/worker_policy.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <deque>
+#include <functional>
+#include <set>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+using namespace grace;
+
+namespace {
+
+constexpr uint32_t N = 3;
+constexpr uint64_t restored = 10;  // every member restored step 10 (on disk)
+constexpr int64_t deadline = 1'000'000'000'000;
+
+enum class tstate : uint8_t {
+  between,   ///< started == completed: before run() stores the next step
+  boundary,  ///< step started, deciding at the boundary (flag was up, or the step failed)
+  in_step,   ///< running the step
+  saving,    ///< blocked in a synchronous save
+};
+
+struct to_member {
+  enum kind_t : uint8_t { order, commit, lost, failure, deadline_update } kind;
+  checkpoint_order o;
+  commit_info c;
+  loss_info l;
+  cluster_failure f;
+  int64_t deadline_ns = 0;
+};
+
+struct to_coord {
+  enum kind_t : uint8_t { ack, saved, leave, propose_final } kind;
+  uint64_t id = 0;
+  uint64_t step = 0;
+  bool ok = true;
+  int code = 0;
+};
+
+struct member {
+  uint32_t rank = 0;
+  bool alive = true, joined = true, detected = false, stopped = false, coordinator_seen = false;
+  int code = -1;
+  std::string why;
+  uint64_t started = restored, completed = restored;
+  tstate t = tstate::between;
+  boundary_mode mode = boundary_mode::step_start;
+  bool pending = false, aborted = false, dirty = true;
+  control_state ctl;
+  worker_policy policy;
+  std::deque<to_member> in;
+  bool writing = false, w_sync = false;
+  uint64_t w_step = 0, w_id = 0, last_ok_step = restored;
+
+  member(uint32_t r, worker_policy_config c) : rank(r), policy(c, restored) {}
+};
+
+struct world {
+  agreement coord{N};
+  bool coordinator_alive = true;
+  std::vector<member> m;
+  std::set<uint64_t> disk{restored};
+  int notices = 0, deaths = 0, save_failures = 0, coordinator_deaths = 0;
+  bool has_deadline = false, time_up = false;
+  int wins = 0;
+  bool fault = false, save_failed = false;
+};
+
+struct scenario {
+  int notices = 0;
+  int deaths = 0;
+  int save_failures = 0;
+  int coordinator_deaths = 0;
+  bool deadline = false;
+  bool late_join = false;
+  uint64_t horizon = restored + 1;  ///< steps a member may complete: +1 lets members differ by one
+};
+
+/// Appends raw bytes of plain fields: the state key is hashed, never read.
+struct key_writer {
+  std::string buf;
+  template <class T>
+  void put(const T& v) {
+    buf.append(reinterpret_cast<const char*>(&v), sizeof(T));
+  }
+  void put_str(const std::string& s) {
+    put(s.size());
+    buf += s;
+  }
+  void put_order(const std::optional<checkpoint_order>& o) {
+    put(o.has_value());
+    if (!o) return;
+    put(o->id); put(o->step); put(o->kind); put(o->agreed); put(o->saver); put(o->exit_after);
+  }
+};
+
+uint64_t key(const world& w) {
+  thread_local key_writer k;
+  k.buf.clear();
+  k.put_str(w.coord.state_key());
+  k.put(w.coordinator_alive);
+  for (auto s : w.disk) k.put(s);
+  k.put(w.notices); k.put(w.deaths); k.put(w.save_failures); k.put(w.coordinator_deaths);
+  k.put(w.time_up); k.put(w.fault); k.put(w.save_failed);
+  for (auto& x : w.m) {
+    auto& c = x.ctl;
+    k.put(x.alive); k.put(x.joined); k.put(x.detected); k.put(x.stopped); k.put(x.coordinator_seen);
+    k.put(x.code); k.put(x.started); k.put(x.completed); k.put(x.t); k.put(x.mode); k.put(x.pending);
+    k.put(x.aborted); k.put(x.dirty);
+    k.put_order(c.order);
+    k.put(c.committed.has_value());
+    if (c.committed) { k.put(c.committed->id); k.put(c.committed->step); k.put(c.committed->exit_after); }
+    k.put(c.failure.has_value()); k.put(c.lost.has_value()); k.put(c.coordinator_gone);
+    k.put(c.deadline_ns != 0); k.put(c.acked_for_trainer);
+    k.put_str(x.policy.state_key());
+    k.put(x.writing); k.put(x.w_sync); k.put(x.w_step); k.put(x.w_id); k.put(x.last_ok_step);
+    k.put(x.in.size());
+    for (auto& q : x.in) { k.put(q.kind); k.put_order(q.o); k.put(q.c.id); k.put(q.c.step); }
+  }
+  return std::hash<std::string>{}(k.buf);
+}
+
+class explorer {
+public:
+  explicit explorer(scenario sc) : sc_(sc) {}
+
+  size_t states = 0, terminals = 0, checked = 0, incomplete = 0;
+  std::set<std::string> outcomes;  ///< distinct end summaries (coverage)
+
+  void run() {
+    world w;
+    for (uint32_t r = 0; r < N; ++r) {
+      worker_policy_config c;
+      c.rank = r;
+      c.is_chief = r == 0;
+      c.restart_code = 42;
+      c.fatal_code = 3;
+      w.m.emplace_back(r, c);
+    }
+    for (uint32_t r = 0; r < N; ++r) {
+      if (sc_.late_join && r == N - 1) {
+        w.m[r].joined = false;
+        continue;
+      }
+      w.coord.on_join(r, restored);
+    }
+    w.notices = sc_.notices;
+    w.deaths = sc_.deaths;
+    w.save_failures = sc_.save_failures;
+    w.coordinator_deaths = sc_.coordinator_deaths;
+    w.has_deadline = sc_.deadline;
+    explore(w);
+  }
+
+private:
+  scenario sc_;
+  std::unordered_set<uint64_t> seen_;
+
+  uint64_t max_started(const world& w) const {
+    uint64_t s = 0;
+    for (auto& x : w.m) s = std::max(s, x.started);
+    return s;
+  }
+
+  void dispatch(world& w, const actions& acts) {
+    using ty = agreement_action::type;
+    // A dead or stopped member never reads its queue: leave it out (it
+    // would only tell states apart that behave the same).
+    auto to_live = [&](const to_member& msg) {
+      for (auto r : w.coord.live())
+        if (w.m[r].alive && !w.m[r].stopped) w.m[r].in.push_back(msg);
+    };
+    for (auto& a : acts) {
+      to_member msg{};
+      switch (a.what) {
+        case ty::claim_reply:
+          if (a.won) ++w.wins;
+          REQUIRE(w.wins <= 1);
+          break;
+        case ty::propose:
+        case ty::agreed:
+          if (a.what == ty::agreed) REQUIRE(a.step <= max_started(w) + 1);
+          msg.kind = to_member::order;
+          msg.o = checkpoint_order{a.id, a.step, a.kind, a.what == ty::agreed, a.saver, a.exit_after, a.deadline_ns};
+          to_live(msg);
+          break;
+        case ty::committed:
+          msg.kind = to_member::commit;
+          msg.c = commit_info{a.id, a.step, a.exit_after};
+          REQUIRE(w.disk.count(a.step));  // a commit names a step that is on disk
+          to_live(msg);
+          break;
+        case ty::peer_lost:
+          msg.kind = to_member::lost;
+          msg.l = loss_info{loss_kind::peer_dead, a.rank, a.step, a.message};
+          to_live(msg);
+          break;
+        case ty::cluster_error:
+          msg.kind = to_member::failure;
+          msg.f = cluster_failure{a.rank, a.step, a.message};
+          to_live(msg);
+          break;
+        case ty::deadline_update:
+          msg.kind = to_member::deadline_update;
+          msg.deadline_ns = a.deadline_ns;
+          if (a.rank < N && w.m[a.rank].alive && !w.m[a.rank].stopped) w.m[a.rank].in.push_back(msg);
+          break;
+      }
+    }
+  }
+
+  /// A member's message, taken by the service at once (if it is alive).
+  void send(world& w, member& x, const to_coord& msg) {
+    if (!w.coordinator_alive) return;
+    auto r = x.rank;
+    switch (msg.kind) {
+      case to_coord::ack: dispatch(w, w.coord.on_ack(r, msg.id, msg.step)); break;
+      case to_coord::saved: dispatch(w, w.coord.on_saved(r, msg.id, msg.step, msg.ok, "disk full")); break;
+      case to_coord::leave: dispatch(w, w.coord.on_leave(r, msg.code)); break;
+      case to_coord::propose_final: dispatch(w, w.coord.on_propose_final(r, msg.step)); break;
+    }
+  }
+
+  // ---- trainer ---------------------------------------------------------
+
+  void start_write(member& x, uint64_t step, uint64_t id, bool sync, world& w) {
+    x.policy.saved(step);
+    if (x.last_ok_step == step && w.disk.count(step)) {
+      // session::impl::reuse_save: the same step is on disk already.
+      if (id) send(w, x, {to_coord::saved, id, step, true, 0});
+      return;
+    }
+    x.writing = true;
+    x.w_step = step;
+    x.w_id = id;
+    x.w_sync = sync;
+    if (sync) x.t = tstate::saving;
+  }
+
+  void stop(world& w, member& x, int code, std::string why) {
+    x.stopped = true;
+    x.in.clear();
+    x.code = code;
+    x.why = std::move(why);
+    if (!x.ctl.coordinator_gone) send(w, x, {to_coord::leave, 0, 0, true, code});
+  }
+
+  /// One decision at the boundary, carried out as session::impl::boundary does.
+  void decide(world& w, member& x) {
+    using ty = worker_decision::type;
+    boundary_input in;
+    in.completed = x.completed;
+    in.mode = x.mode;
+    in.mono_ns = 0;  // waits never time out here: each must end on an event
+    in.wall_ns = w.time_up ? deadline : 0;
+    auto d = x.policy.next(x.ctl, in);
+    x.dirty = false;
+    // save() first waits for the writer: a decision that saves waits until
+    // the write in flight finished (finish_write marks the trainer dirty).
+    if (x.writing && (d.what == ty::save_own || (d.what == ty::reach && d.save))) return;
+    switch (d.what) {
+      case ty::run:
+        x.t = tstate::in_step;
+        break;
+      case ty::run_clear:
+        x.pending = false;
+        x.t = tstate::in_step;
+        break;
+      case ty::ack_jit:
+        send(w, x, {to_coord::ack, d.id, d.step, true, 0});
+        x.policy.acked(d.id);
+        x.dirty = true;
+        break;
+      case ty::reach:
+        x.policy.reached(d.id);
+        if (d.save) start_write(x, d.step, d.id, d.sync, w);
+        x.dirty = true;
+        break;
+      case ty::continue_grace:
+        if (x.ctl.order && x.ctl.order->id == d.id) x.ctl.order.reset();
+        x.policy.grace_continues();
+        x.dirty = true;
+        break;
+      case ty::propose_final:
+        send(w, x, {to_coord::propose_final, 0, d.step, true, 0});
+        x.policy.proposed_final();
+        x.t = tstate::in_step;
+        break;
+      case ty::save_own:
+        start_write(x, d.step, 0, true, w);
+        x.dirty = true;
+        break;
+      case ty::wait:
+        break;
+      case ty::stop:
+        REQUIRE(d.message.find("protocol violation") == std::string::npos);
+        stop(w, x, d.code, d.message);
+        break;
+    }
+  }
+
+  bool can_complete(const world& w, const member& x) const {
+    if (x.aborted || x.started > sc_.horizon) return false;
+    for (auto& y : w.m)
+      if (y.started < x.started) return false;  // the allreduce needs everyone's part
+    return true;
+  }
+
+  // ---- the explorer ------------------------------------------------------
+
+  void explore(const world& w) {
+    if (!seen_.insert(key(w)).second) return;
+    ++states;
+    REQUIRE(states < 200'000'000);
+    bool any = false;
+    auto branch = [&](const std::function<void(world&)>& f) {
+      any = true;
+      world n = w;
+      f(n);
+      explore(n);
+    };
+    for (uint32_t r = 0; r < N; ++r) trainer_events(w, r, branch);
+    for (uint32_t r = 0; r < N; ++r) watcher_events(w, r, branch);
+    fault_events(w, branch);
+    if (!any) check_end(w);
+  }
+
+  template <class B>
+  void trainer_events(const world& w, uint32_t r, B& branch) {
+    auto& x = w.m[r];
+    if (!x.alive || x.stopped) return;
+    if (!x.joined) {
+      branch([r](world& n) {
+        auto& y = n.m[r];
+        if (n.coord.join_refusal(r)) {
+          y.stopped = true;  // attach() fails as restartable: exit 42, nothing to leave
+          y.code = 42;
+          y.why = "refused";
+          return;
+        }
+        y.joined = true;
+        n.coord.on_join(r, restored);
+      });
+      return;
+    }
+    switch (x.t) {
+      case tstate::between:
+        branch([r](world& n) {
+          auto& y = n.m[r];
+          y.started = y.completed + 1;
+          if (y.pending) {
+            y.t = tstate::boundary;
+            y.mode = boundary_mode::step_start;
+            y.dirty = true;
+          } else {
+            y.t = tstate::in_step;
+          }
+        });
+        break;
+      case tstate::boundary:
+        // A decision needs the writer idle (save() waits for it) and news
+        // since a wait.
+        if (x.dirty) branch([this, r](world& n) { decide(n, n.m[r]); });
+        break;
+      case tstate::in_step:
+        if (can_complete(w, x))
+          branch([r](world& n) {
+            auto& y = n.m[r];
+            y.completed = y.started;
+            y.t = tstate::between;
+          });
+        if (x.aborted)
+          branch([r](world& n) {
+            auto& y = n.m[r];
+            y.aborted = false;
+            y.t = tstate::boundary;
+            y.mode = boundary_mode::collective_failed;
+            y.dirty = true;
+          });
+        break;
+      case tstate::saving:
+        break;
+    }
+    if (x.writing) {
+      branch([this, r](world& n) { finish_write(n, n.m[r], true); });
+      if (w.save_failures > 0 && x.w_id != 0)
+        branch([this, r](world& n) {
+          --n.save_failures;
+          finish_write(n, n.m[r], false);
+        });
+    }
+  }
+
+  void finish_write(world& n, member& y, bool ok) {
+    y.writing = false;
+    if (ok) {
+      n.disk.insert(y.w_step);
+      y.last_ok_step = y.w_step;
+    } else {
+      n.save_failed = true;
+    }
+    if (y.w_id) send(n, y, {to_coord::saved, y.w_id, y.w_step, ok, 0});
+    if (y.t == tstate::saving) {
+      y.t = tstate::boundary;
+      if (!ok && y.w_id) {  // reach() failed: session stops with the fatal code
+        y.stopped = true;
+        y.in.clear();
+        y.code = 3;
+        y.why = "checkpoint save failed";
+        if (!y.ctl.coordinator_gone) send(n, y, {to_coord::leave, 0, 0, true, 3});
+      }
+    }
+    y.dirty = true;
+  }
+
+  template <class B>
+  void watcher_events(const world& w, uint32_t r, B& branch) {
+    auto& x = w.m[r];
+    if (!x.alive || x.stopped) return;
+    if (!x.in.empty()) branch([this, r](world& n) { deliver(n, n.m[r]); });
+    if (!n_coordinator_alive(w) && !x.coordinator_seen && x.joined)
+      branch([r](world& n) {
+        auto& y = n.m[r];
+        y.coordinator_seen = true;
+        y.ctl.coordinator_gone = true;
+        raise(y, true);
+      });
+  }
+
+  static bool n_coordinator_alive(const world& w) { return w.coordinator_alive; }
+
+  static void raise(member& y, bool abort) {
+    y.pending = true;
+    y.dirty = true;
+    if (abort && y.t == tstate::in_step) y.aborted = true;
+  }
+
+  /// The peer watcher's handling of one message (actors/peer_watcher.cpp).
+  void deliver(world& w, member& y) {
+    auto msg = y.in.front();
+    y.in.pop_front();
+    switch (msg.kind) {
+      case to_member::order: {
+        auto& o = msg.o;
+        y.ctl.order = o;
+        if (o.deadline_ns) y.ctl.deadline_ns = o.deadline_ns;
+        raise(y, false);
+        if (o.agreed) break;
+        if (o.kind != ckpt_kind::jit) {
+          send(w, y, {to_coord::ack, o.id, std::max(o.step, y.started), true, 0});
+          break;
+        }
+        if (y.started == y.completed && y.t == tstate::between) {
+          send(w, y, {to_coord::ack, o.id, y.completed, true, 0});
+          y.ctl.acked_for_trainer = std::max(y.ctl.acked_for_trainer, o.id);
+        }
+        raise(y, true);
+        break;
+      }
+      case to_member::commit:
+        if (!y.ctl.committed || y.ctl.committed->id <= msg.c.id) y.ctl.committed = msg.c;
+        raise(y, false);
+        break;
+      case to_member::lost:
+        if (!y.ctl.lost) y.ctl.lost = msg.l;
+        raise(y, true);
+        break;
+      case to_member::failure:
+        if (!y.ctl.failure) y.ctl.failure = msg.f;
+        raise(y, true);
+        break;
+      case to_member::deadline_update:
+        y.ctl.deadline_ns = msg.deadline_ns;
+        raise(y, false);
+        break;
+    }
+  }
+
+  template <class B>
+  void fault_events(const world& w, B& branch) {
+    for (uint32_t r = 0; r < N; ++r) {
+      auto& x = w.m[r];
+      if (w.notices > 0 && x.alive && x.joined && !x.stopped && w.coordinator_alive)
+        branch([this, r](world& n) {
+          --n.notices;
+          n.fault = true;
+          dispatch(n, n.coord.on_claim(r, n.m[r].started, n.has_deadline ? deadline : 0));
+        });
+      if (w.deaths > 0 && x.alive && !x.stopped)
+        branch([r](world& n) {
+          --n.deaths;
+          n.fault = true;
+          n.m[r].alive = false;
+          n.m[r].in.clear();
+        });
+      if (!x.alive && !x.detected && w.coordinator_alive)
+        branch([this, r](world& n) {
+          n.m[r].detected = true;
+          dispatch(n, n.coord.on_member_lost(r, n.m[r].completed, loss_reason::dead, "dead: model"));
+        });
+    }
+    if (w.coordinator_deaths > 0 && w.coordinator_alive)
+      branch([](world& n) {
+        --n.coordinator_deaths;
+        n.fault = true;
+        n.coordinator_alive = false;
+      });
+    if (w.has_deadline && !w.time_up) branch([](world& n) { n.time_up = true; });
+  }
+
+  void check_end(const world& w) {
+    ++terminals;
+    for (auto& x : w.m)
+      if (x.alive && x.t == tstate::in_step && !x.stopped && x.started > sc_.horizon && !x.aborted) {
+        ++incomplete;  // ran into the model's step horizon: nothing to judge
+        return;
+      }
+    ++checked;
+    std::string summary;
+    uint64_t best = 0;
+    for (auto& x : w.m) {
+      if (!x.alive) continue;
+      INFO("rank " << x.rank << " stopped " << x.stopped << " code " << x.code << " why " << x.why << " agreement " << w.coord.state_key());
+      REQUIRE(x.stopped);  // no live member left waiting
+      best = std::max(best, x.completed);
+      if (w.save_failed) REQUIRE((x.code == 3 || x.code == 42));
+      else if (w.fault) REQUIRE(x.code == 42);
+      summary += std::to_string(x.code) + ",";
+    }
+    if (w.fault && !w.save_failed && (w.m[0].alive || w.coordinator_alive)) {
+      // A committed checkpoint at most one step behind the most advanced
+      // survivor (without the service and without the chief, nobody may
+      // save: that case is only required to stop cleanly).
+      uint64_t newest = *w.disk.rbegin();
+      INFO("newest on disk " << newest << ", most advanced survivor " << best << " agreement " << w.coord.state_key());
+      REQUIRE(newest + 1 >= best);
+      summary += "lost" + std::to_string(best > newest ? best - newest : 0);
+    }
+    outcomes.insert(summary);
+  }
+};
+
+void explore(scenario sc) {
+  explorer e(sc);
+  e.run();
+  CAPTURE(sc.notices, sc.deaths, sc.save_failures, sc.coordinator_deaths, sc.deadline, sc.late_join, e.states,
+          e.terminals, e.checked, e.incomplete);
+  REQUIRE(e.checked > 0);
+  WARN("states " << e.states << " terminals " << e.terminals << " checked " << e.checked << " incomplete " << e.incomplete << " outcomes " << e.outcomes.size());
+}
+
+} // namespace
+
+TEST_CASE("protocol model: one notice no fault on top", "[model]") {
+  explore({1, 0, 0, 0, false, false});
+}
+
+TEST_CASE("protocol model: a death alone and a death during every phase of an agreement", "[model]") {
+  explore({0, 1, 0, 0, false, false});
+  explore({1, 1, 0, 0, false, false});
+}
+
+TEST_CASE("protocol model: two notices and a death", "[model]") {
+  explore({2, 1, 0, 0, false, false});
+}
+
+TEST_CASE("protocol model: two deaths with and without a notice", "[model]") {
+  explore({0, 2, 0, 0, false, false});
+  explore({1, 2, 0, 0, false, false});
+}
+
+TEST_CASE("protocol model: grace period final save and a death anywhere in it", "[model][grace]") {
+  // Two steps of room: the initial save, training on, the final save.
+  explore({1, 0, 0, 0, true, false, restored + 2});
+  explore({1, 1, 0, 0, true, false, restored + 2});
+}
+
+TEST_CASE("protocol model: a save that fails alone and with a death", "[model]") {
+  explore({1, 0, 1, 0, false, false});
+  explore({1, 1, 1, 0, false, false});
+}
+
+TEST_CASE("protocol model: the coordinator lost alone and on top of a notice or a death", "[model]") {
+  explore({0, 0, 0, 1, false, false});
+  explore({1, 0, 0, 1, false, false});
+  explore({0, 1, 0, 1, false, false});
+}
+
+TEST_CASE("protocol model: a member that joins late dies before joining or joins after a loss", "[model]") {
+  explore({0, 1, 0, 0, false, true});
+  explore({1, 1, 0, 0, false, true});
+}
