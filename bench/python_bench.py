@@ -12,8 +12,8 @@ object per line, as grace-bench.
       one fresh process: Grace (periodic saves: the snapshot plus the durable
       write until committed) or torch.save + fsync of the same state_dict;
       the first save and the median of the others. For Grace also the
-      training stall (its snapshot) and a memcpy of the same tensors into
-      warm buffers.
+      training stall (its snapshot) and, right before each snapshot, a
+      memcpy of the same tensors into touched buffers.
 """
 import argparse
 import json
@@ -108,10 +108,12 @@ def read_events(events, mark):
         return [json.loads(l) for l in f if l.strip()]
 
 
-def grace_saves(params, opt, d, events, saves):
+def grace_saves(params, opt, d, events, saves, copy):
     """One session, `saves` periodic saves; each step waits until the
-    previous save is on disk, so a snapshot never waits for a write.
-    Returns [(snapshot s, snapshot + durable write until committed s)]."""
+    previous save is on disk, so a snapshot never waits for a write, then
+    times `copy()` (the memcpy baseline, right before the snapshot).
+    Returns [(snapshot s, snapshot + durable write until committed s,
+    memcpy s)]."""
     open(events, "a").close()
     with open(events) as f:
         f.seek(0, 2)
@@ -120,6 +122,7 @@ def grace_saves(params, opt, d, events, saves):
     def committed(step):
         return any(e["event"] == "committed_local" and e["step"] == step for e in read_events(events, mark))
 
+    copies = []
     with grace.Session(os.path.join(d, "ck"), save_every=1, keep_checkpoints_on_success=True,
                        exit_on_stop=False) as g:
         g.register_module(params)
@@ -128,12 +131,13 @@ def grace_saves(params, opt, d, events, saves):
         for step in g.steps(saves):
             while step > 1 and not committed(step - 1):
                 time.sleep(0.005)
+            copies.append(copy())
         while not committed(saves):
             time.sleep(0.005)
     ev = read_events(events, mark)
     snap = {e["step"]: e["ns"] / 1e9 for e in ev if e["event"] == "snapshot_done"}
     write = {e["step"]: e["write_ns"] / 1e9 for e in ev if e["event"] == "committed_local"}
-    return [(snap[s], snap[s] + write[s]) for s in range(1, saves + 1)]
+    return [(snap[s], snap[s] + write[s], copies[s - 1]) for s in range(1, saves + 1)]
 
 
 def torch_saves(params, opt, d, saves):
@@ -154,20 +158,22 @@ def torch_saves(params, opt, d, saves):
     return out
 
 
-def memcpy_time(params, opt):
-    """memcpy of every saved tensor into warm buffers of the same sizes
-    (second of two passes): what a snapshot cannot beat."""
+def memcpy(params, opt):
+    """A function timing one memcpy of every saved tensor into buffers of the
+    same sizes, touched beforehand: what a snapshot cannot beat."""
     import ctypes
     import torch
     src = list(params) + [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
     dst = [torch.zeros_like(t) for t in src]
     jobs = [(t.data_ptr(), s.data_ptr(), s.numel() * s.element_size()) for s, t in zip(src, dst)]
-    for _ in range(2):
+
+    def run(dst=dst):  # holds the buffers: `jobs` has only their addresses
         t0 = time.perf_counter()
         for d, s, n in jobs:
             ctypes.memmove(d, s, n)
-        t = time.perf_counter() - t0
-    return t
+        return time.perf_counter() - t0
+    run()
+    return run
 
 
 def mode_save(a):
@@ -187,10 +193,11 @@ def mode_save(a):
             events = os.environ.get("GRACE_EVENTS_FILE")
             if not events:
                 sys.exit("python_bench.py save --impl grace: set GRACE_EVENTS_FILE (the save times are its events)")
-            r = grace_saves(params, opt, d, events, a.saves)
+            r = grace_saves(params, opt, d, events, a.saves, memcpy(params, opt))
+            steady = r[1:] or r
             row.update({"first_s": r[0][1], "steady_s": median([x[1] for x in r[1:]]) if len(r) > 1 else None,
-                        "snapshot_ms": median([x[0] for x in r[1:] or r]) * 1e3,
-                        "memcpy_ms": memcpy_time(params, opt) * 1e3})
+                        "snapshot_ms": median([x[0] for x in steady]) * 1e3,
+                        "memcpy_ms": median([x[2] for x in steady]) * 1e3})
         else:
             r = torch_saves(params, opt, d, a.saves)
             row.update({"first_s": r[0], "steady_s": median(r[1:]) if len(r) > 1 else None})
