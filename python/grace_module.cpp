@@ -370,6 +370,11 @@ public:
       s_.reset();  // disarms the abort handler before the communicator goes
       comm_.reset();
     }
+    {
+      std::lock_guard<std::mutex> g(aborts_->m);  // no handler is left to use them
+      aborts_->comm.reset();
+      aborts_->fds.clear();
+    }
     blobs_.clear();
     keepalive_.clear();
     signals_.restore();
