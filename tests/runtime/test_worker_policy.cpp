@@ -93,7 +93,7 @@ TEST_CASE("worker_policy: a proposal above the completed step runs on, at it wai
   CHECK(late.message.find("100 ms") != std::string::npos);
 }
 
-TEST_CASE("worker_policy: the agreed step is reached once; the saver saves, exit waits for the commit",
+TEST_CASE("worker_policy: the agreed step is reached once, then the saver saves, exit waits for the commit",
           "[policy]") {
   worker_policy saver(cfg(0, true), 0), other(cfg(1), 0);
   control_state s;
@@ -128,7 +128,7 @@ TEST_CASE("worker_policy: past the agreed step is a protocol violation", "[polic
   CHECK(d.code == 3);
 }
 
-TEST_CASE("worker_policy: a grace-period save hands off and training continues; the chief proposes the final",
+TEST_CASE("worker_policy: a grace-period save hands off and training continues, then the chief proposes the final",
           "[policy]") {
   worker_policy chief(cfg(0, true), 0);
   control_state s;
