@@ -257,8 +257,12 @@ for b in sorted({r["bytes"] for r in sel("py_save")}):
                 "torch.save+fsync %s" % fmt(ts * 1e3, "ms", 0), "%.2fx" % (ts / gs), ">= 2.5x", yes(ts / gs >= 2.5))
     snap, cp = med("py_save", "snapshot_ms", impl="grace", bytes=b), med("py_save", "memcpy_ms", impl="grace", bytes=b)
     if snap and cp:
+        # The ratio pairs each process's snapshot with its own memcpy (taken
+        # right before it): the load on this shared machine moves both.
+        ratio = median([r["snapshot_ms"] / r["memcpy_ms"] for r in sel("py_save", impl="grace", bytes=b)
+                        if r.get("snapshot_ms") and r.get("memcpy_ms")])
         add("8c training stall per save, PyTorch state %s" % lab, fmt(snap, "ms", 1), "memcpy %s" % fmt(cp, "ms", 1),
-            "%.2fx" % (snap / cp), "<= 1.2x", yes(snap / cp <= 1.2))
+            "%.2fx" % ratio, "<= 1.2x", yes(ratio <= 1.2))
         ts = med("py_save", "first_s", impl="torch", bytes=b)
         if ts:
             add("8d   the same stall vs torch.save+fsync blocking training", fmt(snap, "ms", 1),
