@@ -4,6 +4,7 @@
 #include "runtime/agreement.hpp"
 #include "runtime/events.hpp"
 #include "runtime/membership.hpp"
+#include "runtime/rendezvous_table.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
@@ -28,17 +29,6 @@ namespace {
 using kv_promise = caf::typed_response_promise<msg<proto::KvReply>>;
 using barrier_promise = caf::typed_response_promise<msg<proto::BarrierReply>>;
 
-struct pending_get {
-  std::string key;
-  kv_promise rp;
-};
-
-struct barrier_state {
-  uint32_t count = 0;
-  std::set<uint32_t> arrived;
-  std::vector<barrier_promise> waiters;
-};
-
 struct coordinator_state {
   static inline const char* name = "coordinator";
   coordinator_config cfg;
@@ -49,10 +39,10 @@ struct coordinator_state {
   std::set<uint32_t> left;
   std::set<uint32_t> lost;  ///< declared lost in this incarnation
   std::set<uint32_t> refused;  ///< refused (restartable) in this incarnation: their exit is expected
-  std::map<std::string, std::vector<uint8_t>> kv;
-  std::map<uint64_t, pending_get> gets;
-  uint64_t next_get = 0;
-  std::map<std::string, barrier_state> barriers;
+  rendezvous_table table;                      ///< keys and barriers (runtime/rendezvous_table)
+  std::map<uint64_t, kv_promise> get_waiters;  ///< table waiter id -> the get's promise
+  std::map<uint64_t, barrier_promise> barrier_waiters;
+  uint64_t next_waiter = 0;
   std::shared_ptr<spdlog::logger> log;
 };
 
@@ -108,6 +98,8 @@ proto::CheckpointKind wire_kind(ckpt_kind k) {
   return proto::CheckpointKind::INITIAL;
 }
 
+void deliver(self_ptr self, const std::vector<rendezvous_table::reply>& replies);
+
 void reset_incarnation(self_ptr self, uint32_t incarnation) {
   auto& st = self->state;
   st.cfg.incarnation = incarnation;
@@ -122,9 +114,7 @@ void reset_incarnation(self_ptr self, uint32_t incarnation) {
   st.left.clear();
   st.lost.clear();
   st.refused.clear();
-  for (auto& [name, b] : st.barriers)
-    for (auto& w : b.waiters) w.deliver(barrier_reply(false, "the group restarted (new incarnation)"));
-  st.barriers.clear();
+  deliver(self, st.table.reset("the group restarted (new incarnation)"));
   set_event_identity(launcher_rank, incarnation);
 }
 
@@ -215,17 +205,24 @@ void report_to_host(self_ptr self, uint32_t rank, const std::string& why) {
   }
 }
 
+/// Answers table waiters (gets and barriers) by their ids.
+void deliver(self_ptr self, const std::vector<rendezvous_table::reply>& replies) {
+  auto& st = self->state;
+  for (auto& r : replies) {
+    if (auto it = st.get_waiters.find(r.waiter); it != st.get_waiters.end()) {
+      it->second.deliver(kv_reply(r.ok, r.ok ? &r.value : nullptr, r.error));
+      st.get_waiters.erase(it);
+    } else if (auto bt = st.barrier_waiters.find(r.waiter); bt != st.barrier_waiters.end()) {
+      bt->second.deliver(barrier_reply(r.ok, r.error));
+      st.barrier_waiters.erase(bt);
+    }
+  }
+}
+
 /// A lost member breaks this incarnation's group: rendezvous keys and
 /// barriers still pending can never complete, so they fail now rather than
 /// at their timeouts (the members then wait for the just-in-time round).
-void fail_pending(self_ptr self, const std::string& why) {
-  auto& st = self->state;
-  for (auto& [id, g] : st.gets) g.rp.deliver(kv_reply(false, nullptr, why + " (waiting for key " + g.key + ")"));
-  st.gets.clear();
-  for (auto& [name, b] : st.barriers)
-    for (auto& w : b.waiters) w.deliver(barrier_reply(false, why + " (barrier " + name + ")"));
-  st.barriers.clear();
-}
+void fail_pending(self_ptr self, const std::string& why) { deliver(self, self->state.table.break_group(why)); }
 
 /// `completed`: the member's last completed step as heard (heartbeats).
 void member_lost(self_ptr self, uint32_t rank, loss_reason reason, const std::string& why, uint64_t completed) {
@@ -339,60 +336,38 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         auto& st = self->state;
         auto r = decode(m);
         if (!r) return kv_reply(false, nullptr, r.err().message);
-        auto key = str(r->get().getKey());
-        if (st.kv.count(key)) return kv_reply(false, nullptr, "already exists: " + key);
-        auto& v = st.kv[key] = bytes(r->get().getValue());
-        for (auto it = st.gets.begin(); it != st.gets.end();) {
-          if (it->second.key == key) {
-            it->second.rp.deliver(kv_reply(true, &v, ""));
-            it = st.gets.erase(it);
-          } else {
-            ++it;
-          }
-        }
-        return kv_reply(true, nullptr, "");
+        auto res = st.table.set(str(r->get().getKey()), bytes(r->get().getValue()));
+        deliver(self, res.woken);
+        return kv_reply(res.ok, nullptr, res.error);
       },
       [self](msg<proto::KvGet>& m) -> caf::result<msg<proto::KvReply>> {
         auto& st = self->state;
         auto r = decode(m);
         if (!r) return kv_reply(false, nullptr, r.err().message);
-        auto key = str(r->get().getKey());
-        auto it = st.kv.find(key);
-        if (it != st.kv.end()) return kv_reply(true, &it->second, "");
         auto timeout = r->get().getTimeoutMs();
-        if (timeout == 0) return kv_reply(false, nullptr, "not found: " + key);
-        if (!st.lost.empty())
-          return kv_reply(false, nullptr, "the group lost a member; key " + key + " will not come");
-        auto id = st.next_get++;
+        auto id = st.next_waiter++;
+        auto res = st.table.get(str(r->get().getKey()), id, timeout > 0);
+        using ty = rendezvous_table::get_result::type;
+        if (res.what == ty::found) return kv_reply(true, &res.value, "");
+        if (res.what == ty::failed) return kv_reply(false, nullptr, res.error);
         auto rp = self->make_response_promise<msg<proto::KvReply>>();
-        st.gets.emplace(id, pending_get{key, rp});
+        st.get_waiters.emplace(id, rp);
         self->delayed_send(self, std::chrono::milliseconds(timeout), kv_timeout_atom::value, id);
         return rp;
       },
       [self](kv_timeout_atom, uint64_t id) {
-        auto& st = self->state;
-        auto it = st.gets.find(id);
-        if (it == st.gets.end()) return;
-        it->second.rp.deliver(kv_reply(false, nullptr, "timeout waiting for key " + it->second.key));
-        st.gets.erase(it);
+        if (auto r = self->state.table.expire(id)) deliver(self, {*r});
       },
       [self](msg<proto::Barrier>& m) -> caf::result<msg<proto::BarrierReply>> {
         auto& st = self->state;
         auto r = decode(m);
         if (!r) return barrier_reply(false, r.err().message);
-        auto name = str(r->get().getName());
-        if (!st.lost.empty()) return barrier_reply(false, "the group lost a member; barrier " + name + " cannot complete");
-        auto& b = st.barriers[name];
-        if (b.count == 0) b.count = r->get().getCount();
-        if (b.count != r->get().getCount())
-          return barrier_reply(false, "barrier '" + name + "' count mismatch");
-        b.arrived.insert(r->get().getRank());
+        auto id = st.next_waiter++;
+        auto res = st.table.arrive(str(r->get().getName()), r->get().getRank(), r->get().getCount(), id);
+        if (!res.pending) return barrier_reply(res.ok, res.error);
         auto rp = self->make_response_promise<msg<proto::BarrierReply>>();
-        b.waiters.push_back(rp);
-        if (b.arrived.size() >= b.count) {
-          for (auto& w : b.waiters) w.deliver(barrier_reply(true, ""));
-          st.barriers.erase(name);
-        }
+        st.barrier_waiters.emplace(id, rp);
+        deliver(self, res.released);  // may include this arrival (the last one)
         return rp;
       },
       [self](msg<proto::Ack>& m) {

@@ -53,12 +53,20 @@ std::vector<char> coordinator_store::get(const std::string& key) {
 void coordinator_store::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
 
 void coordinator_store::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  // One deadline for all keys (as Gloo's FileStore::wait): waiting for N
+  // keys must not take N times the timeout.
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + timeout;
   for (auto& k : keys) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+    if (left.count() <= 0)
+      throw gloo::IoException("coordination store wait: timeout after " + std::to_string(timeout.count()) +
+                              " ms waiting for key " + k);
     auto m = make<proto::KvGet>([&](auto b) {
       b.setKey(k);
-      b.setTimeoutMs(static_cast<uint32_t>(timeout.count()));
+      b.setTimeoutMs(static_cast<uint32_t>(left.count()));
     });
-    auto rep = ask(sys_, coord_, std::move(m), timeout);
+    auto rep = ask(sys_, coord_, std::move(m), left);
     auto r = decode(rep);
     if (!r || !r->get().getOk())
       throw gloo::IoException("coordination store wait: " + (r ? str(r->get().getError()) : r.err().message));

@@ -180,8 +180,9 @@ int main(int argc, char** argv) {
 
 #ifndef GRACE_HAVE_CUDA
   // The CUDA backend lives in grace-train-cuda beside this binary, so a CPU
-  // node never loads the CUDA libraries (measured: they add ~400 ms to every
-  // worker's start and exit, which a restart pays on its critical path).
+  // node never loads the CUDA libraries: loading them adds hundreds of ms to
+  // every worker's start and exit, which a restart pays on its critical path
+  // (docs/BENCHMARKS.md).
   std::string cpu_reason = "--device cpu";
   if (device != "cpu") {
     std::error_code ec;

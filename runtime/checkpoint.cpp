@@ -91,8 +91,9 @@ status fsync_dir(const fs::path& d) {
 
 /// Staging for O_DIRECT writes: two 4096-aligned buffers of `io_chunk`
 /// bytes. A pair is kept for the life of the process and reused by later
-/// saves: fresh pages cost 1-2 GB/s to touch here (0.3 GB/s after idle,
-/// STACK-NOTES), which would eat much of what O_DIRECT gains. A second
+/// saves: touching fresh pages runs far below memcpy speed (and slower still
+/// after idle on a VM that hands memory back to its host), which would eat
+/// much of what O_DIRECT gains. A second
 /// concurrent save (another store) gets a pair of its own, freed after.
 class staging_buffers {
 public:
@@ -371,8 +372,8 @@ ssize_t pread_full(int fd, unsigned char* buf, size_t n, off_t off) {
 /// The file must be `expected_size` bytes (the manifest's). Large files are
 /// read with O_DIRECT into the pooled staging buffers, each 64 MiB chunk as
 /// two concurrent 32 MiB reads, the next chunk in flight while this one is
-/// hashed and handed on: no page-cache pages to allocate (slow on this VM,
-/// as for writes) and two requests queued at the disk, where a buffered
+/// hashed and handed on: no page-cache pages to allocate (slow on VMs that
+/// hand idle memory back to the host, as for writes) and two requests queued at the disk, where a buffered
 /// read leaves it to readahead. Small files, and filesystems without
 /// O_DIRECT, are read buffered.
 result<uint64_t> stream_file(const fs::path& p, uint64_t expected_size, const chunk_sink& sink) {
@@ -806,9 +807,9 @@ result<save_stats> checkpoint_store::save(const std::vector<snapshot_tensor>& te
   // fsynced only after the last one is written (all before the manifest):
   // the first fsync commits the journal and makes the host flush the
   // virtual disk's cache for every shard at once, the others find little
-  // left to do. An fsync after each shard made the disk flush at every
-  // shard boundary, and writes slow down while it flushes: 4 GiB in 1 GiB
-  // shards took twice as long as in one shard (BENCHMARKS.md). At most
+  // left to do. An fsync after each shard makes the disk flush at every
+  // shard boundary, and writes slow down while it flushes (measurements:
+  // docs/BENCHMARKS.md). At most
   // `max_unsynced` files wait open, so tiny shards cannot exhaust fds.
   constexpr size_t max_unsynced = 64;
   uint64_t tensor_total = 0;

@@ -148,7 +148,8 @@ public:
   /// from its checkpoint writer thread at attach. Idempotent, thread-safe.
   static void prepare_io_buffers(uint64_t state_bytes);
   /// Reads one byte per page of the prepared staging while no save or
-  /// restore holds it, so this VM does not reclaim the idle pages (a
+  /// restore holds it, so a VM that hands idle memory back to its host does not
+  /// reclaim the idle pages (a
   /// session's warmer thread calls it every 2 s with its snapshot buffers).
   static void keep_io_buffers_warm();
 

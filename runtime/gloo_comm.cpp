@@ -258,10 +258,13 @@ std::shared_ptr<gloo::Context> gloo_comm::connect_abandonable(const std::string&
     } catch (...) {
       err = std::current_exception();
     }
-    std::lock_guard<std::mutex> g(attempt->m);
-    attempt->context = std::move(ctx);
-    attempt->error = err;
-    attempt->done = true;
+    {
+      std::lock_guard<std::mutex> g(attempt->m);
+      attempt->context = std::move(ctx);
+      attempt->error = err;
+      attempt->done = true;
+    }
+    // Not under attempt->m: the waiter takes it inside the token's lock.
     token->notify();
   }).detach();
   auto done = [&] {
@@ -279,11 +282,29 @@ std::shared_ptr<gloo::Context> gloo_comm::connect_abandonable(const std::string&
   return attempt->context;
 }
 
+namespace {
+
+/// Buffers of failed collectives, kept for the life of the process. Each
+/// holds Gloo's transport context, and with it the device thread, which may
+/// still signal them (a pair seeing EOF after an abort calls their
+/// signalException): destroying them while that thread runs is a use after
+/// free (ThreadSanitizer showed the destructor racing signalException).
+/// A failed communicator is followed by a restart, so this stays small.
+void keep_forever(std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& bufs) {
+  static std::mutex m;
+  static auto* kept = new std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>();
+  std::lock_guard<std::mutex> g(m);
+  for (auto& b : bufs) kept->push_back(std::move(b));
+  bufs.clear();
+}
+
+} // namespace
+
 gloo_comm::~gloo_comm() {
   // Pairs close their sockets on destruction; peers see EOF and fail.
   context_.reset();
   device_.reset();
-  graveyard_.clear();
+  keep_forever(graveyard_);
 }
 
 void gloo_comm::abort() {

@@ -93,8 +93,9 @@ private:
   /// waits. False if the comm was aborted already (checked under the same
   /// lock abort() takes, so no abort is lost between check and wait).
   bool arm(std::initializer_list<gloo::transport::UnboundBuffer*> bufs);
-  /// Unregisters them; on failure keeps them alive until destruction (Gloo
-  /// may still reference a buffer with a pending operation).
+  /// Unregisters them; on failure keeps them alive for the life of the
+  /// process (Gloo's device thread may still signal a buffer with a pending
+  /// operation, even after this communicator is gone).
   void release(std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& bufs, bool failed);
   /// Waits for one completion with what is left of the collective's
   /// timeout; throws gloo::IoException when aborted (or Gloo's own on

@@ -201,6 +201,7 @@ struct session::impl {
     auto meta = meta_for(step, kind);
     if (auto b = add_blobs(meta); !b) {
       log->error("checkpoint step {} not taken: {}", step, b.err().message);
+      emit_event("save_failed", {{"step", step}, {"kind", to_string(kind)}, {"error", b.err().message}});
       report_saved(agreement_id, step, false, b.err().message, nullptr, 0, 0);
       return b;
     }
@@ -243,6 +244,7 @@ struct session::impl {
     ctl->post_save({step, static_cast<bool>(r), snap_ns + write_ns});
     if (!r) {
       log->error("checkpoint step {} failed: {}", step, r.err().message);
+      emit_event("save_failed", {{"step", step}, {"kind", to_string(kind)}, {"error", r.err().message}});
       report_saved(id, step, false, r.err().message, nullptr, snap_ns, write_ns);
       return;
     }
@@ -353,7 +355,11 @@ struct session::impl {
           return std::nullopt;
         case ty::save_own:
           log->warn("coordination service lost: the chief saves step {} before exiting", d.step);
-          save(d.step, checkpoint_kind::jit, 0, true);
+          if (auto st = save(d.step, checkpoint_kind::jit, 0, true); !st)
+            return stop(opts.restart_exit_code,
+                        "coordination service lost, and the chief's save of step " + std::to_string(d.step) +
+                            " failed: " + st.err().message,
+                        may_throw);
           continue;
         case ty::wait:
           if (d.new_wait)
@@ -693,7 +699,13 @@ status session::finish() {
   d.writer->wait_idle();
   if (d.cluster.is_chief()) {
     auto s = d.save(d.completed, checkpoint_kind::final, 0, true);
-    if (!s) return s;
+    if (!s) {
+      // An error (issue: nothing durable holds the last steps), said to the
+      // group on the way out so this exit is not taken for a lost member.
+      d.stop(exit_code::fatal, "the final checkpoint at step " + std::to_string(d.completed) +
+                                   " could not be written: " + s.err().message, false);
+      return s;
+    }
     if (!d.opts.keep_checkpoints_on_success) d.remove_backups();
   }
   d.finish_barrier();

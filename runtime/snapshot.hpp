@@ -2,10 +2,10 @@
 /// Snapshots: copy registered tensors into pre-allocated host buffers so the
 /// training loop can continue while a dedicated thread writes them to disk.
 ///
-/// The buffers are allocated once and their pages touched up front: on the
-/// VMs we run on, copying into fresh (unfaulted) memory runs at ~1 GB/s while
-/// copying into warm pages runs at memcpy speed (~14 GB/s), and the snapshot
-/// copy is the part of a checkpoint that stalls training.
+/// The buffers are allocated once and their pages touched up front: on VMs
+/// that hand idle memory back to their host, copying into fresh (unfaulted)
+/// memory is an order of magnitude slower than into warm pages, and the
+/// snapshot copy is the part of a checkpoint that stalls training.
 ///
 /// `checkpoint_writer` is declared here and uses `checkpoint_store` from
 /// runtime/checkpoint.hpp (which includes this header); include that one.

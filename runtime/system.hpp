@@ -19,17 +19,15 @@ struct system_options {
   size_t scheduler_threads = 2;
   /// CAF's `sharing` policy: one queue and a condition variable. The default
   /// work-stealing policy polls (sleeping 50 us between attempts for 25 ms
-  /// after any job), which on 2 cores shared by 8 workers delays every
-  /// protocol hop: SIGTERM -> agreed at N=8 took 1.9-2.5 ms with it and
-  /// 1.6-1.75 ms with sharing (docs/BENCHMARKS.md). Grace's actors are few
-  /// and short-lived per message, so stealing buys nothing.
+  /// after any job), which delays every protocol hop when workers outnumber
+  /// cores (measurements: docs/BENCHMARKS.md). Grace's actors are few and
+  /// short-lived per message, so stealing buys nothing.
   bool sharing_scheduler = true;
   /// BASP worker threads of CAF's middleman (CAF's default is 1 on 2 cores).
   /// 0 deserializes an incoming message on the multiplexer thread and
   /// enqueues it to the actor directly: one thread handoff less per hop.
-  /// Grace's messages are small, so there is nothing to parallelize;
-  /// claim -> agreed went from 1.45 to 1.05 ms (N=2) and 2.4 to 2.1 ms
-  /// (N=8), medians of 5 interleaved runs (docs/BENCHMARKS.md).
+  /// Grace's messages are small, so there is nothing to parallelize
+  /// (measurements: docs/BENCHMARKS.md).
   size_t middleman_workers = 0;
   /// CAF's node-level failure detection is off by default in 0.17; a frozen
   /// peer (SIGSTOP) is never noticed without it. Must match on every node.

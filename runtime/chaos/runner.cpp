@@ -578,6 +578,13 @@ private:
     }
   }
 
+  /// A full disk has done its work once a save failed on it: free it then,
+  /// not on a step estimate that may outrun the job's last save.
+  bool save_failed_since(int64_t t_ns) const {
+    return std::any_of(res_.events.begin(), res_.events.end(),
+                       [&](const event& e) { return e.name == "save_failed" && e.t_ns >= t_ns; });
+  }
+
   /// Advances one fault in progress; true once it is over.
   bool progress_one(active_fault& a, launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
     auto& r = res_.faults[a.idx];
@@ -604,7 +611,7 @@ private:
       case active_fault::wait_for::launcher_exit:
         return false;  // handled after the launcher exits
       case active_fault::wait_for::timer:
-        if (now < a.timer_ns) return false;
+        if (now < a.timer_ns && !(r.f.kind == fault_kind::fs_full && save_failed_since(r.t_ns))) return false;
         for (pid_t p : a.stopped) ::kill(p, SIGCONT);
         if (!a.filler.empty()) {
           std::error_code ec;

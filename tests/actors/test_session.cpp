@@ -2,6 +2,7 @@
 // the coordinator in-process): after a step error the ClusterError makes the
 // peer watcher call the abort handler from an actor thread; run() must not
 // return stop while that call is in flight, and never call it afterwards.
+#include "runtime/checkpoint.hpp"
 #include "runtime/grace.hpp"
 #include "../temp_dir.hpp"
 
@@ -48,6 +49,56 @@ TEST_CASE("session: after a step error, run() returns stop with the abort handle
   CHECK(g.exit_code() == exit_code::fatal);
   CHECK(entered.load() == returned.load());  // no abort still running
   CHECK_FALSE(called_after_stop.load());
+}
+
+TEST_CASE("session: a grace-period countdown while periodic saves are in flight ends in the final save",
+          "[session][grace]") {
+  // The chief computes the final-save margin from measured save times while
+  // the writer thread finishes periodic saves: the times reach the trainer
+  // only through the control block (under ThreadSanitizer this test is
+  // where a shared vector between the two threads would show).
+  spdlog::set_level(spdlog::level::err);
+  temp_dir dir;
+  options o;
+  o.checkpoint_dir = dir.path.string();
+  o.cluster = cluster_config{};  // local mode
+  o.save_every_steps = 1;        // a periodic save after every step: one is always in flight
+  o.keep_last = 1000;
+  o.grace_period = std::chrono::milliseconds(800);
+  session g(o);
+  std::vector<float> w(1 << 20, 0.5f);  // 4 MiB: a write takes a while
+  g.register_tensor({"w", dtype::f32, {int64_t(w.size())}, w.data()});
+  auto start = g.attach();
+  REQUIRE(start.ok());
+  auto step = [&](uint64_t s) {
+    for (size_t i = 0; i < w.size(); i += 4096) w[i] += float(s);
+  };
+  for (int i = 0; i < 5; ++i) REQUIRE(g.run(step) == step_result::ok);
+  g.notify("test: preemption with a grace period");
+  step_result r = step_result::ok;
+  uint64_t steps = 0;
+  while (r == step_result::ok && steps < 100000) {
+    r = g.run(step);
+    ++steps;
+  }
+  REQUIRE(r == step_result::stop);
+  CHECK(g.exit_code() == exit_code::restart);
+  CHECK(g.stop_reason().rfind("preempted: checkpoint at step " + std::to_string(g.completed_steps()), 0) == 0);
+  // Training went on after the notice's first save (agreed at step 6 or 7)
+  // until the final save, committed at the step the worker stopped at.
+  // With a periodic save after every step, both agreed saves found their
+  // step on disk already and reported it instead of writing it again.
+  CHECK(g.completed_steps() > 7);
+  checkpoint_store store(dir.path, 1000);
+  uint64_t newest = 0;
+  size_t valid = 0;
+  for (auto& c : store.list()) {
+    INFO("checkpoint " << c.step << " kind " << c.kind << (c.valid ? "" : " invalid: " + c.reason));
+    CHECK(c.valid);
+    if (c.valid) ++valid, newest = std::max(newest, c.step);
+  }
+  CHECK(newest == g.completed_steps());
+  CHECK(valid == g.completed_steps());  // one per step, none torn
 }
 
 TEST_CASE("session: blobs are saved with every checkpoint and handed back in attach", "[session]") {

@@ -50,7 +50,8 @@ std::vector<std::unique_ptr<gloo_comm>> connect_all(int world,
   return comms;
 }
 
-/// Runs fn(rank) on one thread per rank and joins them.
+/// Runs fn(rank) on one thread per rank and joins them. Catch2 v2's
+/// assertions are not thread-safe: `fn` records, the caller asserts.
 void on_all_ranks(int world, const std::function<void(int)>& fn) {
   std::vector<std::thread> ts;
   for (int r = 0; r < world; ++r) ts.emplace_back(fn, r);
@@ -113,12 +114,14 @@ TEST_CASE("gloo_comm: allreduce is bit-identical across ranks and runs", "[gloo]
   auto run = [&] {
     auto comms = connect_all(world);
     std::vector<std::vector<float>> data(world);
+    std::vector<int> ok(world, 0);
     on_all_ranks(world, [&](int r) {
       data[r].resize(n);
       // Values whose sums round, so summation order shows in the bits.
       for (size_t i = 0; i < n; ++i) data[r][i] = kernels::normal(42, 1, uint64_t(r), i) * 1e3f;
-      for (int rep = 0; rep < 3; ++rep) REQUIRE(comms[r]->allreduce_sum(data[r].data(), n).ok());
+      for (int rep = 0; rep < 3; ++rep) ok[r] += comms[r]->allreduce_sum(data[r].data(), n).ok();
     });
+    for (int r = 0; r < world; ++r) REQUIRE(ok[r] == 3);
     for (int r = 1; r < world; ++r)
       CHECK(std::memcmp(data[0].data(), data[r].data(), n * sizeof(float)) == 0);
     return data[0];
@@ -252,17 +255,20 @@ TEST_CASE("mlp + gloo_comm: 2-worker training is bit-identical across workers an
     auto comms = connect_all(world);
     outcome out{};
     std::vector<float> losses(steps);
+    std::vector<uint64_t> ok(world, 0);
     on_all_ranks(world, [&](int r) {
       mlp m(cfg);
       for (uint64_t s = 0; s < steps; ++s) {
         float loss = m.compute_gradients(s, r, world);
-        REQUIRE(comms[r]->allreduce_sum(m.grad_data(), m.grad_size()).ok());
-        REQUIRE(comms[r]->allreduce_sum(&loss, 1).ok());
+        if (!comms[r]->allreduce_sum(m.grad_data(), m.grad_size()).ok()) return;
+        if (!comms[r]->allreduce_sum(&loss, 1).ok()) return;
         m.apply_gradients();
         if (r == 0) losses[s] = loss;
+        ++ok[r];
       }
       out.checksum[r] = m.weights_checksum();
     });
+    for (int r = 0; r < world; ++r) REQUIRE(ok[r] == steps);
     out.first_loss = losses.front();
     out.last_loss = losses.back();
     return out;
@@ -425,7 +431,10 @@ TEST_CASE("gloo_comm: a rendezvous with a cancel token that is never raised conn
     comms.push_back(std::move(c.value()));
   }
   std::vector<float> a{1, 2}, b{10, 20};
-  on_all_ranks(2, [&](int r) { REQUIRE(comms[r]->allreduce_sum(r == 0 ? a.data() : b.data(), 2).ok()); });
+  std::vector<status> st(2);
+  on_all_ranks(2, [&](int r) { st[r] = comms[r]->allreduce_sum(r == 0 ? a.data() : b.data(), 2); });
+  CHECK(st[0].ok());
+  CHECK(st[1].ok());
   CHECK(a == std::vector<float>{11, 22});
   CHECK(b == a);
 }

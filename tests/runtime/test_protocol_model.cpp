@@ -101,6 +101,9 @@ struct scenario {
   bool deadline = false;
   bool late_join = false;
   uint64_t horizon = restored + 1;  ///< steps a member may complete: +1 lets members differ by one
+  /// Start in a grace-period countdown: a notice with a deadline was agreed
+  /// at the restored step, saved and committed, and training goes on.
+  bool in_countdown = false;
 };
 
 /// Appends raw bytes of plain fields: the state key is hashed, never read.
@@ -175,8 +178,29 @@ public:
     w.deaths = sc_.deaths;
     w.save_failures = sc_.save_failures;
     w.coordinator_deaths = sc_.coordinator_deaths;
-    w.has_deadline = sc_.deadline;
+    w.has_deadline = sc_.deadline || sc_.in_countdown;
+    if (sc_.in_countdown) enter_countdown(w);
     explore(w);
+  }
+
+  /// The agreement and every worker as they are once the first save of a
+  /// notice with a grace period committed (the countdown runs).
+  void enter_countdown(world& w) {
+    auto acts = w.coord.on_claim(1, restored, deadline);
+    uint64_t id = w.coord.current_id();
+    for (uint32_t r = 0; r < N; ++r) acts = w.coord.on_ack(r, id, restored);
+    REQUIRE(w.coord.phase() == agreement_phase::saving);
+    w.coord.on_saved(0, id, restored, true, "");
+    REQUIRE(w.coord.phase() == agreement_phase::countdown);
+    w.wins = 1;
+    w.fault = true;
+    for (auto& x : w.m) {
+      x.ctl.deadline_ns = deadline;
+      x.ctl.committed = commit_info{id, restored, false};
+      x.policy.reached(id);
+      x.pending = true;
+      x.dirty = true;
+    }
   }
 
 private:
@@ -599,7 +623,14 @@ TEST_CASE("protocol model: two deaths with and without a notice", "[model]") {
 TEST_CASE("protocol model: grace period final save and a death anywhere in it", "[model][grace]") {
   // Two steps of room: the initial save, training on, the final save.
   explore({1, 0, 0, 0, true, false, restored + 2});
-  explore({1, 1, 0, 0, true, false, restored + 2});
+  // From a running countdown (the first save committed): a death, a second
+  // notice, or both, anywhere up to and through the final save.
+  scenario countdown;
+  countdown.in_countdown = true;
+  countdown.deaths = 1;
+  explore(countdown);
+  countdown.notices = 1;
+  explore(countdown);
 }
 
 TEST_CASE("protocol model: a save that fails alone and with a death", "[model]") {

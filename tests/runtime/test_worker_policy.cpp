@@ -72,7 +72,7 @@ TEST_CASE("worker_policy: a shutdown order stops with its code", "[policy]") {
   CHECK(d.code == 43);
 }
 
-TEST_CASE("worker_policy: a proposal above the completed step runs on, at it waits", "[policy]") {
+TEST_CASE("worker_policy: a proposal above the completed step runs on at it waits", "[policy]") {
   worker_policy p(cfg(), 0);
   control_state s;
   s.order = order(1, 10, ckpt_kind::initial, false);
@@ -93,7 +93,7 @@ TEST_CASE("worker_policy: a proposal above the completed step runs on, at it wai
   CHECK(late.message.find("100 ms") != std::string::npos);
 }
 
-TEST_CASE("worker_policy: the agreed step is reached once, then the saver saves, exit waits for the commit",
+TEST_CASE("worker_policy: the agreed step is reached once: the saver saves exit waits for the commit",
           "[policy]") {
   worker_policy saver(cfg(0, true), 0), other(cfg(1), 0);
   control_state s;
@@ -128,7 +128,7 @@ TEST_CASE("worker_policy: past the agreed step is a protocol violation", "[polic
   CHECK(d.code == 3);
 }
 
-TEST_CASE("worker_policy: a grace-period save hands off and training continues, then the chief proposes the final",
+TEST_CASE("worker_policy: a grace-period save hands off and training continues: the chief proposes the final",
           "[policy]") {
   worker_policy chief(cfg(0, true), 0);
   control_state s;
@@ -162,7 +162,7 @@ TEST_CASE("worker_policy: a grace-period save hands off and training continues, 
   CHECK(other.next(s, at(8, 999 * ms)).what == ty::run_clear);
 }
 
-TEST_CASE("worker_policy: a just-in-time round: acknowledge once, then the saver saves and all wait", "[policy]") {
+TEST_CASE("worker_policy: a just-in-time round: acknowledge once then the saver saves and all wait", "[policy]") {
   worker_policy p(cfg(1), 0);
   control_state s;
   s.lost = loss_info{loss_kind::peer_dead, 2, 7, "dead"};
@@ -211,7 +211,7 @@ TEST_CASE("worker_policy: a commit without a save (state already durable) stops 
   CHECK(d.message == "peer lost; just-in-time checkpoint at step 20 committed");
 }
 
-TEST_CASE("worker_policy: a lost peer waits for the verdict, not for a fixed time", "[policy]") {
+TEST_CASE("worker_policy: a lost peer waits for the verdict not for a fixed time", "[policy]") {
   worker_policy p(cfg(1), 0);
   control_state s;
   s.lost = loss_info{loss_kind::peer_dead, 3, 7, "dead: connection lost"};
@@ -238,7 +238,7 @@ TEST_CASE("worker_policy: a failed collective never runs the step again", "[poli
   CHECK(late.message.find("step 8 failed in a collective") != std::string::npos);
 }
 
-TEST_CASE("worker_policy: the coordinator lost: the chief saves a newer step, then everyone stops", "[policy]") {
+TEST_CASE("worker_policy: the coordinator lost: the chief saves a newer step then everyone stops", "[policy]") {
   control_state s;
   s.coordinator_gone = true;
   worker_policy chief(cfg(0, true), 10);
@@ -281,7 +281,7 @@ TEST_CASE("worker_policy: the coordinator lost during a just-in-time round: the 
   CHECK(c2.next(u, at(12)).what == ty::save_own);
 }
 
-TEST_CASE("worker_policy: an error of the step's own waits for its broadcast, then stops fatally", "[policy]") {
+TEST_CASE("worker_policy: an error of the step's own waits for its broadcast then stops fatally", "[policy]") {
   worker_policy p(cfg(2), 0);
   control_state s;
   auto in = at(39, 0, boundary_mode::own_error);
