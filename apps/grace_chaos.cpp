@@ -25,6 +25,23 @@ namespace {
 
 constexpr int exit_pass = 0, exit_fail = 1, exit_usage = 2, exit_harness = 4;
 
+/// `name` as execvp would find it: itself when it has a '/', else the first
+/// executable of that name on PATH (unchanged when there is none).
+std::string on_path(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (size_t p = 0; p <= dirs.size();) {
+    auto q = dirs.find(':', p);
+    auto dir = dirs.substr(p, q == std::string::npos ? std::string::npos : q - p);
+    auto candidate = (dir.empty() ? fs::path(".") : fs::path(dir)) / name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate.string();
+    if (q == std::string::npos) break;
+    p = q + 1;
+  }
+  return name;
+}
+
 std::string sibling(const char* env, const std::string& name) {
   if (const char* e = std::getenv(env); e && *e) return e;
   std::error_code ec;
@@ -55,6 +72,14 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
   nlohmann::json key = {{"workers", base.workers}, {"steps", base.steps}, {"save_every", base.save_every},
                         {"trainer_args", base.trainer_args}, {"trainer", fs::absolute(base.trainer, ec).string()},
                         {"trainer_size", st.st_size}, {"trainer_mtime", st.st_mtime}};
+  // A script after an interpreter determines the weights as much as a binary.
+  for (auto& a : base.trainer_prefix) {
+    struct stat ps {};
+    if (::stat(a.c_str(), &ps) == 0 && S_ISREG(ps.st_mode))
+      key["trainer_prefix"].push_back({a, ps.st_size, ps.st_mtime});
+    else
+      key["trainer_prefix"].push_back(a);
+  }
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(key.dump()));
   fs::create_directories(cache_dir, ec);
@@ -138,7 +163,8 @@ int main(int argc, char** argv) {
                "  grace-chaos --seed 7 --faults 4 --out /tmp/chaos\n"
                "  grace-chaos --schedule faults.json --out /tmp/chaos\n"
                "  grace-chaos --soak 50 --seed 1000 --out /tmp/soak\n"
-               "  grace-chaos --soak 200 --seed 1 --overlap 0.7 --out /tmp/soak   # faults on top of faults"};
+               "  grace-chaos --soak 200 --seed 1 --overlap 0.7 --out /tmp/soak   # faults on top of faults\n"
+               "  grace-chaos --seed 7 --out /tmp/chaos -- /usr/bin/python3 examples/pytorch_train.py"};
   run_config cfg;
   uint64_t seed = 1;
   int faults = 3, soak = 0;
@@ -179,12 +205,23 @@ int main(int argc, char** argv) {
   app.add_flag("--no-reference", no_reference, "skip the reference run (bit_identical is SKIP)");
   app.add_flag("--print-schedule", print_only, "print the schedule and exit");
   app.add_flag("-v,--verbose", cfg.verbose, "log each launch and fault");
+  std::vector<std::string> command;
+  app.add_option("command", command, "trainer command after --, instead of --trainer (e.g. an interpreter "
+                                     "and its script); it gets grace-train's flags appended");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : exit_usage;
   }
   cfg.trainer_args = trainer_args;
+  if (!command.empty()) {
+    if (!cfg.trainer.empty()) {
+      std::fprintf(stderr, "grace-chaos: give the trainer either as --trainer or after --, not both\n");
+      return exit_usage;
+    }
+    cfg.trainer = on_path(command.front());
+    cfg.trainer_prefix.assign(command.begin() + 1, command.end());
+  }
   cfg.job_timeout_ms = int64_t(timeout_s) * 1000;
   if (cfg.trainer.empty()) cfg.trainer = sibling("GRACE_TRAIN", "grace-train");
   if (cfg.launcher.empty()) cfg.launcher = sibling("GRACE_LAUNCH", "grace-launch");

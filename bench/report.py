@@ -48,7 +48,8 @@ def yes(b):
 rtt_idle = med("rtt", "median_us", busy=0)
 rtt_busy = med("rtt", "median_us", busy=1)
 rtt_txt = "RTT %s idle / %s busy" % (fmt(rtt_idle, "us", 1), fmt(rtt_busy, "us", 1))
-add("1 loopback TCP round trip (baseline)", fmt(rtt_idle, "us idle", 1), fmt(rtt_busy, "us busy", 1), "-", "-", "-")
+if rtt_idle is not None:  # absent in a BENCH_PYTHON_ONLY run, as every C++ row below
+    add("1 loopback TCP round trip (baseline)", fmt(rtt_idle, "us idle", 1), fmt(rtt_busy, "us busy", 1), "-", "-", "-")
 
 groups = {}
 for r in sel("group"):
@@ -99,7 +100,7 @@ for trainer in TRAINERS:
         if errs:
             add("   N=%d%s failed runs" % (n, tag(trainer)), str(len(errs)), errs[0]["error"][:60], "-", "-", "-")
 
-for mbr in (64, 256):
+for mbr in (64, 256) if sel("agreement") else ():
     a = med("agreement", "median_ns", members=mbr)
     add("1d agreement alone, %d members (state machine)" % mbr, fmt(a / 1e3 if a else None, "us"), rtt_txt,
         "-", "< 2 ms", yes(a is not None and a < 2e6))
@@ -108,9 +109,10 @@ for mbr in (64, 256):
         yes(c is not None and c < 2))
 
 ov = med("step", "overhead_ns")
-add("2 per-step cost of run(step_fn), nothing pending", fmt(med("step", "run_ns"), "ns", 1),
-    "direct call %s" % fmt(med("step", "direct_ns"), "ns", 1), "+%s" % fmt(ov, "ns", 1), "< 100 ns",
-    yes(ov is not None and ov < 100))
+if ov is not None:
+    add("2 per-step cost of run(step_fn), nothing pending", fmt(med("step", "run_ns"), "ns", 1),
+        "direct call %s" % fmt(med("step", "direct_ns"), "ns", 1), "+%s" % fmt(ov, "ns", 1), "< 100 ns",
+        yes(ov < 100))
 
 for b in sorted({r["bytes"] for r in sel("ckpt")}):
     lab = "%d MiB" % (b >> 20) if b < (1 << 30) else "%d GiB" % (b >> 30)
@@ -236,6 +238,48 @@ for key, what in (("agreement_kill", "SIGKILL during an agreement"), ("saver_kil
 for r in sel("overlap"):
     if "error" in r:
         add("7c overlap run failed", r["error"][:60], "-", "-", "-", "no")
+
+# 8: the Python module and the PyTorch trainer.
+for blobs in (0, 1):
+    o = med("py_steps", "overhead_ns", blobs=blobs)
+    if o is None:
+        continue
+    what = "with RNG + sampler blobs" if blobs else "nothing registered but a tensor"
+    add("8a per-step cost of `for step in g.steps(n)`, %s" % what, fmt(med("py_steps", "steps_ns", blobs=blobs), "ns", 0),
+        "range(n) %s" % fmt(med("py_steps", "range_ns", blobs=blobs), "ns", 1), "+%s" % fmt(o, "ns", 0),
+        "< 1 us" if not blobs else "-", yes(o < 1000) if not blobs else "-")
+for b in sorted({r["bytes"] for r in sel("py_save")}):
+    lab = "%d MiB" % (b >> 20) if b < (1 << 30) else "%d GiB" % (b >> 30)
+    for which, what in (("first_s", "first save of a process"), ("steady_s", "back to back")):
+        gs, ts = med("py_save", which, impl="grace", bytes=b), med("py_save", which, impl="torch", bytes=b)
+        if gs and ts:
+            add("8b PyTorch model+AdamW %s saved, %s" % (lab, what), fmt(gs * 1e3, "ms", 0),
+                "torch.save+fsync %s" % fmt(ts * 1e3, "ms", 0), "%.2fx" % (ts / gs), ">= 2.5x", yes(ts / gs >= 2.5))
+    snap, cp = med("py_save", "snapshot_ms", impl="grace", bytes=b), med("py_save", "memcpy_ms", impl="grace", bytes=b)
+    if snap and cp:
+        # The ratio pairs each process's snapshot with its own memcpy (taken
+        # right before it): the load on this shared machine moves both.
+        ratio = median([r["snapshot_ms"] / r["memcpy_ms"] for r in sel("py_save", impl="grace", bytes=b)
+                        if r.get("snapshot_ms") and r.get("memcpy_ms")])
+        add("8c training stall per save, PyTorch state %s" % lab, fmt(snap, "ms", 1), "memcpy %s" % fmt(cp, "ms", 1),
+            "%.2fx" % ratio, "<= 1.2x", yes(ratio <= 1.2))
+        ts = med("py_save", "first_s", impl="torch", bytes=b)
+        if ts:
+            add("8d   the same stall vs torch.save+fsync blocking training", fmt(snap, "ms", 1),
+                "torch %s" % fmt(ts * 1e3, "ms", 0), "%.0fx less" % (ts * 1e3 / snap), "-", "-")
+for n in sorted(k[1] for k in groups if k[0] == "pytorch"):
+    g = groups[("pytorch", n)]
+    first = median([r.get("exit_to_first_step_ms") for r in g])
+    ready = median([r.get("exit_to_ready_ms") for r in g])
+    t = median(torch_restart.get(n, []))
+    if t:
+        base, ratio, met = "torchrun %s (exit -> process group ready)" % fmt(t, "ms", 0), "%.2fx" % (t / first), yes(t / first >= 10)
+    else:
+        base, ratio, met = "not measured: torchrun not run for %d workers" % n, "-", "n/a"
+    add("8e restart PyTorch trainer N=%d: exit(42) -> first resumed step" % n, fmt(first, "ms", 0), base, ratio,
+        ">= 10x", met)
+    add("   of which exit -> group started / every worker in its first step", fmt(median(
+        [r.get("exit_to_group_started_ms") for r in g]), "ms", 0), "ready %s" % fmt(ready, "ms", 0), "-", "-", "-")
 
 w = [max(len(str(r[i])) for r in table + [("row", "measured", "baseline (same run)", "ratio", "goal", "met?")])
      for i in range(6)]

@@ -3,7 +3,7 @@
 groups hit with signals, and torchrun's restart, timed from the structured
 events (GRACE_EVENTS_FILE) and wall-clock stamps. One JSON object per line.
 
-  scenario.py grace --launch L --train T --nproc N --work DIR [--kill]
+  scenario.py grace --launch L (--train T | --train-cmd 'CMD ARGS') --nproc N --work DIR [--kill]
       one group: SIGTERM to rank 1 -> reaction (agreed, committed, all
       exited) and restart (exit -> collectives ready -> first step); then,
       with --kill, SIGKILL of rank 1 in the restarted group (just-in-time
@@ -19,6 +19,7 @@ events (GRACE_EVENTS_FILE) and wall-clock stamps. One JSON object per line.
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -114,8 +115,9 @@ def grace_group(a):
     os.makedirs(work)
     events_path = os.path.join(work, "events.jsonl")
     env = dict(os.environ, GRACE_EVENTS_FILE=events_path)
+    train = shlex.split(a.train_cmd) if a.train_cmd else [a.train]
     cmd = [a.launch, "--nproc", str(a.nproc), "--checkpoint-dir", os.path.join(work, "ckpt"), "--max-restarts", "3",
-           "--quiet", "--", a.train, "--steps", "1000000", "--step-delay-ms", str(a.step_delay_ms)]
+           "--quiet", "--"] + train + ["--steps", "1000000", "--step-delay-ms", str(a.step_delay_ms)]
     if a.hidden:
         cmd += ["--hidden", a.hidden]
     log = open(os.path.join(work, "launch.log"), "w")
@@ -339,6 +341,8 @@ def main():
     p.add_argument("mode", choices=["grace", "torchrun", "overlap"])
     p.add_argument("--launch")
     p.add_argument("--train")
+    p.add_argument("--train-cmd", default="", help="a trainer command instead of --train (e.g. "
+                   "'/usr/bin/python3 examples/pytorch_train.py'; it takes grace-train's flags)")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--work", default="/tmp/grace-scenario")
     p.add_argument("--kill", action="store_true")

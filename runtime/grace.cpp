@@ -7,6 +7,7 @@
 #include "actors/kv_store.hpp"
 #include "actors/peer_watcher.hpp"
 #include "actors/signal_watcher.hpp"
+#include "runtime/base64.hpp"
 #include "runtime/checkpoint.hpp"
 #include "runtime/control.hpp"
 #include "runtime/deadline.hpp"
@@ -56,6 +57,11 @@ struct session::impl {
   std::shared_ptr<spdlog::logger> log;
   std::vector<tensor_ref> tensors;
   std::map<std::string, int64_t*> counters;
+  struct blob_hooks {
+    std::function<std::string()> save;
+    std::function<void(const std::string&)> restore;
+  };
+  std::map<std::string, blob_hooks> blobs;
 
   std::unique_ptr<actor_runtime> rt;
   coordinator_actor coord;
@@ -104,6 +110,8 @@ struct session::impl {
   std::string reason;
   int64_t last_periodic_ns = 0;
   bool first_step_logged = false;
+  bool in_step = false;  // between begin() and complete() / a failure
+  int64_t step_t0 = 0;
 
   /// The newest save as the writer thread finished it: a later agreement
   /// for the same step (a just-in-time round after a loss during the save)
@@ -137,6 +145,46 @@ struct session::impl {
     return m;
   }
 
+  static std::string blob_key(const std::string& name) { return "grace.blob." + name; }
+
+  /// The registered blobs, base64 in the metadata; an error names the blob.
+  status add_blobs(checkpoint_meta& m) {
+    for (auto& [name, h] : blobs) {
+      std::string bytes;
+      try {
+        bytes = h.save();
+      } catch (const std::exception& e) {
+        return error{errc::failed, "blob '" + name + "': its save callback raised: " + e.what()};
+      }
+      if (bytes.size() > max_blob_bytes)
+        return error{errc::invalid_input, "blob '" + name + "' is " + std::to_string(bytes.size()) +
+                                              " bytes, above the " + std::to_string(max_blob_bytes) +
+                                              "-byte limit for manifest blobs: register it as a tensor"};
+      m.metadata[blob_key(name)] = base64_encode(bytes);
+    }
+    return {};
+  }
+
+  /// Hands every registered blob its restored bytes (attach, after a restore).
+  status restore_blobs(const restored_checkpoint& r) {
+    for (auto& [name, h] : blobs) {
+      auto it = r.manifest.metadata.find(blob_key(name));
+      if (it == r.manifest.metadata.end())
+        return error{errc::invalid_input, r.path.string() + " has no blob '" + name +
+                                              "': it was written by a trainer that did not register it"};
+      auto bytes = base64_decode(it->second);
+      if (!bytes)
+        return error{errc::invalid_input, "blob '" + name + "' in " + r.path.string() + " is not valid base64"};
+      try {
+        h.restore(*bytes);
+      } catch (const std::exception& e) {
+        return error{errc::invalid_input, "restoring blob '" + name + "' from " + r.path.string() +
+                                              " failed: " + e.what()};
+      }
+    }
+    return {};
+  }
+
   /// Reports a save of `step` that is already on disk under agreement `id`.
   bool reuse_save(uint64_t step, uint64_t id) {
     std::lock_guard<std::mutex> g(last_save_m);
@@ -152,6 +200,13 @@ struct session::impl {
   status save(uint64_t step, checkpoint_kind kind, uint64_t agreement_id, bool sync) {
     writer->wait_idle(); // the buffers of the previous write are free again
     if (reuse_save(step, agreement_id)) return {};
+    auto meta = meta_for(step, kind);
+    if (auto b = add_blobs(meta); !b) {
+      log->error("checkpoint step {} not taken: {}", step, b.err().message);
+      emit_event("save_failed", {{"step", step}, {"kind", to_string(kind)}, {"error", b.err().message}});
+      report_saved(agreement_id, step, false, b.err().message, nullptr, 0, 0);
+      return b;
+    }
     auto t0 = mono_ns();
     auto st = buffers->capture(tensors);
     auto snap_ns = mono_ns() - t0;
@@ -163,8 +218,8 @@ struct session::impl {
     auto done = std::make_shared<std::promise<status>>();
     auto fut = done->get_future();
     auto t1 = mono_ns();
-    writer->submit(buffers, meta_for(step, kind), [this, agreement_id, step, snap_ns, t1, done,
-                                                   kind](result<save_stats> r) {
+    writer->submit(buffers, std::move(meta), [this, agreement_id, step, snap_ns, t1, done,
+                                              kind](result<save_stats> r) {
       on_written(step, kind, agreement_id, snap_ns, mono_ns() - t1, r);
       done->set_value(r ? status{} : status{r.err()});
     });
@@ -352,6 +407,7 @@ struct session::impl {
   /// is already known) waits for the cluster's verdict; an error of the
   /// step's own is reported to everyone first.
   step_result after_step_error(uint64_t k, bool collective, const std::string& what) {
+    in_step = false;
     // An error while a failure is known is its consequence (an aborted
     // collective surfacing as some other exception).
     if (!collective) collective = ctl->failure_known();
@@ -367,6 +423,34 @@ struct session::impl {
     }));
     if (auto s = boundary(k, boundary_mode::own_error, what)) return *s;
     return stop(exit_code::fatal, "error in step " + std::to_string(k) + ": " + what);
+  }
+
+  /// Before step k = completed + 1: nullopt to run it, or a stop.
+  std::optional<step_result> begin() {
+    if (!attached) return stop(exit_code::usage, "a step before attach()");
+    const uint64_t k = completed + 1;
+    ctl->started.store(k, std::memory_order_seq_cst);
+    if (ctl->pending.load(std::memory_order_seq_cst)) {
+      if (auto s = boundary(k, boundary_mode::step_start)) return s;
+    }
+    in_step = true;
+    step_t0 = mono_ns();
+    return std::nullopt;
+  }
+
+  /// Step k finished: count it; the chief takes a periodic save when due.
+  void complete(uint64_t k) {
+    in_step = false;
+    auto dt = mono_ns() - step_t0;
+    completed = k;
+    ctl->completed.store(k, std::memory_order_seq_cst);
+    ctl->last_step_ns.store(dt, std::memory_order_relaxed);
+    policy->step_time(dt);
+    if (!first_step_logged) {
+      first_step_logged = true;
+      emit_event("first_step", {{"step", k}, {"ns", dt}});
+    }
+    if (cluster.is_chief()) maybe_periodic_save(k);
   }
 };
 
@@ -393,6 +477,10 @@ session::~session() {
 
 void session::register_tensor(tensor_ref t) { impl_->tensors.push_back(std::move(t)); }
 void session::register_counter(const std::string& name, int64_t* value) { impl_->counters[name] = value; }
+void session::register_blob(const std::string& name, std::function<std::string()> save,
+                            std::function<void(const std::string&)> restore) {
+  impl_->blobs[name] = impl::blob_hooks{std::move(save), std::move(restore)};
+}
 
 result<uint64_t> session::attach() {
   auto& d = *impl_;
@@ -446,6 +534,7 @@ status session::impl::restore() {
       auto it = restored->manifest.counters.find(name);
       if (it != restored->manifest.counters.end()) *p = it->second;
     }
+    if (auto b = restore_blobs(*restored); !b) return b;
     log->info("restored step {} from {} ({} tensors, {:.1f} ms)", completed, restored->path.string(),
               restored->loaded.size(), (mono_ns() - t0) / 1e6);
     emit_event("restored", {{"step", completed}, {"path", restored->path.string()}, {"ns", mono_ns() - t0}});
@@ -577,13 +666,8 @@ void session::impl::start_signal_watcher() {
 
 step_result session::run(const std::function<void(uint64_t)>& fn) {
   auto& d = *impl_;
-  if (!d.attached) return d.stop(exit_code::usage, "run() before attach()");
+  if (auto s = d.begin()) return *s;
   const uint64_t k = d.completed + 1;
-  d.ctl->started.store(k, std::memory_order_seq_cst);
-  if (d.ctl->pending.load(std::memory_order_seq_cst)) {
-    if (auto s = d.boundary(k, boundary_mode::step_start)) return *s;
-  }
-  auto t0 = mono_ns();
   try {
     fn(k);
   } catch (const step_failure& e) {
@@ -591,17 +675,24 @@ step_result session::run(const std::function<void(uint64_t)>& fn) {
   } catch (const std::exception& e) {
     return d.after_step_error(k, false, e.what());
   }
-  auto dt = mono_ns() - t0;
-  d.completed = k;
-  d.ctl->completed.store(k, std::memory_order_seq_cst);
-  d.ctl->last_step_ns.store(dt, std::memory_order_relaxed);
-  d.policy->step_time(dt);
-  if (!d.first_step_logged) {
-    d.first_step_logged = true;
-    emit_event("first_step", {{"step", k}, {"ns", dt}});
-  }
-  if (d.cluster.is_chief()) d.maybe_periodic_save(k);
+  d.complete(k);
   return step_result::ok;
+}
+
+step_result session::begin_step() {
+  if (impl_->in_step) throw std::logic_error("begin_step() twice without end_step() or fail_step()");
+  if (auto s = impl_->begin()) return *s;
+  return step_result::ok;
+}
+
+void session::end_step() {
+  if (!impl_->in_step) throw std::logic_error("end_step() without begin_step()");
+  impl_->complete(impl_->completed + 1);
+}
+
+step_result session::fail_step(const std::string& what, bool collective) {
+  if (!impl_->attached) return impl_->stop(exit_code::usage, "fail_step() before attach()");
+  return impl_->after_step_error(impl_->completed + 1, collective, what);
 }
 
 void session::impl::maybe_periodic_save(uint64_t k) {

@@ -17,6 +17,7 @@
 #include "runtime/tensor.hpp"
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -60,6 +61,10 @@ struct options {
 
 enum class step_result { ok, stop };
 
+/// Largest blob (bytes before base64) session::register_blob saves: blobs
+/// live in the manifest, which every restore and `grace-ckpt` parses whole.
+constexpr size_t max_blob_bytes = size_t(1) << 20;
+
 /// Thrown by run() when options::throw_on_stop is set; exit with code().
 class stop_requested : public std::runtime_error {
 public:
@@ -92,6 +97,15 @@ public:
   void register_tensor(tensor_ref t);
   /// Registers a counter saved in the manifest (epoch, samples seen...).
   void register_counter(const std::string& name, int64_t* value);
+  /// Registers a small byte string saved with every checkpoint (before
+  /// attach()): RNG states, a data sampler's position. `save` is called on
+  /// the trainer thread at each checkpoint, at the same step boundary as the
+  /// snapshot; `restore` in attach() with the restored checkpoint's bytes
+  /// (a restored checkpoint without the blob is an error, as for tensors).
+  /// Kept base64 in the manifest's metadata ("grace.blob.<name>"); a blob
+  /// over max_blob_bytes, or a `save` that throws, fails that save.
+  void register_blob(const std::string& name, std::function<std::string()> save,
+                     std::function<void(const std::string&)> restore);
 
   /// Joins the cluster, restores the newest valid checkpoint (if any) and
   /// returns the number of completed steps: resume at the next one.
@@ -99,6 +113,19 @@ public:
 
   /// Runs step `completed_steps() + 1` with preemption handling.
   step_result run(const std::function<void(uint64_t step)>& fn);
+
+  /// run() in three calls, for a caller that cannot hand Grace its step as
+  /// a function (a Python `for step in g.steps(n)` loop). begin_step():
+  /// ok to run step completed_steps() + 1 now, or stop, as run() decides
+  /// before calling its function. After the step's work, end_step() counts
+  /// it (and takes a periodic checkpoint when one is due); when the work
+  /// failed, fail_step() instead, which returns stop: `collective` for a
+  /// failed collective (as grace::step_failure: wait for the coordinator's
+  /// verdict), otherwise an error in the step (reported to every worker).
+  /// run(fn) is exactly begin_step(); fn(k); end_step() / fail_step().
+  step_result begin_step();
+  void end_step();
+  step_result fail_step(const std::string& what, bool collective);
 
   /// After the last step: final checkpoint, backup cleanup, leave.
   status finish();

@@ -29,9 +29,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <netinet/in.h>
 #include <poll.h>
 #include <random>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -235,6 +237,54 @@ void fetch_newer_checkpoint(caf::actor_system& sys, coordinator_actor& coord, co
   emit_event("fetched", {{"step", plan->step}, {"from", plan->endpoint}, {"bytes", *r}, {"ns", ns}});
 }
 
+/// What torchrun exports to its workers, so a script that calls
+/// `torch.distributed.init_process_group("gloo")` (env://) runs unchanged
+/// under grace-launch. Every incarnation gets its own MASTER_PORT: rank 0's
+/// TCPStore of the previous one may still hold its port (TIME_WAIT), and a
+/// late straggler must not join the new group. One node: a port the kernel
+/// reports free on 127.0.0.1, never the previous one. Several nodes must
+/// agree without talking: a port derived from the run id and incarnation
+/// (20000-39999) on node 0's address.
+void add_torchrun_environment(std::map<std::string, std::string>& env, const launch_options& o,
+                              const std::string& node0_host, int rank, int local_rank, uint32_t incarnation,
+                              int restarts) {
+  static uint32_t port_incarnation = UINT32_MAX;
+  static uint16_t port = 0;
+  if (port_incarnation != incarnation) {
+    port_incarnation = incarnation;
+    uint16_t previous = port;
+    if (o.nnodes == 1) {
+      for (int attempt = 0; attempt < 8 && (port == previous || port == 0); ++attempt) {
+        int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof a;
+        if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+          port = ntohs(a.sin_port);
+        if (fd >= 0) ::close(fd);
+      }
+    } else {
+      uint64_t h = 0xcbf29ce484222325ull;
+      for (unsigned char c : o.run_id + ":" + std::to_string(incarnation)) h = (h ^ c) * 0x100000001b3ull;
+      port = static_cast<uint16_t>(20000 + h % 20000);
+    }
+  }
+  const int world = o.nproc * o.nnodes;
+  env["RANK"] = env["ROLE_RANK"] = std::to_string(rank);
+  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["WORLD_SIZE"] = env["ROLE_WORLD_SIZE"] = std::to_string(world);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
+  env["GROUP_RANK"] = std::to_string(o.node_rank);
+  env["GROUP_WORLD_SIZE"] = std::to_string(o.nnodes);
+  env["MASTER_ADDR"] = o.nnodes == 1 ? "127.0.0.1" : node0_host;
+  env["MASTER_PORT"] = std::to_string(port);
+  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restarts);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = o.run_id;
+}
+
 } // namespace
 
 int run_launcher(const launch_options& in) {
@@ -385,6 +435,7 @@ int run_launcher(const launch_options& in) {
       };
       if (!std::getenv("NCCL_SOCKET_IFNAME") && !ep->adv.iface.empty()) env["NCCL_SOCKET_IFNAME"] = ep->adv.iface;
       if (!o.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o.checkpoint_dir;
+      add_torchrun_environment(env, o, host, rank, i, incarnation, restarts);
       workers[i].rank = rank;
       workers[i].pid = spawn_worker(o, env);
       if (workers[i].pid < 0) {

@@ -17,6 +17,8 @@ PACKAGES=(
   nlohmann-json3-dev         # manifests, safetensors headers, TF_CONFIG
   libcli11-dev               # command lines
   python3 python3-numpy      # the format check reads checkpoints with numpy only
+  python3-dev pybind11-dev python3-pybind11  # the Python module `grace` (-DGRACE_PYTHON=AUTO builds it)
+  python3-torch              # the PyTorch trainer, its tests and the torch baselines (Debian's 1.13)
   gnuplot-nox                # grace-chaos timeline pictures
   procps psmisc              # pgrep/pkill in the integration tests
   iproute2                   # tests/netns: hosts as network namespaces (ip netns, veth, bridge)
@@ -45,4 +47,4 @@ if ! cmake --build build -j2 >build.log 2>&1; then
   exit 1
 fi
 grep -E "warning:" build.log | sort -u | head -20 || true
-echo "==> built: build/grace-launch build/grace-train build/grace-ckpt"
+echo "==> built: build/grace-launch build/grace-train build/grace-ckpt, build/python/grace (PYTHONPATH=build/python /usr/bin/python3)"

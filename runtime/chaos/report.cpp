@@ -17,7 +17,7 @@ nlohmann::json make_report(const run_config& cfg, const run_result& res, const c
   nlohmann::json j = extra;
   j["config"] = {{"workers", cfg.workers}, {"steps", cfg.steps}, {"save_every", cfg.save_every},
                  {"step_delay_ms", cfg.step_delay_ms}, {"trainer_args", cfg.trainer_args},
-                 {"trainer", cfg.trainer}, {"launcher", cfg.launcher}};
+                 {"trainer", cfg.trainer}, {"trainer_prefix", cfg.trainer_prefix}, {"launcher", cfg.launcher}};
   auto faults = nlohmann::json::array();
   for (size_t i = 0; i < res.faults.size(); ++i) {
     auto& f = res.faults[i];

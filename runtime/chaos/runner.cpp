@@ -284,7 +284,9 @@ private:
                                   "--exit-timeout-ms", std::to_string(cfg_.exit_timeout_ms)};
     if (launcher_grace) { a.push_back("--grace-period-ms"); a.push_back(std::to_string(launcher_grace)); }
     a.push_back("--");
-    for (auto& s : std::vector<std::string>{cfg_.trainer, "--steps", std::to_string(cfg_.steps), "--output",
+    a.push_back(cfg_.trainer);
+    a.insert(a.end(), cfg_.trainer_prefix.begin(), cfg_.trainer_prefix.end());
+    for (auto& s : std::vector<std::string>{"--steps", std::to_string(cfg_.steps), "--output",
                                             (run_dir_ / "out.json").string(), "--save-every",
                                             std::to_string(cfg_.save_every), "--step-delay-ms",
                                             std::to_string(cfg_.step_delay_ms)})

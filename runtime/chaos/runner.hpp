@@ -20,6 +20,9 @@ namespace grace::chaos {
 struct run_config {
   std::string launcher;   ///< grace-launch
   std::string trainer;    ///< grace-train (or any program embedding Grace that takes the same flags)
+  /// Arguments between the trainer program and the harness's flags: an
+  /// interpreter's script (`grace-chaos ... -- /usr/bin/python3 train.py`).
+  std::vector<std::string> trainer_prefix;
   std::string ckpt_tool;  ///< grace-ckpt
   int workers = 4;
   uint64_t steps = 200;

@@ -101,3 +101,72 @@ TEST_CASE("session: a grace-period countdown while periodic saves are in flight 
   CHECK(newest == g.completed_steps());
   CHECK(valid == g.completed_steps());  // one per step, none torn
 }
+
+TEST_CASE("session: blobs are saved with every checkpoint and handed back in attach", "[session]") {
+  spdlog::set_level(spdlog::level::err);
+  temp_dir dir;
+  options o;
+  o.checkpoint_dir = dir.path.string();
+  o.cluster = cluster_config{};
+  std::vector<float> w(4, 0.0f);
+  std::string rng = "state-0";
+  {
+    session g(o);
+    g.register_tensor({"w", dtype::f32, {4}, w.data()});
+    g.register_blob("rng", [&] { return rng; }, [](const std::string&) { FAIL("nothing to restore"); });
+    REQUIRE(g.attach().ok());
+    for (int i = 1; i <= 3; ++i) {
+      REQUIRE(g.begin_step() == step_result::ok);
+      w[0] += 1.0f;
+      rng = "state-" + std::to_string(i) + std::string(1, '\0') + "\xff";
+      g.end_step();
+    }
+    CHECK_THROWS_AS(g.end_step(), std::logic_error);
+    REQUIRE(g.finish().ok());
+  }
+  std::vector<float> w2(4, 0.0f);
+  std::string restored;
+  session g(o);
+  g.register_tensor({"w", dtype::f32, {4}, w2.data()});
+  g.register_blob("rng", [&] { return restored; }, [&](const std::string& b) { restored = b; });
+  auto start = g.attach();
+  REQUIRE(start.ok());
+  CHECK(*start == 3);
+  CHECK(restored == rng);  // binary bytes survive the manifest
+  CHECK(w2[0] == 3.0f);
+}
+
+TEST_CASE("session: an oversized blob fails the save without touching the checkpoints", "[session]") {
+  spdlog::set_level(spdlog::level::off);
+  temp_dir dir;
+  options o;
+  o.checkpoint_dir = dir.path.string();
+  o.cluster = cluster_config{};
+  session g(o);
+  std::vector<float> w(4, 0.0f);
+  g.register_tensor({"w", dtype::f32, {4}, w.data()});
+  g.register_blob("big", [] { return std::string(max_blob_bytes + 1, 'x'); }, [](const std::string&) {});
+  REQUIRE(g.attach().ok());
+  REQUIRE(g.run([](uint64_t) {}) == step_result::ok);
+  auto st = g.finish();
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.err().message.find("blob 'big'") != std::string::npos);
+  CHECK(fs::is_empty(dir.path));
+}
+
+TEST_CASE("session: fail_step reports an error in the step and stops with the fatal code", "[session]") {
+  spdlog::set_level(spdlog::level::off);
+  temp_dir dir;
+  options o;
+  o.checkpoint_dir = dir.path.string();
+  o.cluster = cluster_config{};
+  session g(o);
+  std::vector<float> w(4, 0.0f);
+  g.register_tensor({"w", dtype::f32, {4}, w.data()});
+  REQUIRE(g.attach().ok());
+  REQUIRE(g.begin_step() == step_result::ok);
+  CHECK(g.fail_step("ValueError: bad batch", false) == step_result::stop);
+  CHECK(g.exit_code() == exit_code::fatal);
+  CHECK(g.stop_reason().find("ValueError: bad batch") != std::string::npos);
+  CHECK(g.completed_steps() == 0);
+}

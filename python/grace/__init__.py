@@ -1,0 +1,30 @@
+"""Grace for Python trainers: survive preemption and hard failures without
+losing work, and resume bit for bit.
+
+    import grace
+
+    with grace.Session(save_every=100) as g:   # first thing: blocks SIGTERM/SIGINT for later threads
+        g.register_module(model)               # parameters and buffers, by their memory (no copies)
+        g.register_optimizer(opt)              # its state, named as in opt.state_dict()
+        g.register_rng()                       # torch, numpy and Python RNG states
+        g.register_stateful("sampler", sampler)
+        g.attach()                             # join the cluster, restore the newest valid checkpoint
+        for step in g.steps(total):            # a notice: save, exit 42; grace-launch restarts us
+            train_step(step)                   #   (grace.all_reduce_ for the gradients)
+    # here: finished, the final checkpoint is on disk
+
+    state = grace.load("grace-checkpoints", prefix="model.")   # no runtime needed
+    model.load_state_dict(state)
+
+Run it under `grace-launch --nproc N -- /usr/bin/python3 train.py` (Debian's
+interpreter, where python3-torch lives). See README.md, "Python / PyTorch".
+"""
+from ._grace import CollectiveError, Counter, GraceError, MAX_BLOB_BYTES, RESTART, FATAL, USAGE, set_log_level
+from .checkpoint import checkpoint_path, load, load_numpy, optimizer_state_dict, read_manifest
+from .session import Session, all_reduce_, current
+
+__all__ = [
+    "Session", "GraceError", "CollectiveError", "Counter", "all_reduce_", "current",
+    "load", "load_numpy", "optimizer_state_dict", "read_manifest", "checkpoint_path",
+    "MAX_BLOB_BYTES", "RESTART", "FATAL", "USAGE", "set_log_level",
+]

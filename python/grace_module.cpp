@@ -1,0 +1,639 @@
+// grace._grace: Grace's embedding API (runtime/grace.hpp) for Python. Thin:
+// the state lives in grace::session; the torch and numpy conveniences are
+// Python (python/grace/).
+//
+// The GIL: every call that can block (attach, a step boundary, a save,
+// finish, a collective, closing) releases it. Grace's own threads never take
+// it: notices, heartbeats, acknowledgements and aborts run in C++ alone. Only
+// the trainer thread takes it back, for the blob callbacks Grace calls on
+// that thread (at a checkpoint, and in attach() when restoring).
+//
+// Signals: grace::session blocks SIGTERM/SIGINT in the thread that creates it
+// and in the threads started after; attach() starts the signal watcher,
+// whose handler replaces Python's. While attached, Ctrl-C is a notice (save,
+// exit with the restart code), never a KeyboardInterrupt. close() puts back
+// the handlers and the signal mask found at construction.
+#include "runtime/checkpoint.hpp"
+#include "runtime/cancel_token.hpp"
+#include "runtime/gloo_comm.hpp"
+#include "runtime/grace.hpp"
+
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <spdlog/spdlog.h>
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <csignal>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+/// grace.GraceError: bad input, a failed attach/finish, misuse.
+struct grace_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+/// grace.CollectiveError (a GraceError): a collective failed or was aborted.
+struct collective_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Flushes sys.stdout and sys.stderr (before an _Exit skips Python's own).
+void flush_python_stdio() {
+  for (const char* name : {"stdout", "stderr"}) {
+    PyObject* f = PySys_GetObject(name);  // borrowed
+    if (!f || f == Py_None) continue;
+    PyObject* r = PyObject_CallMethod(f, "flush", nullptr);
+    if (r) Py_DECREF(r); else PyErr_Clear();
+  }
+}
+
+/// The process's SIGINT/SIGTERM handlers and the creating thread's signal
+/// mask, saved before grace::session blocks the signals and its watcher
+/// takes them, put back when the session closes.
+struct signal_state {
+  pthread_t thread = pthread_self();
+  sigset_t mask;
+  struct sigaction on_int {}, on_term {};
+  void save() {
+    thread = pthread_self();
+    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+    sigaction(SIGINT, nullptr, &on_int);
+    sigaction(SIGTERM, nullptr, &on_term);
+  }
+  void restore() const {
+    sigaction(SIGINT, &on_int, nullptr);
+    sigaction(SIGTERM, &on_term, nullptr);
+    if (pthread_equal(thread, pthread_self())) pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+  }
+};
+
+/// What the session's abort handler unblocks when a peer is lost: Grace's
+/// own ring, and the sockets of a process group the trainer made itself
+/// (torch.distributed's Gloo group has no abort in torch 1.13; shutting its
+/// sockets down makes a blocked collective fail at once, here and, as the
+/// connections close, on the peers). Runs on a Grace thread, never Python.
+struct abort_targets {
+  std::mutex m;
+  std::shared_ptr<grace::gloo_comm> comm;
+  std::shared_ptr<grace::cancel_token> rendezvous;  ///< a connect in progress (runtime/cancel_token.hpp)
+  std::vector<int> fds;
+  void abort() {
+    std::lock_guard<std::mutex> g(m);
+    if (rendezvous) rendezvous->cancel();
+    if (comm) comm->abort();
+    for (int fd : fds) {
+      struct stat st;
+      if (::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) ::shutdown(fd, SHUT_RDWR);
+    }
+  }
+};
+
+/// A connected TCP socket that is not a listener and not on `skip_port`
+/// (torch's TCPStore at MASTER_PORT, whose server thread must not see it).
+bool peer_socket(int fd, int skip_port) {
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening) return false;
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof local, pl = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+    return false;
+  auto port = [](const sockaddr_storage& a) -> int {
+    if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+    if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+    return -1;
+  };
+  if (port(local) < 0) return false;  // not TCP/IP (a Unix socket)
+  return port(local) != skip_port && port(peer) != skip_port;
+}
+
+grace::dtype dtype_from_name(const std::string& name, const std::string& tensor) {
+  grace::dtype t;
+  if (!grace::parse_dtype(name, t))
+    throw py::type_error("'" + tensor + "': dtype '" + name + "' cannot be stored in safetensors");
+  return t;
+}
+
+/// The safetensors dtype of a buffer-protocol format ('<f', 'd', '?', ...).
+grace::dtype dtype_from_format(std::string fmt, ssize_t itemsize, const std::string& tensor) {
+  if (!fmt.empty() && (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')) fmt.erase(0, 1);
+  auto bad = [&] {
+    return py::type_error("'" + tensor + "': element format '" + fmt +
+                          "' cannot be stored in safetensors (need a little-endian bool, int, uint or float)");
+  };
+  if (fmt.size() != 1) throw bad();
+  const bool is_signed = fmt == "b" || fmt == "h" || fmt == "i" || fmt == "l" || fmt == "q";
+  const bool is_unsigned = fmt == "B" || fmt == "H" || fmt == "I" || fmt == "L" || fmt == "Q";
+  using grace::dtype;
+  if (fmt == "?" && itemsize == 1) return dtype::boolean;
+  if (fmt == "e" && itemsize == 2) return dtype::f16;
+  if (fmt == "f" && itemsize == 4) return dtype::f32;
+  if (fmt == "d" && itemsize == 8) return dtype::f64;
+  if (is_signed || is_unsigned) {
+    switch (itemsize) {
+      case 1: return is_signed ? dtype::i8 : dtype::u8;
+      case 2: return is_signed ? dtype::i16 : dtype::u16;
+      case 4: return is_signed ? dtype::i32 : dtype::u32;
+      case 8: return is_signed ? dtype::i64 : dtype::u64;
+    }
+  }
+  throw bad();
+}
+
+class py_session {
+public:
+  explicit py_session(grace::options o, bool exit_on_stop, int collective_timeout_ms)
+      : exit_on_stop_(exit_on_stop), collective_timeout_(collective_timeout_ms) {
+    signals_.save();
+    s_ = std::make_unique<grace::session>(std::move(o));
+  }
+  ~py_session() { close(); }
+
+  void register_memory(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
+                       uintptr_t ptr, py::object owner) {
+    check_registration(name);
+    for (auto d : shape)
+      if (d < 0) throw py::value_error("'" + name + "': negative dimension");
+    grace::tensor_ref t{name, dtype_from_name(dtype, name), std::move(shape), reinterpret_cast<void*>(ptr)};
+    if (t.bytes() > 0 && !t.data) throw py::value_error("'" + name + "': no memory (null data pointer)");
+    add(std::move(t), std::move(owner));
+  }
+
+  /// An object with the buffer protocol (a numpy array): C-contiguous and
+  /// writable, registered where it lies.
+  void register_buffer(const std::string& name, py::object obj) {
+    check_registration(name);
+    if (!PyObject_CheckBuffer(obj.ptr()))
+      throw py::type_error("'" + name + "': " + std::string(py::str(obj.get_type())) +
+                           " has no buffer (pass a numpy array, or use register_tensor for torch)");
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_RECORDS_RO) != 0) throw py::error_already_set();
+    std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> release(&view, PyBuffer_Release);
+    if (view.readonly) throw py::value_error("'" + name + "' is read-only: Grace restores into it");
+    if (!PyBuffer_IsContiguous(&view, 'C'))
+      throw py::value_error("'" + name + "' is not C-contiguous: register a contiguous array "
+                                        "(numpy.ascontiguousarray) and train on that one");
+    grace::dtype t = dtype_from_format(view.format ? view.format : "B", view.itemsize, name);
+    std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
+    add(grace::tensor_ref{name, t, std::move(shape), view.buf}, std::move(obj));
+  }
+
+  /// A counter saved in the manifest; returns its storage (stable address).
+  int64_t* counter(const std::string& name, int64_t initial) {
+    check_registration(name);
+    counters_.push_back(initial);
+    s_->register_counter(name, &counters_.back());
+    return &counters_.back();
+  }
+
+  /// A blob: `snapshot()` runs at every step boundary (cheap: copy the state
+  /// as a Python object); at a checkpoint `encode(snapshot)` -> bytes (or the
+  /// snapshot itself when it is bytes and there is no encode). So every save,
+  /// a just-in-time one after a failed step included, holds the state as of
+  /// the last completed step, not one a failed step had half advanced.
+  void register_blob(const std::string& name, py::function snapshot, py::object encode, py::function restore) {
+    check_registration(name);
+    blobs_.push_back(std::make_unique<blob>(blob{snapshot, encode, restore, py::none(), false}));
+    // The session keeps a plain pointer (it is destroyed without the GIL);
+    // this object owns the Python references.
+    blob* b = blobs_.back().get();
+    s_->register_blob(
+        name,
+        [b]() -> std::string {
+          py::gil_scoped_acquire gil;
+          try {
+            py::object snap = b->have ? b->cached : b->snapshot();
+            py::object r = b->encode.is_none() ? snap : b->encode(snap);
+            py::object bytes = py::reinterpret_steal<py::object>(PyBytes_FromObject(r.ptr()));
+            if (!bytes) throw py::error_already_set();
+            return std::string(PyBytes_AS_STRING(bytes.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(bytes.ptr())));
+          } catch (py::error_already_set& e) {
+            throw std::runtime_error(e.what());
+          }
+        },
+        [b](const std::string& bytes) {
+          py::gil_scoped_acquire gil;
+          try {
+            b->restore(py::bytes(bytes));
+          } catch (py::error_already_set& e) {
+            throw std::runtime_error(e.what());
+          }
+        });
+  }
+
+  uint64_t attach() {
+    alive();
+    if (attached_) throw grace_error("attach() called twice");
+    grace::result<uint64_t> r = uint64_t(0);
+    {
+      py::gil_scoped_release nogil;
+      r = s_->attach();
+    }
+    if (!r) throw grace_error(r.err().what());
+    attached_ = true;
+    return *r;
+  }
+
+  /// One iteration of `for step in g.steps(total)`: ends the step in
+  /// flight, begins the next; 0 when the loop is over (done or stopped).
+  uint64_t next_step(uint64_t total) {
+    alive();
+    if (!attached_) throw grace_error("steps() before attach()");
+    grace::step_result r = grace::step_result::ok;
+    uint64_t k = 0;
+    capture_blobs();
+    {
+      py::gil_scoped_release nogil;
+      if (in_step_) {
+        in_step_ = false;
+        s_->end_step();
+      }
+      k = s_->completed_steps() + 1;
+      if (k <= total && !stopped_) r = s_->begin_step();
+    }
+    if (k > total || stopped_) return 0;
+    if (r == grace::step_result::stop) {
+      on_stop();
+      return 0;
+    }
+    in_step_ = true;
+    return k;
+  }
+
+  /// False when the session stopped instead (and stayed: exit_on_stop off).
+  bool begin_step() {
+    alive();
+    if (!attached_) throw grace_error("begin_step() before attach()");
+    if (in_step_) throw grace_error("begin_step() while a step is in flight: end_step() first");
+    capture_blobs();
+    grace::step_result r;
+    {
+      py::gil_scoped_release nogil;
+      r = s_->begin_step();
+    }
+    if (r == grace::step_result::stop) {
+      on_stop();
+      return false;
+    }
+    in_step_ = true;
+    return true;
+  }
+
+  void end_step() {
+    alive();
+    if (!in_step_) throw grace_error("end_step() without begin_step()");
+    capture_blobs();
+    in_step_ = false;
+    py::gil_scoped_release nogil;
+    s_->end_step();
+  }
+
+  /// The step (or, between steps, the code around them) raised: report it
+  /// (collective: wait for the coordinator's verdict instead). Returns the
+  /// exit code; the caller exits or re-raises.
+  int fail_step(const std::string& what, bool collective) {
+    alive();
+    if (!attached_ || stopped_) return s_->exit_code();
+    in_step_ = false;
+    {
+      py::gil_scoped_release nogil;
+      s_->fail_step(what, collective);
+    }
+    stopped_ = true;
+    return s_->exit_code();
+  }
+
+  void finish() {
+    alive();
+    if (!attached_) throw grace_error("finish() before attach()");
+    if (stopped_) throw grace_error("finish() after a stop (" + s_->stop_reason() + ")");
+    if (finished_) return;
+    capture_blobs();
+    grace::status st;
+    {
+      py::gil_scoped_release nogil;
+      if (in_step_) {
+        in_step_ = false;
+        s_->end_step();
+      }
+      st = s_->finish();
+    }
+    if (!st) throw grace_error("finish: " + st.err().what());
+    finished_ = true;
+  }
+
+  [[noreturn]] void quick_exit(int code) {
+    flush_python_stdio();
+    if (s_) s_->quick_exit(code);
+    std::_Exit(code);
+  }
+
+  /// In-place sum over the workers (Grace's abortable Gloo ring); float32.
+  void all_reduce(uintptr_t ptr, size_t n) {
+    alive();
+    if (!attached_) throw grace_error("all_reduce_ before attach()");
+    if (s_->world_size() == 1 || n == 0) return;
+    if (!comm_) connect();
+    grace::status st;
+    {
+      py::gil_scoped_release nogil;
+      st = comm_->allreduce_sum(reinterpret_cast<float*>(ptr), n);
+    }
+    if (!st) throw collective_error("all_reduce_: " + st.err().what());
+  }
+
+  void notify(const std::string& detail) {
+    alive();
+    s_->notify(detail);
+  }
+
+  /// Ends the session: its threads stop, the signal handlers and mask in
+  /// place before it are put back. Idempotent.
+  void close() {
+    if (!s_) return;
+    last_ = {s_->exit_code(), s_->stop_reason(), s_->rank(), s_->world_size(), s_->completed_steps()};
+    if (_Py_IsFinalizing()) {
+      s_.reset();  // the interpreter is going away: no other thread runs Python
+      comm_.reset();
+    } else {
+      py::gil_scoped_release nogil;
+      s_.reset();  // disarms the abort handler before the communicator goes
+      comm_.reset();
+    }
+    {
+      std::lock_guard<std::mutex> g(aborts_->m);  // no handler is left to use them
+      aborts_->comm.reset();
+      aborts_->fds.clear();
+    }
+    blobs_.clear();
+    keepalive_.clear();
+    signals_.restore();
+  }
+
+  /// What a closed session still answers.
+  struct final_status {
+    int exit_code = 0;
+    std::string stop_reason;
+    uint32_t rank = 0, world_size = 1;
+    uint64_t completed_steps = 0;
+  };
+  final_status status() const {
+    if (!s_) return last_;
+    return {s_->exit_code(), s_->stop_reason(), s_->rank(), s_->world_size(), s_->completed_steps()};
+  }
+  bool is_chief() const { return status().rank == 0; }
+  bool attached() const { return attached_; }
+  bool in_step() const { return in_step_; }
+  bool stopped() const { return stopped_; }
+  bool finished() const { return finished_; }
+  bool closed() const { return !s_; }
+
+private:
+  void alive() const {
+    if (!s_) throw grace_error("the session is closed");
+  }
+  struct blob {
+    py::object snapshot, encode, restore, cached;
+    bool have;
+  };
+  void capture_blobs() {
+    for (auto& b : blobs_) {
+      b->cached = b->snapshot();
+      b->have = true;
+    }
+  }
+  void check_registration(const std::string& name) {
+    alive();
+    if (attached_)
+      throw grace_error("cannot register '" + name + "' after attach(): register all state before attach()");
+    if (name.empty()) throw py::value_error("empty name");
+    if (!names_.insert(name).second) throw py::value_error("'" + name + "' is registered already");
+  }
+  void add(grace::tensor_ref t, py::object owner) {
+    s_->register_tensor(std::move(t));
+    keepalive_.push_back(std::move(owner));
+  }
+  void on_stop() {
+    stopped_ = true;
+    if (exit_on_stop_) quick_exit(s_->exit_code());
+  }
+  void connect() {
+    grace::result<std::unique_ptr<grace::gloo_comm>> c = grace::error{};
+    auto token = std::make_shared<grace::cancel_token>();
+    {
+      std::lock_guard<std::mutex> g(aborts_->m);
+      aborts_->rendezvous = token;  // a peer lost meanwhile ends the rendezvous at once
+    }
+    arm_abort();
+    {
+      py::gil_scoped_release nogil;
+      c = grace::gloo_comm::connect(s_->rendezvous_store(), s_->rendezvous_prefix() + "py.gloo",
+                                    static_cast<int>(s_->rank()), static_cast<int>(s_->world_size()),
+                                    collective_timeout_, s_->cluster().host, token);
+    }
+    {
+      std::lock_guard<std::mutex> g(aborts_->m);
+      aborts_->rendezvous.reset();
+    }
+    if (!c) throw collective_error("all_reduce_: gloo rendezvous failed: " + c.err().what());
+    comm_ = std::move(c.value());
+    {
+      std::lock_guard<std::mutex> g(aborts_->m);
+      aborts_->comm = comm_;
+    }
+    arm_abort();
+  }
+  void arm_abort() {
+    auto targets = aborts_;
+    s_->set_abort_handler([targets] { targets->abort(); });
+  }
+
+public:
+  /// Sockets a Python process group opened (see grace.Session.abortable_sockets):
+  /// shut down when a peer is lost. Returns how many qualified.
+  size_t add_abort_sockets(const std::vector<int>& fds, int skip_port) {
+    alive();
+    if (!attached_) throw grace_error("abortable_sockets() before attach()");
+    size_t n = 0;
+    {
+      std::lock_guard<std::mutex> g(aborts_->m);
+      for (int fd : fds)
+        if (peer_socket(fd, skip_port)) {
+          aborts_->fds.push_back(fd);
+          ++n;
+        }
+    }
+    if (n) arm_abort();
+    return n;
+  }
+
+private:
+
+  std::unique_ptr<grace::session> s_;
+  bool exit_on_stop_ = true;
+  std::chrono::milliseconds collective_timeout_;
+  std::shared_ptr<grace::gloo_comm> comm_;
+  std::shared_ptr<abort_targets> aborts_ = std::make_shared<abort_targets>();
+  std::deque<int64_t> counters_;
+  std::vector<py::object> keepalive_;
+  std::vector<std::unique_ptr<blob>> blobs_;
+  std::set<std::string> names_;
+  signal_state signals_;
+  final_status last_;
+  bool attached_ = false, in_step_ = false, stopped_ = false, finished_ = false;
+};
+
+/// grace.Counter: an int64 saved in every checkpoint's manifest.
+struct py_counter {
+  int64_t* value;
+  py::object owner;  ///< the session that holds the storage
+};
+
+/// The iterator behind `for step in g.steps(total)`.
+struct py_steps {
+  py_session* s;
+  py::object owner;
+  uint64_t total;
+};
+
+grace::options make_options(const py::kwargs& kw) {
+  grace::options o;
+  auto ms = [](const py::handle& v) { return std::chrono::milliseconds(v.cast<int64_t>()); };
+  for (auto [k, v] : kw) {
+    auto key = k.cast<std::string>();
+    if (v.is_none()) continue;
+    if (key == "checkpoint_dir") o.checkpoint_dir = v.cast<std::string>();
+    else if (key == "keep_last") o.keep_last = v.cast<int>();
+    else if (key == "restart_exit_code") o.restart_exit_code = v.cast<int>();
+    else if (key == "save_every_steps") o.save_every_steps = v.cast<uint64_t>();
+    else if (key == "save_every_seconds") o.save_every_seconds = v.cast<double>();
+    else if (key == "keep_checkpoints_on_success") o.keep_checkpoints_on_success = v.cast<bool>();
+    else if (key == "notice_file") o.notice_file = v.cast<std::string>();
+    else if (key == "notice_command") o.notice_command = v.cast<std::string>();
+    else if (key == "poll_interval_ms") o.poll_interval = ms(v);
+    else if (key == "grace_period_ms") o.grace_period = ms(v);
+    else if (key == "wait_timeout_ms") o.wait_timeout = ms(v);
+    else if (key == "heartbeat_ms") o.heartbeat = ms(v);
+    else if (key == "dead_after_ms") o.dead_after = ms(v);
+    else throw py::type_error("unknown session option '" + key + "'");
+  }
+  return o;
+}
+
+py::list list_checkpoints(const std::string& dir) {
+  grace::checkpoint_store store(dir, 0);
+  auto l = store.try_list();
+  if (!l) throw grace_error(l.err().what());
+  py::list out;
+  for (auto& i : *l) {
+    py::dict d;
+    d["step"] = i.step;
+    d["path"] = i.path.string();
+    d["kind"] = i.kind;
+    d["valid"] = i.valid;
+    d["reason"] = i.reason;
+    d["temporary"] = i.temporary;
+    d["set_aside"] = i.set_aside;
+    out.append(d);
+  }
+  return out;
+}
+
+void verify(const std::string& step_dir) {
+  grace::checkpoint_store store(std::filesystem::path(step_dir).parent_path(), 0);
+  grace::status st;
+  {
+    py::gil_scoped_release nogil;
+    st = store.verify(std::filesystem::path(step_dir));
+  }
+  if (!st) throw grace_error(st.err().what());
+}
+
+} // namespace
+
+PYBIND11_MODULE(_grace, m) {
+  m.doc() = "Grace's embedding API (the C++ grace::session); use the `grace` package, not this module.";
+  auto& base = py::register_exception<grace_error>(m, "GraceError");
+  py::register_exception<collective_error>(m, "CollectiveError", base.ptr());
+  m.attr("RESTART") = grace::exit_code::restart;
+  m.attr("FATAL") = grace::exit_code::fatal;
+  m.attr("USAGE") = grace::exit_code::usage;
+  m.attr("MAX_BLOB_BYTES") = grace::max_blob_bytes;
+
+  py::class_<py_counter>(m, "Counter")
+    .def_property("value", [](const py_counter& c) { return *c.value; },
+                  [](py_counter& c, int64_t v) { *c.value = v; })
+    .def("__int__", [](const py_counter& c) { return *c.value; })
+    .def("__index__", [](const py_counter& c) { return *c.value; })
+    .def("__repr__", [](const py_counter& c) { return "Counter(" + std::to_string(*c.value) + ")"; });
+
+  py::class_<py_steps>(m, "Steps")
+    .def("__iter__", [](py::object self) { return self; })
+    .def("__next__", [](py_steps& it) {
+      uint64_t k = it.s->next_step(it.total);
+      if (k == 0) throw py::stop_iteration();
+      return k;
+    });
+
+  py::class_<py_session>(m, "Session")
+    .def(py::init([](bool exit_on_stop, int collective_timeout_ms, py::kwargs kw) {
+           return std::make_unique<py_session>(make_options(kw), exit_on_stop, collective_timeout_ms);
+         }),
+         py::arg("exit_on_stop") = true, py::arg("collective_timeout_ms") = 30000)
+    .def("register_memory", &py_session::register_memory, py::arg("name"), py::arg("dtype"), py::arg("shape"),
+         py::arg("ptr"), py::arg("owner"))
+    .def("register_buffer", &py_session::register_buffer, py::arg("name"), py::arg("array"))
+    .def("counter", [](py::object self, const std::string& name, int64_t initial) {
+           return py_counter{self.cast<py_session&>().counter(name, initial), self};
+         }, py::arg("name"), py::arg("initial") = 0)
+    .def("register_blob", &py_session::register_blob, py::arg("name"), py::arg("snapshot"), py::arg("encode"),
+         py::arg("restore"))
+    .def("attach", &py_session::attach)
+    .def("steps", [](py::object self, uint64_t total) {
+           return py_steps{&self.cast<py_session&>(), self, total};
+         }, py::arg("total"))
+    .def("begin_step", &py_session::begin_step)
+    .def("end_step", &py_session::end_step)
+    .def("fail_step", &py_session::fail_step, py::arg("what"), py::arg("collective") = false)
+    .def("finish", &py_session::finish)
+    .def("quick_exit", &py_session::quick_exit, py::arg("code"))
+    .def("all_reduce", &py_session::all_reduce, py::arg("ptr"), py::arg("n"))
+    .def("add_abort_sockets", &py_session::add_abort_sockets, py::arg("fds"), py::arg("skip_port") = -1)
+    .def("notify", &py_session::notify, py::arg("detail") = "notify() from Python")
+    .def("close", &py_session::close)
+    .def_property_readonly("attached", &py_session::attached)
+    .def_property_readonly("in_step", &py_session::in_step)
+    .def_property_readonly("stopped", &py_session::stopped)
+    .def_property_readonly("finished", &py_session::finished)
+    .def_property_readonly("closed", &py_session::closed)
+    .def_property_readonly("exit_code", [](py_session& s) { return s.status().exit_code; })
+    .def_property_readonly("stop_reason", [](py_session& s) { return s.status().stop_reason; })
+    .def_property_readonly("rank", [](py_session& s) { return s.status().rank; })
+    .def_property_readonly("world_size", [](py_session& s) { return s.status().world_size; })
+    .def_property_readonly("is_chief", &py_session::is_chief)
+    .def_property_readonly("completed_steps", [](py_session& s) { return s.status().completed_steps; });
+
+  m.def("list_checkpoints", &list_checkpoints, py::arg("dir"),
+        "Every step-* and leftover .tmp-* directory under `dir`, oldest first (quick check, no checksums).");
+  m.def("set_log_level", [](const std::string& level) {
+          auto l = spdlog::level::from_str(level);
+          if (l == spdlog::level::off && level != "off")
+            throw py::value_error("log level '" + level + "': trace, debug, info, warn, error, critical or off");
+          spdlog::set_level(l);
+        }, py::arg("level"), "Level of Grace's log lines (default info).");
+  m.def("verify", &verify, py::arg("step_dir"),
+        "Verifies one checkpoint directory (every file's size and xxh3 checksum); raises GraceError if bad.");
+}

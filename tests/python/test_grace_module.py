@@ -1,0 +1,393 @@
+#!/usr/bin/python3
+"""The Python module in one process (local mode: the coordinator in-process,
+same save/restore/stop semantics as a cluster): registration by memory,
+counters and blobs restored before the first resumed step, lazily created
+optimizer state, a stop that leaves the loop, Ctrl-C as a notice, bad input
+as clear exceptions, grace.load without the runtime.
+
+Run by CTest with /usr/bin/python3 and PYTHONPATH=<build>/python; exits 77
+(skipped) only when torch is missing.
+"""
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+import time
+
+import grace
+
+try:
+    import torch
+    import torch.nn as nn
+except ImportError:
+    print("SKIP: python3-torch is not installed (apt-get install python3-torch)")
+    sys.exit(77)
+
+FOREVER = 10 ** 9  # a loop that only a stop ends
+EVENTS = tempfile.mktemp(prefix="grace-py-events-")
+os.environ["GRACE_EVENTS_FILE"] = EVENTS  # read by Grace at its first event
+grace.set_log_level("warn")
+
+
+def events(name):
+    try:
+        with open(EVENTS) as f:
+            return [e for e in map(json.loads, f) if e["event"] == name]
+    except FileNotFoundError:
+        return []
+
+
+class TempDir:
+    def __enter__(self):
+        self.path = tempfile.mkdtemp(prefix="grace-py-")
+        return self.path
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def session(d, **kw):
+    kw.setdefault("exit_on_stop", False)
+    return grace.Session(os.path.join(d, "ck"), **kw)
+
+
+class NumpyState(unittest.TestCase):
+    def run_steps(self, d, total, notify_at=None):
+        """Steps that add their index to an array, a counter and a blob;
+        returns what attach() restored and how the loop ended."""
+        w, blob = np.zeros((4, 3), np.float32), []
+        with session(d) as g:
+            g.register_array("w", w)
+            n = g.counter("n")
+            g.register_blob("log", lambda: json.dumps(blob).encode(), lambda b: blob.extend(json.loads(b)))
+            start = g.attach()
+            restored = (start, n.value, list(blob), float(w[0, 0]))
+            for step in g.steps(total):
+                w += step
+                n.value += step
+                blob.append(step)
+                if step == notify_at:
+                    g.notify("test")
+                time.sleep(0.002)  # the step's work
+            return restored, g.stopped, g.exit_code, g.completed_steps, n.value, w
+
+    def test_arrays_counters_blobs_restored_before_the_first_resumed_step(self):
+        with TempDir() as d:
+            restored, stopped, code, stop_step, _, _ = self.run_steps(d, FOREVER, notify_at=4)
+            self.assertEqual(restored, (0, 0, [], 0.0))
+            self.assertTrue(stopped)
+            self.assertEqual(code, grace.RESTART)
+            self.assertGreaterEqual(stop_step, 4)
+            total = stop_step + 3
+            tri = sum(range(1, stop_step + 1))
+            restored, stopped, code, done, n, w = self.run_steps(d, total)
+            self.assertEqual(restored, (stop_step, tri, list(range(1, stop_step + 1)), float(tri)))
+            self.assertFalse(stopped)
+            self.assertEqual((code, done, n), (0, total, sum(range(1, total + 1))))
+            np.testing.assert_array_equal(w, np.full((4, 3), sum(range(1, total + 1)), np.float32))
+
+    def test_finished_run_resumes_at_the_end(self):
+        with TempDir() as d:
+            w = np.arange(6, dtype=np.int64)
+            with session(d) as g:
+                g.register_array("w", w)
+                g.attach()
+                for _ in g.steps(3):
+                    w *= 2
+            w2 = np.zeros(6, np.int64)
+            with session(d) as g:
+                g.register_array("w", w2)
+                self.assertEqual(g.attach(), 3)
+                self.assertEqual(list(g.steps(3)), [])
+            np.testing.assert_array_equal(w2, np.arange(6) * 8)
+            np.testing.assert_array_equal(grace.load_numpy(os.path.join(d, "ck"))["w"], w2)
+
+    def test_ctrl_c_is_a_notice_while_attached_and_keyboardinterrupt_after(self):
+        with TempDir() as d:
+            w = np.zeros(3, np.float32)
+            with session(d) as g:
+                g.register_array("w", w)
+                g.attach()
+                self.assertIn(signal.SIGINT, signal.pthread_sigmask(signal.SIG_BLOCK, []))  # the watcher takes it
+                for step in g.steps(FOREVER):
+                    if step == 2:
+                        os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.001)  # KeyboardInterrupt would land here
+                self.assertTrue(g.stopped)
+                self.assertEqual(g.exit_code, grace.RESTART)
+            self.assertTrue(any(c["valid"] for c in grace._grace.list_checkpoints(os.path.join(d, "ck"))))
+            self.assertNotIn(signal.SIGINT, signal.pthread_sigmask(signal.SIG_BLOCK, []))  # mask put back
+            with self.assertRaises(KeyboardInterrupt):  # Python's handler is back
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+
+    def test_error_in_a_step_stops_with_the_fatal_code(self):
+        with TempDir() as d:
+            w = np.zeros(3, np.float32)
+            g = session(d)
+            with self.assertRaises(ZeroDivisionError):
+                with g:
+                    g.register_array("w", w)
+                    g.attach()
+                    for step in g.steps(10):
+                        if step == 3:
+                            1 / 0
+            self.assertEqual(g.exit_code, grace.FATAL)
+            self.assertIn("ZeroDivisionError", g.stop_reason)
+
+
+class BadInput(unittest.TestCase):
+    def test_numpy(self):
+        with TempDir() as d, session(d) as g:
+            with self.assertRaisesRegex(ValueError, "not C-contiguous"):
+                g.register_array("t", np.zeros((4, 4), np.float32).T)
+            ro = np.zeros(3, np.float32)
+            ro.setflags(write=False)
+            with self.assertRaisesRegex(ValueError, "read-only"):
+                g.register_array("ro", ro)
+            with self.assertRaisesRegex(TypeError, "cannot be stored in safetensors"):
+                g.register_array("c", np.zeros(3, np.complex64))
+            with self.assertRaisesRegex(TypeError, "cannot be stored in safetensors"):
+                g.register_array("be", np.zeros(3, ">f4"))
+            with self.assertRaisesRegex(TypeError, "has no buffer"):
+                g.register_array("list", [1, 2, 3])
+            g.register_array("ok", np.zeros(3, np.float32))
+            with self.assertRaisesRegex(ValueError, "registered already"):
+                g.register_array("ok", np.zeros(3, np.float32))
+            with self.assertRaisesRegex(grace.GraceError, "before attach"):
+                g.steps(3)
+            g.attach()
+            with self.assertRaisesRegex(grace.GraceError, "after attach"):
+                g.register_array("late", np.zeros(3, np.float32))
+            with self.assertRaisesRegex(grace.GraceError, "after attach"):
+                g.counter("late")
+            with self.assertRaisesRegex(ValueError, "float32"):
+                g.all_reduce_(np.zeros(3, np.float64))
+
+    def test_checkpoint_that_does_not_match_is_an_error_and_stays_intact(self):
+        with TempDir() as d:
+            with session(d) as g:
+                g.register_array("w", np.ones((4, 3), np.float32))
+                g.attach()
+                list(g.steps(2))
+            ck = grace.checkpoint_path(os.path.join(d, "ck"))
+            for name, arr, msg in [("w", np.zeros((3, 4), np.float32), "'w': expected F32 \\[3,4\\], checkpoint has F32 \\[4,3\\]"),
+                                   ("w", np.zeros((4, 3), np.float64), "expected F64"),
+                                   ("v", np.zeros(3, np.float32), "'v' is missing")]:
+                with session(d) as g:
+                    g.register_array(name, arr)
+                    with self.assertRaisesRegex(grace.GraceError, msg):
+                        g.attach()
+                np.testing.assert_array_equal(arr, np.zeros_like(arr))  # nothing written into it
+            grace.load_numpy(ck)  # still verifies
+
+    def test_blob_limits_and_failures(self):
+        with TempDir() as d:
+            with session(d) as g:
+                g.register_blob("big", lambda: b"x" * (grace.MAX_BLOB_BYTES + 1), lambda b: None)
+                with self.assertRaisesRegex(grace.GraceError, "above the .*-byte limit"):
+                    g.attach()
+            with session(d) as g:
+                g.register_array("w", np.zeros(2, np.float32))
+                g.register_blob("b", lambda: b"1", lambda b: None)
+                g.attach()
+                list(g.steps(1))
+            with session(d) as g:
+                g.register_array("w", np.zeros(2, np.float32))
+                g.register_blob("other", lambda: b"1", lambda b: None)
+                with self.assertRaisesRegex(grace.GraceError, "no blob 'other'"):
+                    g.attach()
+            with session(d) as g:
+                def broken(_):
+                    raise ValueError("cannot take it")
+                g.register_array("w", np.zeros(2, np.float32))
+                g.register_blob("b", lambda: b"1", broken)
+                with self.assertRaisesRegex(grace.GraceError, "restoring blob 'b'.*cannot take it"):
+                    g.attach()
+
+    def test_load_errors(self):
+        with TempDir() as d:
+            with self.assertRaisesRegex(grace.GraceError, "no such checkpoint"):
+                grace.load_numpy(os.path.join(d, "nothing"))
+            os.makedirs(os.path.join(d, "empty"))
+            with self.assertRaisesRegex(grace.GraceError, "no a valid checkpoint|no valid"):
+                grace.load_numpy(os.path.join(d, "empty"))
+
+
+class TorchBadInput(unittest.TestCase):
+    def test_tensors(self):
+        with TempDir() as d, session(d) as g:
+            with self.assertRaisesRegex(ValueError, "not contiguous"):
+                g.register_tensor("t", torch.zeros(4, 4).t())
+            with self.assertRaisesRegex(ValueError, "is on meta"):
+                g.register_tensor("m", torch.zeros(4, device="meta"))
+            with self.assertRaisesRegex(TypeError, "complex64, which safetensors cannot hold"):
+                g.register_tensor("c", torch.zeros(4, dtype=torch.complex64))
+            with self.assertRaisesRegex(ValueError, "sparse"):
+                g.register_tensor("s", torch.zeros(4, 4).to_sparse())
+            with self.assertRaisesRegex(ValueError, "negated"):
+                g.register_tensor("n", torch.zeros(4)._neg_view())
+            t = torch.zeros(4)
+            g.register_tensor("t", t)
+            t.data = torch.ones(4)  # moved: Grace would save memory the trainer no longer uses
+            g.attach()
+            with self.assertRaisesRegex(grace.GraceError, "'t' moved since it was registered"):
+                g.steps(2)
+            with self.assertRaisesRegex(ValueError, "float32 CPU tensor"):
+                g.all_reduce_(torch.zeros(3, dtype=torch.float64))
+            with self.assertRaisesRegex(ValueError, "not contiguous"):
+                g.all_reduce_(torch.zeros(3, 3).t())
+
+    def test_model_that_does_not_match(self):
+        with TempDir() as d:
+            with session(d) as g:
+                g.register_module(nn.Linear(4, 3))
+                g.attach()
+                list(g.steps(1))
+            other = nn.Linear(4, 5)
+            before = {k: v.clone() for k, v in other.state_dict().items()}
+            with session(d) as g:
+                g.register_module(other)
+                with self.assertRaisesRegex(grace.GraceError, "'model.weight': expected F32 \\[5,4\\], checkpoint has F32 \\[3,4\\]"):
+                    g.attach()
+            for k, v in other.state_dict().items():
+                self.assertTrue(torch.equal(v, before[k]))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.drop = nn.Dropout(0.2)
+        self.b = nn.Linear(16, 4)
+        self.register_buffer("seen", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        return self.b(self.drop(torch.relu(self.a(x))))
+
+
+def train(d, total, stop_at=None, amsgrad=False):
+    """Trains from the checkpoint in d (if any) towards `total` steps; a
+    notice at `stop_at` (0: before the first step) stops it wherever the
+    agreement lands. Returns (model, optimizer, stopped, completed)."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, amsgrad=amsgrad)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    with session(d) as g:
+        g.register_module(model)
+        g.register_optimizer(opt)
+        g.register_rng()
+        g.register_stateful("sched", sched)
+        g.attach()
+        if stop_at == 0:
+            # Agreed before step 1 starts: the checkpoint is taken at step 0,
+            # before the optimizer ever stepped (its state is still lazy).
+            agreed = len(events("agreed"))
+            g.notify("before the first step")
+            for _ in range(1000):
+                if len(events("agreed")) > agreed:
+                    break
+                time.sleep(0.01)
+        for step in g.steps(total):
+            x = torch.randn(5, 8)
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            model.seen += 1
+            if step == stop_at:
+                g.notify("test")
+            if stop_at is not None:
+                time.sleep(0.002)  # leaves the notice time to land before `total`
+        return model, opt, g.stopped, g.completed_steps
+
+
+def state_bytes(model, opt):
+    out = {k: v.clone() for k, v in model.state_dict().items()}
+    sd = opt.state_dict()
+    for i, st in sd["state"].items():
+        for k, v in st.items():
+            out["opt.%d.%s" % (i, k)] = v.clone() if torch.is_tensor(v) else v
+    out["groups"] = json.dumps([{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]])
+    return out
+
+
+class TorchTraining(unittest.TestCase):
+    def assert_same(self, a, b):
+        self.assertEqual(sorted(a), sorted(b))
+        for k in a:
+            if torch.is_tensor(a[k]):
+                self.assertEqual(a[k].dtype, b[k].dtype, k)
+                self.assertTrue(torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(-1).view(torch.uint8)), k)
+            else:
+                self.assertEqual(a[k], b[k], k)
+
+    def check_resume(self, stop_at, amsgrad=False):
+        """Stopped by a notice at `stop_at`, resumed: the end state equals an
+        uninterrupted run's, byte for byte (model, optimizer, scheduler)."""
+        total = 40
+        with TempDir() as ref, TempDir() as d:
+            m, o, _, _ = train(ref, total, amsgrad=amsgrad)
+            want = state_bytes(m, o)
+            _, _, stopped, at = train(d, total, stop_at=stop_at, amsgrad=amsgrad)
+            self.assertTrue(stopped, "the notice must stop the run before step %d" % total)
+            m2, o2, stopped, done = train(d, total, amsgrad=amsgrad)
+            self.assertEqual((stopped, done), (False, total))
+            self.assert_same(want, state_bytes(m2, o2))
+            return at
+
+    def test_resume_mid_run_is_bit_identical(self):
+        self.check_resume(5)
+
+    def test_resume_after_the_first_step_is_bit_identical(self):
+        self.check_resume(1, amsgrad=True)
+
+    def test_stop_before_the_first_step_keeps_lazy_state_lazy(self):
+        self.assertEqual(self.check_resume(0), 0)
+
+    def test_load_without_the_runtime(self):
+        with TempDir() as d:
+            model, opt, _, _ = train(d, 6)
+            ck = os.path.join(d, "ck")
+            fresh = Net()
+            fresh.load_state_dict(grace.load(ck, prefix="model."))
+            for k, v in model.state_dict().items():
+                self.assertTrue(torch.equal(v, fresh.state_dict()[k]), k)
+            opt2 = torch.optim.AdamW(fresh.parameters(), lr=1.0)
+            opt2.load_state_dict(grace.optimizer_state_dict(ck))
+            self.assert_same(state_bytes(model, opt), state_bytes(fresh, opt2))
+            arrays = grace.load_numpy(ck)
+            self.assertIn("optimizer.state.0.exp_avg", arrays)
+            self.assertEqual(grace.read_manifest(ck)["step"], 6)
+
+    def test_bfloat16_and_small_dtypes_round_trip(self):
+        with TempDir() as d:
+            ts = {"bf": torch.randn(3, 2).bfloat16(), "h": torch.randn(5).half(), "b": torch.tensor([True, False]),
+                  "i8": torch.tensor([-3, 4], dtype=torch.int8), "s": torch.tensor(7.5)}
+            with session(d) as g:
+                for k, v in ts.items():
+                    g.register_tensor(k, v)
+                g.attach()
+                list(g.steps(1))
+            back = grace.load(os.path.join(d, "ck"))
+            for k, v in ts.items():
+                self.assertEqual(back[k].dtype, v.dtype)
+                self.assertTrue(torch.equal(back[k], v), k)
+            with self.assertRaisesRegex(grace.GraceError, "bfloat16"):
+                grace.load_numpy(os.path.join(d, "ck"))
+
+
+if __name__ == "__main__":
+    try:
+        unittest.main(verbosity=2)
+    finally:
+        if os.path.exists(EVENTS):
+            os.unlink(EVENTS)
