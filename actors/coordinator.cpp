@@ -336,7 +336,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
         if (st.workers.count(rank) || st.left.count(rank))
           return refuse_for_now("duplicate rank " + std::to_string(rank) + " in incarnation " +
                                     std::to_string(st.cfg.incarnation), st.cfg.incarnation);
-        if (auto why = st.agree->join_refusal(rank)) {
+        if (auto why = st.agree->join_refusal(rank, j.getCompletedStep())) {
           st.log->warn("rank {} refused: {}", rank, *why);
           st.refused.insert(rank);
           return refuse_for_now(*why, st.cfg.incarnation);

@@ -66,8 +66,13 @@ agreement::agreement(uint32_t world_size) : world_size_(world_size) {}
 
 uint32_t agreement::chief() const { return live_.empty() ? 0 : *live_.begin(); }
 
-std::optional<std::string> agreement::join_refusal(uint32_t rank) const {
+std::optional<std::string> agreement::join_refusal(uint32_t rank, uint64_t completed) const {
   if (rank >= world_size_) return "rank " + std::to_string(rank) + " out of range";
+  if (restored_min_ && (completed != *restored_min_ || completed != *restored_max_))
+    return "rank " + std::to_string(rank) + " restored step " + std::to_string(completed) +
+           " but the group restored step " + std::to_string(*restored_max_) +
+           ": the checkpoint directories differ (node-local directories not brought level?); "
+           "restart after fetching the newest checkpoint";
   if (lost_.count(rank)) return "rank " + std::to_string(rank) + " was declared lost in this incarnation";
   if (!lost_.empty() || !gone_.empty())
     return "the group lost a member in this incarnation and is stopping; restart into the next one";
@@ -77,10 +82,11 @@ std::optional<std::string> agreement::join_refusal(uint32_t rank) const {
 }
 
 actions agreement::on_join(uint32_t rank, uint64_t completed) {
-  if (join_refusal(rank)) return {};
+  if (join_refusal(rank, completed)) return {};
   joined_.insert(rank);
   live_.insert(rank);
   restored_min_ = std::min(restored_min_.value_or(completed), completed);
+  restored_max_ = std::max(restored_max_.value_or(completed), completed);
   if (phase_ == agreement_phase::waiting && all_joined()) return propose(ckpt_kind::initial, claim_started_);
   return {};
 }
@@ -346,6 +352,7 @@ std::string agreement::state_key() const {
   for (auto& [r, s] : acks_) k += std::to_string(r) + ":" + std::to_string(s) + ",";
   k += "|" + std::to_string(agreed_step_) + "|" + std::to_string(saver_) + "|" + std::to_string(exit_after_) + "|" +
        (restored_min_ ? std::to_string(*restored_min_) : "-") + "|" + std::to_string(committed_step_);
+  // restored_max_ equals restored_min_ whenever a join was accepted.
   return k;
 }
 

@@ -151,7 +151,10 @@ public:
 
   /// Why `rank` may not join now (nullopt: it may). A refusal here is
   /// restartable: the member should exit with the restart code.
-  std::optional<std::string> join_refusal(uint32_t rank) const;
+  /// `completed`: the step the member restored. Members that restored
+  /// different steps hold different states and must never train together
+  /// (node-local checkpoint directories that were not brought level).
+  std::optional<std::string> join_refusal(uint32_t rank, uint64_t completed) const;
   /// A member joined with `completed` steps restored (call only when
   /// join_refusal() said yes).
   actions on_join(uint32_t rank, uint64_t completed);
@@ -224,6 +227,7 @@ private:
   bool exit_after_ = false;
   std::set<uint32_t> not_awaited_;        ///< live members a rescue round does not wait for
   std::optional<uint64_t> restored_min_;  ///< lowest step restored by a member that joined
+  std::optional<uint64_t> restored_max_;  ///< highest (equal to the lowest while the group is sound)
   uint64_t committed_step_ = 0;           ///< newest step an agreement committed
 };
 

@@ -458,3 +458,15 @@ TEST_CASE("agreement: a rescue does not wait for members already silent", "[agre
   REQUIRE(lost);
   CHECK(a.on_ack(1, lost->id, 7).empty());  // rank 2 is awaited again
 }
+
+TEST_CASE("agreement: members that restored different steps never train together", "[agreement]") {
+  agreement a(3);
+  REQUIRE_FALSE(a.join_refusal(0, 40));
+  a.on_join(0, 40);
+  auto why = a.join_refusal(1, 0);  // its node-local directory lacks step 40
+  REQUIRE(why);
+  CHECK(why->find("restored step 0 but the group restored step 40") != std::string::npos);
+  CHECK(a.on_join(1, 0).empty());
+  CHECK(a.live().size() == 1);  // refused: not a member
+  CHECK_FALSE(a.join_refusal(1, 40));
+}

@@ -384,7 +384,7 @@ private:
     if (!x.joined) {
       branch([r](world& n) {
         auto& y = n.m[r];
-        if (n.coord.join_refusal(r)) {
+        if (n.coord.join_refusal(r, restored)) {
           y.stopped = true;  // attach() fails as restartable: exit 42, nothing to leave
           y.code = 42;
           y.why = "refused";
