@@ -60,6 +60,7 @@ struct reference {
   std::optional<std::string> checksum;
   double step_ns = 0;
   std::string note;
+  bool wanted = true;  ///< false with --no-reference
 };
 
 /// The uninterrupted run for this configuration, cached by a key over
@@ -71,7 +72,7 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
   ::stat(base.trainer.c_str(), &st);
   nlohmann::json key = {{"workers", base.workers}, {"steps", base.steps}, {"save_every", base.save_every},
                         {"trainer_args", base.trainer_args}, {"trainer", fs::absolute(base.trainer, ec).string()},
-                        {"trainer_size", st.st_size}, {"trainer_mtime", st.st_mtime}};
+                        {"trainer_size", st.st_size}, {"trainer_mtime", st.st_mtime}, {"device", base.device}};
   // A script after an interpreter determines the weights as much as a binary.
   for (auto& a : base.trainer_prefix) {
     struct stat ps {};
@@ -98,6 +99,7 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
     }
   }
   run_config rc = base;
+  rc.mutant_args.clear();  // the reference is the correct trainer's run
   rc.dir = cache_dir / (std::string("run-") + hex);
   std::fprintf(stderr, "grace-chaos: running the uninterrupted reference (cached as %s)\n", file.c_str());
   auto res = run_job(rc, {});
@@ -133,6 +135,7 @@ one_result run_one(const run_config& base, const std::vector<fault>& schedule, c
   in.res = &res;
   in.reference_checksum = ref.checksum;
   in.reference_note = ref.note;
+  in.reference_wanted = ref.wanted;
   auto chk = check_invariants(in);
   nlohmann::json extra = origin;
   extra["schedule"] = schedule_to_json(schedule);
@@ -177,6 +180,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", cfg.steps, "training steps")->check(CLI::Range(uint64_t(10), uint64_t(1) << 30));
   app.add_option("--save-every", cfg.save_every, "periodic checkpoint interval (bounds work lost to a damaged checkpoint)")
     ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--device", cfg.device, "trainer --device (auto, cpu or cuda)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--step-delay-ms", cfg.step_delay_ms, "trainer --step-delay-ms: slows steps so 'at step X' is precise")
     ->check(CLI::Range(0, 60000));
   app.add_option("--seed", seed, "random schedule seed (same seed, same schedule)");
@@ -193,6 +198,10 @@ int main(int argc, char** argv) {
   app.add_option("--trainer", cfg.trainer, "trainer program (default $GRACE_TRAIN or grace-train next to this binary)");
   app.add_option("--launcher", cfg.launcher, "launcher (default $GRACE_LAUNCH or grace-launch next to this binary)");
   app.add_option("--ckpt-tool", cfg.ckpt_tool, "checkpoint tool (default $GRACE_CKPT or grace-ckpt next to this binary)");
+  app.add_option("--mutant-arg", cfg.mutant_args,
+                 "a broken-on-purpose trainer flag (e.g. --mutant-arg=--broken-repeat-step): given to the "
+                 "faulted runs, not to the reference")
+      ->allow_extra_args(false);
   app.add_option("--trainer-arg", trainer_args, "extra trainer argument (repeat; use --trainer-arg=--flag for flags)")
     ->allow_extra_args(false);
   app.add_option("--max-restarts", cfg.max_relaunches, "scheduler relaunches of grace-launch before giving up")
@@ -305,7 +314,10 @@ int main(int argc, char** argv) {
 
   try {
     reference ref;
-    if (no_reference) ref.note = "--no-reference";
+    if (no_reference) {
+      ref.note = "--no-reference";
+      ref.wanted = false;
+    }
     else ref = get_reference(cfg, cache_dir);
     if (!no_reference && !ref.checksum) std::fprintf(stderr, "grace-chaos: %s\n", ref.note.c_str());
 

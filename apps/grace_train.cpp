@@ -4,6 +4,7 @@
 // NCCL), so it doubles as the example a research trainer copies.
 #include "runtime/cancel_token.hpp"
 #include "runtime/device_copy.hpp"
+#include "runtime/device_probe.hpp"
 #include "runtime/gloo_comm.hpp"
 #include "runtime/grace.hpp"
 #include "runtime/mlp.hpp"
@@ -27,6 +28,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <unistd.h>
 
@@ -134,14 +136,16 @@ grace::status zero_tensor(const grace::tensor_ref& t) {
   return grace::device_copy_to_device(t.data, zeros.data(), zeros.size(), t.device);
 }
 
-} // namespace
+/// Deliberate bugs for the failure harness's own tests (tests/chaos/mutants.sh):
+/// each must be caught by the invariant it names. Never use them for training.
+struct mutants {
+  bool skip_optimizer_restore = false;  ///< momentum zeroed after a restore (bit_identical)
+  bool repeat_step = false;             ///< the first step after a restore runs twice (exactly_once)
+  bool exit_zero = false;               ///< non-chief ranks exit 0 instead of the restart code (exit_codes)
+};
 
-int main(int argc, char** argv) {
-  // Before any thread: SIGTERM/SIGINT are read by Grace's signal watcher.
-  grace::session* current = nullptr;
-  (void)current;
-  CLI::App app{"grace-train: data-parallel MLP training that survives preemption.\n"
-               "  grace-launch --nproc 4 -- grace-train --steps 400"};
+/// Everything the command line sets.
+struct train_args {
   grace::mlp_config mc;
   uint64_t steps = 200;
   std::string checkpoint_dir = std::getenv("GRACE_CHECKPOINT_DIR") ? std::getenv("GRACE_CHECKPOINT_DIR")
@@ -151,9 +155,15 @@ int main(int argc, char** argv) {
   uint64_t save_every = 0, fail_at = 0;
   int fail_rank = 0;
   double save_every_seconds = 0;
-  bool skip_optimizer_restore = false, keep_checkpoints = false;
-  if (const char* rc = std::getenv("GRACE_RESTART_CODE")) restart_code = std::atoi(rc);
-  app.add_option("--steps", steps, "total training steps")->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
+  bool keep_checkpoints = false;
+  int collective_timeout_ms = 30000;
+  mutants broken;
+  grace::broken_on_purpose broken_runtime;
+};
+
+void add_training_options(CLI::App& app, train_args& a) {
+  auto& mc = a.mc;
+  app.add_option("--steps", a.steps, "total training steps")->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
   app.add_option("--input-dim", mc.input_dim, "features per sample")->check(CLI::Range(1, 1 << 20));
   app.add_option("--hidden", mc.hidden, "hidden layer widths, e.g. --hidden 256 256")->delimiter(',');
   app.add_option("--classes", mc.classes, "classes")->check(CLI::Range(2, 1 << 20));
@@ -161,224 +171,299 @@ int main(int argc, char** argv) {
   app.add_option("--lr", mc.lr, "learning rate");
   app.add_option("--momentum", mc.momentum, "SGD momentum");
   app.add_option("--seed", mc.seed, "data and initialisation seed");
-  app.add_option("--checkpoint-dir", checkpoint_dir, "checkpoint directory (default $GRACE_CHECKPOINT_DIR)");
-  app.add_option("--keep", keep, "checkpoints to keep")->check(CLI::Range(1, 1000));
-  app.add_option("--save-every", save_every, "periodic checkpoint every N steps (0: off)");
-  app.add_option("--save-every-seconds", save_every_seconds, "periodic checkpoint every T seconds (0: off)");
-  app.add_flag("--keep-checkpoints", keep_checkpoints, "keep backups after a successful finish");
-  app.add_option("--grace-period-ms", grace_ms, "time from a notice to the kill (0: exit after the first save)");
-  app.add_option("--notice-file", notice_file, "a file whose appearance is a preemption notice");
-  app.add_option("--notice-command", notice_command, "a command whose exit 0 is a preemption notice");
-  app.add_option("--restart-code", restart_code, "exit code after a preemption save");
-  app.add_option("--workers", workers, "host:port,... of every worker (without grace-launch)");
-  app.add_option("--index", index, "this worker's index in --workers");
-  app.add_option("--device", device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--output", output, "write a JSON summary (steps, loss, weights checksum) here");
-  app.add_option("--step-delay-ms", step_delay_ms, "sleep in every step (demos and tests)");
-  int collective_timeout_ms = 30000;
-  app.add_option("--collective-timeout-ms", collective_timeout_ms,
+  app.add_option("--device", a.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--output", a.output, "write a JSON summary (steps, loss, weights checksum) here");
+  app.add_option("--step-delay-ms", a.step_delay_ms, "sleep in every step (demos and tests)");
+  app.add_option("--collective-timeout-ms", a.collective_timeout_ms,
                  "bound on the collectives' rendezvous and on each collective")
       ->check(CLI::Range(100, 3600000));
-  app.add_option("--fail-at-step", fail_at, "raise an error in this step (tests)");
-  app.add_option("--fail-rank", fail_rank, "rank that raises the error");
-  app.add_flag("--skip-optimizer-restore", skip_optimizer_restore,
-               "BROKEN ON PURPOSE: do not restore the optimizer state (proves the harness catches lost state)");
+  app.add_option("--fail-at-step", a.fail_at, "raise an error in this step (tests)");
+  app.add_option("--fail-rank", a.fail_rank, "rank that raises the error");
+}
+
+void add_grace_options(CLI::App& app, train_args& a) {
+  app.add_option("--checkpoint-dir", a.checkpoint_dir, "checkpoint directory (default $GRACE_CHECKPOINT_DIR)");
+  app.add_option("--keep", a.keep, "checkpoints to keep")->check(CLI::Range(1, 1000));
+  app.add_option("--save-every", a.save_every, "periodic checkpoint every N steps (0: off)");
+  app.add_option("--save-every-seconds", a.save_every_seconds, "periodic checkpoint every T seconds (0: off)");
+  app.add_flag("--keep-checkpoints", a.keep_checkpoints, "keep backups after a successful finish");
+  app.add_option("--grace-period-ms", a.grace_ms, "time from a notice to the kill (0: exit after the first save)");
+  app.add_option("--notice-file", a.notice_file, "a file whose appearance is a preemption notice");
+  app.add_option("--notice-command", a.notice_command, "a command whose exit 0 is a preemption notice");
+  app.add_option("--restart-code", a.restart_code, "exit code after a preemption save");
+  app.add_option("--workers", a.workers, "host:port,... of every worker (without grace-launch)");
+  app.add_option("--index", a.index, "this worker's index in --workers");
+}
+
+void add_mutant_options(CLI::App& app, train_args& a) {
+  const std::string b = "BROKEN ON PURPOSE (proves the failure harness catches it): ";
+  app.add_flag("--broken-skip-optimizer-restore", a.broken.skip_optimizer_restore,
+               b + "zero the optimizer state after a restore (bit_identical)");
+  app.add_flag("--broken-repeat-step", a.broken.repeat_step,
+               b + "run the first step after a restore twice (exactly_once)");
+  app.add_flag("--broken-exit-zero", a.broken.exit_zero,
+               b + "ranks other than 0 exit 0 instead of the restart code (exit_codes)");
+  app.add_flag("--broken-restore-without-checksums", a.broken_runtime.restore_without_checksums,
+               b + "restore a damaged checkpoint (no_corrupt_restore)");
+  app.add_flag("--broken-keep-stale-temporaries", a.broken_runtime.keep_stale_temporaries,
+               b + "never remove leftover temporary directories (no_temp_left)");
+  app.add_flag("--broken-no-jit-save", a.broken_runtime.no_just_in_time_save,
+               b + "stop without the just-in-time save when a peer is lost (work_lost)");
+}
+
+#ifndef GRACE_HAVE_CUDA
+/// The CUDA backend lives in grace-train-cuda beside this binary, so a CPU
+/// node never loads the CUDA libraries: loading them adds hundreds of ms to
+/// every worker's start and exit, which a restart pays on its critical path
+/// (docs/BENCHMARKS.md). Returns only when training stays on the CPU (with
+/// the reason in `cpu_reason`), or an exit code.
+std::optional<int> maybe_exec_cuda_trainer(const train_args& a, char** argv, std::string& cpu_reason) {
+  cpu_reason = "--device cpu";
+  if (a.device == "cpu") return std::nullopt;
+  std::error_code ec;
+  auto self_path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  auto cuda_bin = (ec ? std::filesystem::path("grace-train-cuda") : self_path.parent_path() / "grace-train-cuda");
+  const bool have_bin = ::access(cuda_bin.c_str(), X_OK) == 0;
+  std::string no_driver;
+  const bool driver = grace::nvidia_driver_present(&no_driver);
+  if (have_bin && driver) {
+    ::execv(cuda_bin.c_str(), argv);
+    spdlog::error("cannot run {}: {}", cuda_bin.string(), std::strerror(errno));
+    return grace::exit_code::usage;
+  }
+  const std::string why = !driver ? no_driver + " on this node"
+                                  : "this build has no CUDA backend (grace-train-cuda is not built: configure "
+                                    "with -DGRACE_CUDA=ON, see docs/GPU.md)";
+  if (a.device == "cuda") {
+    spdlog::error("--device cuda: {}; use --device cpu", why);
+    return grace::exit_code::usage;
+  }
+  cpu_reason = "--device auto: " + why;
+  return std::nullopt;
+}
+#endif
+
+grace::result<grace::options> make_options(const train_args& a) {
+  grace::options opts;
+  opts.checkpoint_dir = a.checkpoint_dir;
+  opts.keep_last = a.keep;
+  opts.restart_exit_code = a.restart_code;
+  opts.save_every_steps = a.save_every;
+  opts.save_every_seconds = a.save_every_seconds;
+  opts.keep_checkpoints_on_success = a.keep_checkpoints;
+  opts.notice_file = a.notice_file;
+  opts.notice_command = a.notice_command;
+  opts.grace_period = std::chrono::milliseconds(a.grace_ms);
+  opts.broken = a.broken_runtime;
+  if (!a.workers.empty()) {
+    auto c = grace::cluster_from_workers(a.workers, a.index);
+    if (!c) return c.err();
+    opts.cluster = *c;
+  }
+  return opts;
+}
+
+/// The compute backend --device chose (after the session exists: the CUDA
+/// driver may start threads, and they must inherit the blocked signals).
+grace::result<trainer_backend> make_backend(const train_args& a, const std::string& cpu_reason) {
+#ifdef GRACE_HAVE_CUDA
+  (void)cpu_reason;
+  const int local_rank = local_rank_from_environment();
+  if (local_rank < 0)
+    return grace::error{grace::errc::invalid_input,
+                        std::string("GRACE_LOCAL_RANK='") + std::getenv("GRACE_LOCAL_RANK") +
+                            "': expected a non-negative integer (grace-launch sets it)"};
+  auto choice = grace::choose_backend(a.device, local_rank);
+  if (!choice) return choice.err();
+  spdlog::info("{}", choice->explanation);
+  if (choice->kind == grace::backend_kind::cuda) {
+    // Device tensors are snapshotted and restored through this hook.
+    grace::register_cuda_device_copy();
+    auto b = cuda_backend(a.mc, choice->device);
+    if (!b) return grace::error{b.err().code, "cuda backend: " + b.err().message};
+    return b;
+  }
+#else
+  spdlog::info("device: cpu ({})", cpu_reason);
+#endif
+  return cpu_backend(a.mc);
+}
+
+/// The exit code for a failed attach(): bad configuration stops; an
+/// unreachable coordinator or a join refused for now (stale incarnation) is
+/// a failed rendezvous, which the launcher retries in the coordinator's
+/// current incarnation and gives up on after several in a row.
+int attach_failure_code(const grace::error& e, int restart_code) {
+  spdlog::error("{}", e.message);
+  switch (e.code) {
+    case grace::errc::invalid_input: return grace::exit_code::usage;
+    case grace::errc::disconnected: return grace::exit_code::no_rendezvous;
+    default: return restart_code;
+  }
+}
+
+/// Joins the collective; on failure the process ends here. Usually a peer
+/// died before its rendezvous: the session waits for the cluster's verdict
+/// and gives the exit code. Without one (no peer lost, e.g. an address the
+/// peers cannot reach) it is no_rendezvous, which the launcher counts
+/// toward giving up; with one the group still never got past its
+/// rendezvous, and the launcher counts it too.
+std::function<grace::status()> connect_or_exit(grace::session& g, trainer_backend& backend, int restart_code) {
+  const int rank = static_cast<int>(g.rank()), world = static_cast<int>(g.world_size());
+  if (world == 1) return {};
+  auto c = backend.connect(g, rank, world);
+  if (c) return std::move(c.value());
+  spdlog::error("{} (this worker advertised {}: {})", c.err().message, g.cluster().host, g.cluster().host_source);
+  int code = g.stop_after_failure(c.err(), grace::exit_code::no_rendezvous);
+  g.quick_exit(code == restart_code ? grace::exit_code::no_rendezvous : code);
+}
+
+/// Rank 0's progress line: a live one on a terminal, a log line otherwise.
+class progress {
+public:
+  progress(bool on, uint64_t first, uint64_t steps)
+      : on_(on), tty_(on && ::isatty(STDERR_FILENO)), first_(first), steps_(steps) {}
+  void step(uint64_t s, float loss) {
+    auto now = std::chrono::steady_clock::now();
+    if (!on_ || (now - last_ <= std::chrono::milliseconds(tty_ ? 200 : 2000) && s != steps_)) return;
+    double el = std::chrono::duration<double>(now - t0_).count();
+    double rate = el > 0 ? double(s - first_ + 1) / el : 0;
+    double eta = rate > 0 ? double(steps_ - s) / rate : 0;
+    if (tty_)
+      std::fprintf(stderr, "\rstep %llu/%llu  %.1f steps/s  loss %.4f  ETA %.0fs   ", (unsigned long long)s,
+                   (unsigned long long)steps_, rate, loss, eta);
+    else
+      spdlog::info("step {}/{}  {:.1f} steps/s  loss {:.4f}  ETA {:.0f}s", s, steps_, rate, loss, eta);
+    last_ = now;
+  }
+  void end_line() {
+    if (tty_) std::fprintf(stderr, "\n");
+  }
+
+private:
+  bool on_, tty_;
+  uint64_t first_, steps_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now(), last_ = t0_;
+};
+
+/// What the run counts, checkpointed as counters: exactly-once accounting.
+struct tally {
+  int64_t steps_done = 0, step_index_sum = 0;
+  float loss = 0;
+};
+
+/// Steps from the restored one to the last; returns only when every step ran.
+void train(grace::session& g, const train_args& a, trainer_backend& backend,
+           const std::function<grace::status()>& allreduce, uint64_t start, tally& t) {
+  const int rank = static_cast<int>(g.rank()), world = static_cast<int>(g.world_size());
+  progress pr(rank == 0, start + 1, a.steps);
+  bool repeat = a.broken.repeat_step && start > 0;
+  auto one_step = [&](uint64_t step) {
+    if (a.fail_at == step && rank == a.fail_rank)
+      throw std::runtime_error("injected failure at step " + std::to_string(step));
+    t.loss = backend.compute_gradients(step - 1, rank, world);
+    if (allreduce)
+      if (auto st = allreduce(); !st) throw grace::step_failure(st.err());
+    backend.apply_gradients();
+    ++t.steps_done;
+    t.step_index_sum += static_cast<int64_t>(step);
+    if (a.step_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(a.step_delay_ms));
+  };
+  for (uint64_t s = start + 1; s <= a.steps; ++s) {
+    auto r = g.run([&](uint64_t step) {
+      if (repeat) {
+        repeat = false;
+        spdlog::warn("--broken-repeat-step: step {} runs twice (broken on purpose)", step);
+        one_step(step);
+      }
+      one_step(step);
+    });
+    if (r == grace::step_result::stop) {
+      pr.end_line();
+      int code = g.exit_code();
+      if (a.broken.exit_zero && code == a.restart_code && rank != 0) {
+        spdlog::warn("--broken-exit-zero: exit 0 instead of {} (broken on purpose)", code);
+        code = 0;
+      }
+      g.quick_exit(code);  // the checkpoint is committed: skip slow teardown
+    }
+    pr.step(s, t.loss * world);
+  }
+  pr.end_line();
+}
+
+void write_output(const train_args& a, const tally& t, const std::string& checksum, int world) {
+  spdlog::info("finished {} steps; weights checksum {}", a.steps, checksum);
+  if (a.output.empty()) return;
+  std::ofstream f(a.output);
+  f << nlohmann::json{{"steps", a.steps}, {"steps_done", t.steps_done}, {"step_index_sum", t.step_index_sum},
+                      {"weights_checksum", checksum}, {"world_size", world}, {"loss", t.loss * world}}
+           .dump(2)
+    << "\n";
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"grace-train: data-parallel MLP training that survives preemption.\n"
+               "  grace-launch --nproc 4 -- grace-train --steps 400"};
+  train_args a;
+  if (const char* rc = std::getenv("GRACE_RESTART_CODE")) a.restart_code = std::atoi(rc);
+  add_training_options(app, a);
+  add_grace_options(app, a);
+  add_mutant_options(app, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : grace::exit_code::usage;
   }
-  collective_timeout = std::chrono::milliseconds(collective_timeout_ms);
-
+  collective_timeout = std::chrono::milliseconds(a.collective_timeout_ms);
+  std::string cpu_reason;
 #ifndef GRACE_HAVE_CUDA
-  // The CUDA backend lives in grace-train-cuda beside this binary, so a CPU
-  // node never loads the CUDA libraries: loading them adds hundreds of ms to
-  // every worker's start and exit, which a restart pays on its critical path
-  // (docs/BENCHMARKS.md).
-  std::string cpu_reason = "--device cpu";
-  if (device != "cpu") {
-    std::error_code ec;
-    auto self_path = std::filesystem::read_symlink("/proc/self/exe", ec);
-    auto cuda_bin = (ec ? std::filesystem::path("grace-train-cuda") : self_path.parent_path() / "grace-train-cuda");
-    const bool have_bin = ::access(cuda_bin.c_str(), X_OK) == 0;
-    const bool driver = ::access("/proc/driver/nvidia/version", F_OK) == 0 || ::access("/dev/nvidiactl", F_OK) == 0;
-    if (have_bin && driver) {
-      ::execv(cuda_bin.c_str(), argv);
-      spdlog::error("cannot run {}: {}", cuda_bin.string(), std::strerror(errno));
-      return grace::exit_code::usage;
-    }
-    const std::string why = !driver ? "no NVIDIA driver on this node (/proc/driver/nvidia/version and /dev/nvidiactl are absent)"
-                                    : "this build has no CUDA backend (grace-train-cuda is not built: configure with -DGRACE_CUDA=ON, see docs/GPU.md)";
-    if (device == "cuda") {
-      spdlog::error("--device cuda: {}; use --device cpu", why);
-      return grace::exit_code::usage;
-    }
-    cpu_reason = "--device auto: " + why;
-  }
+  if (auto code = maybe_exec_cuda_trainer(a, argv, cpu_reason)) return *code;
 #endif
-
-  grace::options opts;
-  opts.checkpoint_dir = checkpoint_dir;
-  opts.keep_last = keep;
-  opts.restart_exit_code = restart_code;
-  opts.save_every_steps = save_every;
-  opts.save_every_seconds = save_every_seconds;
-  opts.keep_checkpoints_on_success = keep_checkpoints;
-  opts.notice_file = notice_file;
-  opts.notice_command = notice_command;
-  opts.grace_period = std::chrono::milliseconds(grace_ms);
-  if (!workers.empty()) {
-    auto c = grace::cluster_from_workers(workers, index);
-    if (!c) {
-      spdlog::error("{}", c.err().message);
-      return grace::exit_code::usage;
-    }
-    opts.cluster = *c;
-  }
-  grace::session g(opts);  // blocks SIGTERM/SIGINT for every later thread
-
-  // After the session: initialising the CUDA driver may start threads, and
-  // they must inherit the blocked signals.
-#ifdef GRACE_HAVE_CUDA
-  const int local_rank = local_rank_from_environment();
-  if (local_rank < 0) {
-    spdlog::error("GRACE_LOCAL_RANK='{}': expected a non-negative integer (grace-launch sets it)",
-                  std::getenv("GRACE_LOCAL_RANK"));
+  auto opts = make_options(a);
+  if (!opts) {
+    spdlog::error("{}", opts.err().message);
     return grace::exit_code::usage;
   }
-  auto choice = grace::choose_backend(device, local_rank);
-  if (!choice) {
-    spdlog::error("{}", choice.err().message);
-    return grace::exit_code::usage;
-  }
-  spdlog::info("{}", choice->explanation);
-  const bool use_cuda = choice->kind == grace::backend_kind::cuda;
-#else
-  spdlog::info("device: cpu ({})", cpu_reason);
-  const bool use_cuda = false;
-#endif
+  grace::session g(*opts);  // blocks SIGTERM/SIGINT for every later thread
 
-  auto world_hint = opts.cluster ? opts.cluster->world_size
-                                 : (std::getenv("GRACE_WORLD_SIZE") ? std::atoi(std::getenv("GRACE_WORLD_SIZE")) : 1);
-  if (auto st = grace::validate(mc, world_hint); !st) {
+  auto world_hint = opts->cluster ? opts->cluster->world_size
+                                  : (std::getenv("GRACE_WORLD_SIZE") ? std::atoi(std::getenv("GRACE_WORLD_SIZE")) : 1);
+  if (auto st = grace::validate(a.mc, world_hint); !st) {
     spdlog::error("{}", st.err().message);
     return grace::exit_code::usage;
   }
-  trainer_backend backend;
-  if (!use_cuda) {
-    backend = cpu_backend(mc);
-  } else {
-#ifdef GRACE_HAVE_CUDA
-    // Device tensors are snapshotted and restored through this hook.
-    grace::register_cuda_device_copy();
-    auto b = cuda_backend(mc, choice->device);
-    if (!b) {
-      spdlog::error("cuda backend: {}", b.err().message);
-      return b.err().code == grace::errc::invalid_input ? grace::exit_code::usage : restart_code;
-    }
-    backend = std::move(b.value());
-#endif
+  auto backend = make_backend(a, cpu_reason);
+  if (!backend) {
+    spdlog::error("{}", backend.err().message);
+    return backend.err().code == grace::errc::invalid_input ? grace::exit_code::usage : a.restart_code;
   }
-  int64_t steps_done = 0, step_index_sum = 0;
-  const auto& tensors = backend.tensors;
-  for (auto& t : tensors) g.register_tensor(t);
-  g.register_counter("steps_done", &steps_done);
-  g.register_counter("step_index_sum", &step_index_sum);
+  tally t;
+  for (auto& tr : backend->tensors) g.register_tensor(tr);
+  g.register_counter("steps_done", &t.steps_done);
+  g.register_counter("step_index_sum", &t.step_index_sum);
 
   auto start = g.attach();
-  if (!start) {
-    // Bad configuration: stop. Coordinator unreachable or the join refused
-    // for now (stale incarnation): a failed rendezvous; the launcher
-    // restarts the group in the coordinator's current incarnation, and gives
-    // up after several in a row.
-    spdlog::error("{}", start.err().message);
-    switch (start.err().code) {
-      case grace::errc::invalid_input: return grace::exit_code::usage;
-      case grace::errc::disconnected: return grace::exit_code::no_rendezvous;
-      default: return restart_code;
-    }
-  }
-  if (skip_optimizer_restore && *start > 0) {
-    for (auto& t : tensors)
-      if (t.name.rfind("optimizer.", 0) == 0)
-        if (auto st = zero_tensor(t); !st) {
-          spdlog::error("--skip-optimizer-restore: {}", st.err().message);
+  if (!start) return attach_failure_code(start.err(), a.restart_code);
+  if (a.broken.skip_optimizer_restore && *start > 0) {
+    for (auto& tr : backend->tensors)
+      if (tr.name.rfind("optimizer.", 0) == 0)
+        if (auto st = zero_tensor(tr); !st) {
+          spdlog::error("--broken-skip-optimizer-restore: {}", st.err().message);
           return grace::exit_code::fatal;
         }
-    spdlog::warn("--skip-optimizer-restore: optimizer state zeroed after restore (broken on purpose)");
+    spdlog::warn("--broken-skip-optimizer-restore: optimizer state zeroed after restore (broken on purpose)");
   }
-  const int rank = static_cast<int>(g.rank()), world = static_cast<int>(g.world_size());
-
-  std::function<grace::status()> allreduce_gradients; // empty for a world of one
-  if (world > 1) {
-    auto c = backend.connect(g, rank, world);
-    if (!c) {
-      // Usually a peer that died before its rendezvous: the session waits
-      // for the cluster's verdict and gives the exit code. Without one (no
-      // peer lost, e.g. an address the peers cannot reach) it is
-      // no_rendezvous, which the launcher counts toward giving up.
-      spdlog::error("{} (this worker advertised {}: {})", c.err().message, g.cluster().host,
-                    g.cluster().host_source);
-      int code = g.stop_after_failure(c.err(), grace::exit_code::no_rendezvous);
-      // With a verdict too (a peer left or was lost meanwhile) this group
-      // never got past its rendezvous: the launcher counts such groups.
-      g.quick_exit(code == restart_code ? grace::exit_code::no_rendezvous : code);
-    }
-    allreduce_gradients = std::move(c.value());
-  }
-
-  const bool tty = ::isatty(STDERR_FILENO) && rank == 0;
-  auto t_start = std::chrono::steady_clock::now();
-  auto last_print = t_start;
-  uint64_t first = *start + 1;
-  float loss = 0;
-  for (uint64_t s = first; s <= steps; ++s) {
-    auto r = g.run([&](uint64_t step) {
-      if (fail_at == step && rank == fail_rank)
-        throw std::runtime_error("injected failure at step " + std::to_string(step));
-      loss = backend.compute_gradients(step - 1, rank, world);
-      if (allreduce_gradients) {
-        auto st = allreduce_gradients();
-        if (!st) throw grace::step_failure(st.err());
-      }
-      backend.apply_gradients();
-      ++steps_done;
-      step_index_sum += static_cast<int64_t>(step);
-      if (step_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms));
-    });
-    if (r == grace::step_result::stop) {
-      if (tty) std::fprintf(stderr, "\n");
-      g.quick_exit(g.exit_code());  // the checkpoint is committed: skip slow teardown
-    }
-    auto now = std::chrono::steady_clock::now();
-    if (rank == 0 && (now - last_print > std::chrono::milliseconds(tty ? 200 : 2000) || s == steps)) {
-      double el = std::chrono::duration<double>(now - t_start).count();
-      double rate = el > 0 ? double(s - first + 1) / el : 0;
-      double eta = rate > 0 ? double(steps - s) / rate : 0;
-      if (tty)
-        std::fprintf(stderr, "\rstep %llu/%llu  %.1f steps/s  loss %.4f  ETA %.0fs   ",
-                     (unsigned long long)s, (unsigned long long)steps, rate, loss * world, eta);
-      else
-        spdlog::info("step {}/{}  {:.1f} steps/s  loss {:.4f}  ETA {:.0f}s", s, steps, rate, loss * world, eta);
-      last_print = now;
-    }
-  }
-  if (tty) std::fprintf(stderr, "\n");
+  auto allreduce = connect_or_exit(g, *backend, a.restart_code);
+  train(g, a, *backend, allreduce, *start, t);
   if (auto st = g.finish(); !st) {
     spdlog::error("finish: {}", st.err().message);
     return grace::exit_code::fatal;
   }
   char hex[32];
-  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)backend.weights_checksum());
-  if (rank == 0) {
-    spdlog::info("finished {} steps; weights checksum {}", steps, hex);
-    if (!output.empty()) {
-      std::ofstream f(output);
-      f << nlohmann::json{{"steps", steps}, {"steps_done", steps_done}, {"step_index_sum", step_index_sum},
-                          {"weights_checksum", hex}, {"world_size", world}, {"loss", loss * world}}
-               .dump(2)
-        << "\n";
-    }
-  }
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)backend->weights_checksum());
+  if (g.rank() == 0) write_output(a, t, hex, static_cast<int>(g.world_size()));
   g.quick_exit(0);
 }

@@ -60,6 +60,7 @@ def parse_args():
                    help="without g.abortable_sockets(): a collective blocked on a lost peer waits for "
                         "torch's timeout (or the launcher's kill)")
     p.add_argument("--output", default=None, help="JSON summary (steps, weights checksum) from rank 0")
+    p.add_argument("--device", choices=["cpu"], default="cpu", help="torch CPU tensors (the flag grace-chaos passes)")
     p.add_argument("--step-delay-ms", type=int, default=0, help="sleep in every step (tests, demos)")
     p.add_argument("--fail-at-step", type=int, default=0, help="raise an error in this step (tests)")
     p.add_argument("--fail-rank", type=int, default=0)

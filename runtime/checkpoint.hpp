@@ -139,6 +139,13 @@ public:
   /// byte-identical either way; this exists for tests and comparisons.
   void set_direct_io(bool on) noexcept { direct_io_ = on; }
   bool direct_io() const noexcept { return direct_io_; }
+  /// BROKEN ON PURPOSE (a mutant for the failure harness, never for real
+  /// use): restores stop comparing file checksums, so a damaged checkpoint
+  /// is restored instead of skipped. `grace-ckpt verify` still checks them.
+  void break_restore_checksums_on_purpose() noexcept { restore_checksums_ = false; }
+  /// BROKEN ON PURPOSE (a mutant): leftover `.tmp-*` directories are never
+  /// removed.
+  void break_temporary_cleanup_on_purpose() noexcept { clean_temporaries_ = false; }
 
   /// Faults in the O_DIRECT staging pair (two 64 MiB buffers kept for the
   /// life of the process, shared by saves and restores) as far as a state
@@ -209,6 +216,8 @@ private:
   int keep_last_;
   uint64_t shard_bytes_ = default_shard_bytes;
   bool direct_io_ = true;
+  bool restore_checksums_ = true;
+  bool clean_temporaries_ = true;
 };
 
 } // namespace grace

@@ -345,6 +345,8 @@ struct session::impl {
           ack_jit(d);
           continue;
         case ty::reach:
+          if (d.save && d.kind == ckpt_kind::jit && opts.broken.no_just_in_time_save)
+            return stop(opts.restart_exit_code, "just-in-time save disabled (broken on purpose)", may_throw);
           if (auto st = reach(d); !st)
             return stop(exit_code::fatal, "checkpoint save failed: " + st.err().message, may_throw);
           continue;
@@ -520,6 +522,8 @@ result<uint64_t> session::attach() {
 
 status session::impl::restore() {
   store = std::make_unique<checkpoint_store>(opts.checkpoint_dir, opts.keep_last);
+  if (opts.broken.restore_without_checksums) store->break_restore_checksums_on_purpose();
+  if (opts.broken.keep_stale_temporaries) store->break_temporary_cleanup_on_purpose();
   if (cluster.is_chief()) store->remove_stale_temporaries();
   // The snapshot buffers first: the restore reads into them (warm pages,
   // and a checkpoint that fails verification never touches the tensors).

@@ -137,6 +137,7 @@ verdict bit_identical(const check_input& in) {
     return v;
   }
   if (!in.reference_checksum) {
+    if (in.reference_wanted) v.status = verdict_status::fail;
     v.detail = "no reference: " + in.reference_note;
     return v;
   }
@@ -212,6 +213,12 @@ verdict exit_codes(const check_input& in) {
   std::map<int64_t, std::vector<const fault_record*>> by_inc;
   for (auto& f : res.faults)
     if (injected(f)) by_inc[f.incarnation].push_back(&f);
+  // Exit 0 is right only for a worker that finished the job (its
+  // `finished` event in that incarnation), never after a save that asked
+  // for a restart.
+  std::set<std::pair<int64_t, int64_t>> finished;  // (incarnation, rank)
+  for (auto& e : res.events)
+    if (e.name == "finished") finished.insert({e.incarnation, e.rank});
   int worker_exits = 0;
   for (auto& e : res.events) {
     if (e.name != "worker_exit") continue;
@@ -220,7 +227,7 @@ verdict exit_codes(const check_input& in) {
     auto& fs = by_inc[e.incarnation];
     auto has = [&](auto pred) { return std::any_of(fs.begin(), fs.end(), [&](auto* f) { return pred(*f); }); };
     bool ok = false;
-    if (code == 0) ok = true;
+    if (code == 0) ok = finished.count({e.incarnation, rank}) > 0;
     else if (sig == SIGKILL)
       ok = has([&](const fault_record& f) {
         bool targeted = std::find(f.ranks.begin(), f.ranks.end(), rank) != f.ranks.end();

@@ -46,6 +46,9 @@ struct check_input {
   const run_result* res = nullptr;
   std::optional<std::string> reference_checksum;
   std::string reference_note;
+  /// False only with --no-reference: then a missing reference is a SKIP;
+  /// a reference that was wanted and failed makes bit_identical FAIL.
+  bool reference_wanted = true;
 };
 
 struct check_output {

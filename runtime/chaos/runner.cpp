@@ -289,7 +289,7 @@ private:
     for (auto& s : std::vector<std::string>{"--steps", std::to_string(cfg_.steps), "--output",
                                             (run_dir_ / "out.json").string(), "--save-every",
                                             std::to_string(cfg_.save_every), "--step-delay-ms",
-                                            std::to_string(cfg_.step_delay_ms)})
+                                            std::to_string(cfg_.step_delay_ms), "--device", cfg_.device})
       a.push_back(s);
     if (worker_grace) { a.push_back("--grace-period-ms"); a.push_back(std::to_string(worker_grace)); }
     if (fail) {
@@ -297,6 +297,7 @@ private:
       a.push_back("--fail-rank"); a.push_back(std::to_string(fail->targets.empty() ? 0 : fail->targets[0]));
     }
     for (auto& s : cfg_.trainer_args) a.push_back(s);
+    for (auto& s : cfg_.mutant_args) a.push_back(s);
     lr.argv = a;
     std::map<std::string, std::string> env{{"GRACE_EVENTS_FILE", events_path_.string()},
                                            {"GRACE_INCARNATION", std::to_string(incarnation)}};

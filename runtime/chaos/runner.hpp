@@ -28,7 +28,11 @@ struct run_config {
   uint64_t steps = 200;
   int save_every = 20;
   int step_delay_ms = 20;
+  std::string device = "cpu";           ///< trainer --device (the harness measures CPU runs by default)
   std::vector<std::string> trainer_args; ///< extra, appended verbatim
+  /// Appended after trainer_args, but not given to the reference run: a
+  /// broken-on-purpose flag whose job is to make an invariant fail.
+  std::vector<std::string> mutant_args;
   int launcher_max_restarts = 20;        ///< in-launcher group restarts
   int max_relaunches = 20;               ///< scheduler relaunches of grace-launch
   int exit_timeout_ms = 8000;            ///< grace-launch --exit-timeout-ms

@@ -1,6 +1,6 @@
 #include "runtime/cuda/device.hpp"
+#include "runtime/device_probe.hpp"
 
-#include <sys/stat.h>
 
 #include <cuda_runtime_api.h>
 
@@ -8,13 +8,20 @@
 
 namespace grace {
 
-int cuda_device_count(std::string* why) {
+cuda_probe probe_cuda() {
+  cuda_probe p;
   // No NVIDIA kernel driver: say so without initialising the CUDA runtime,
   // which costs ~100 ms per process (a restart pays it on its critical path).
-  struct stat sb;
-  if (::stat("/proc/driver/nvidia/version", &sb) != 0 && ::stat("/dev/nvidiactl", &sb) != 0) {
-    if (why) *why = "no NVIDIA driver (/proc/driver/nvidia/version and /dev/nvidiactl are absent)";
-    return 0;
+  p.driver = nvidia_driver_present(&p.why);
+  if (!p.driver) return p;
+  if (auto o = cuda_probe_from_env()) {
+    if (o->what == cuda_probe_override::mode::driver_error) {
+      p.why = "cudaGetDeviceCount failed (GRACE_CUDA_PROBE=driver-error)";
+      return p;
+    }
+    p.devices = o->devices;
+    if (p.devices == 0) p.why = "cudaGetDeviceCount: 0 devices (GRACE_CUDA_PROBE=" + o->text + ")";
+    return p;
   }
   // Without a driver cudaGetDeviceCount returns cudaErrorInsufficientDriver
   // (35) and leaves the count untouched: start from 0.
@@ -22,20 +29,23 @@ int cuda_device_count(std::string* why) {
   const cudaError_t rc = cudaGetDeviceCount(&count);
   if (rc != cudaSuccess) {
     (void)cudaGetLastError(); // do not leave the error for the next CUDA call
-    if (why)
-      *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(rc) + " (" +
-             cudaGetErrorString(rc) + ")";
-    return 0;
+    p.why = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+    return p;
   }
   if (count <= 0) {
-    if (why) {
-      *why = "cudaGetDeviceCount: 0 devices";
-      if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"))
-        *why += std::string(" (CUDA_VISIBLE_DEVICES='") + v + "')";
-    }
-    return 0;
+    p.why = "cudaGetDeviceCount: 0 devices";
+    if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"))
+      p.why += std::string(" (CUDA_VISIBLE_DEVICES='") + v + "')";
+    return p;
   }
-  return count;
+  p.devices = count;
+  return p;
+}
+
+int cuda_device_count(std::string* why) {
+  auto p = probe_cuda();
+  if (why && p.devices == 0) *why = p.why;
+  return p.devices;
 }
 
 result<int> pick_device(int local_rank) {

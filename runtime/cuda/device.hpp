@@ -11,6 +11,17 @@
 
 namespace grace {
 
+/// What the node offers: a driver or not, and how many devices CUDA sees.
+struct cuda_probe {
+  bool driver = false;  ///< an NVIDIA driver is present (or GRACE_CUDA_PROBE says so)
+  int devices = 0;      ///< usable devices; 0 with a driver means CUDA could not start
+  std::string why;      ///< when devices == 0: no driver, or the failing call and its error
+};
+
+/// Never throws, never aborts: safe without a GPU. Honours GRACE_CUDA_PROBE
+/// (runtime/device_probe.hpp).
+cuda_probe probe_cuda();
+
 /// Number of usable CUDA devices; 0 on any error (no driver, no device,
 /// CUDA_VISIBLE_DEVICES empty, ...), and then `why`, when given, says which
 /// ("cudaGetDeviceCount: cudaErrorInsufficientDriver (...)"). Never throws,

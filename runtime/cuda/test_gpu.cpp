@@ -22,6 +22,7 @@
 #include "runtime/cuda/mlp_cuda.hpp"
 #include "runtime/cuda/nccl_comm.hpp"
 #include "runtime/device_copy.hpp"
+#include "tests/skip.hpp"
 #include "runtime/mlp.hpp"
 
 #include <cuda_runtime.h>
@@ -30,18 +31,15 @@ using namespace grace;
 
 namespace {
 
-/// True when `need` devices are present; otherwise reports the skip (Catch2
-/// v2 has no SKIP: a WARN that always shows, and a pass).
+/// True when `need` devices are present. Without a driver (or with fewer
+/// devices than the test needs) the test is skipped, saying why; a driver
+/// that is present while CUDA cannot start is a failure, not a skip.
 bool have_devices(int need = 1) {
-  std::string why;
-  const int n = cuda_device_count(&why);
-  if (n >= need) return true;
-  if (n == 0)
-    WARN("skipped: no CUDA device (" << why << ")");
-  else
-    WARN("skipped: needs " << need << " CUDA devices, found " << n);
-  SUCCEED("skipped");
-  return false;
+  const auto p = probe_cuda();
+  if (p.devices >= need) return true;
+  if (p.driver && p.devices == 0) FAIL("an NVIDIA driver is present but CUDA cannot start: " << p.why);
+  if (p.devices == 0) GRACE_SKIP_BOOL("no CUDA device (" << p.why << ")");
+  GRACE_SKIP_BOOL("needs " << need << " CUDA devices, found " << p.devices);
 }
 
 mlp_config small_config() {

@@ -2,7 +2,7 @@
 # Bounded CI soak: grace-chaos over a fixed list of seeds that together
 # inject every fault kind at least once; every invariant must hold.
 # Env: GRACE_CHAOS GRACE_LAUNCH GRACE_TRAIN GRACE_CKPT (set by CTest).
-# Budget: under 10 minutes on 2 cores (about 15 s per seed).
+# Budget: under two minutes on 2 cores (about 7 s per seed).
 set -u
 : "${GRACE_CHAOS:?set GRACE_CHAOS to the grace-chaos binary}"
 SEEDS=${CHAOS_SEEDS:-"2 32 53 4 7 11 19"}
@@ -34,14 +34,14 @@ for spec in $SEEDS $(for s in $OVERLAP_SEEDS; do echo "$s:overlap"; done); do
     sed -n '/^faults:/,$p' "$dir/chaos.log"
     failed=1
   fi
-  # Kinds actually injected (or skipped for a reason the harness printed).
+  # Kinds actually injected: a fault that was skipped covers nothing.
   seen="$seen $(python3 - "$dir/report.json" <<'PY'
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
 except Exception:
     sys.exit(0)
-print(" ".join(f["spec"]["fault"] for f in r["faults"] if f["status"] in ("injected", "skipped")))
+print(" ".join(f["spec"]["fault"] for f in r["faults"] if f["status"] == "injected"))
 PY
 )"
 done
@@ -49,10 +49,15 @@ missing=""
 for k in $ALL_KINDS; do
   case " $seen " in *" $k "*) ;; *) missing="$missing $k" ;; esac
 done
+echo "soak: seeds [$SEEDS], overlapping [$OVERLAP_SEEDS], output in $OUT"
 if [ -n "$missing" ]; then
   echo "soak: these fault kinds were never injected:$missing"
+  # fs_full needs root (a tmpfs mount); anything else missing is a failure.
+  if [ "$failed" = 0 ] && [ "$(id -u)" != 0 ] && [ "$(echo $missing)" = fs_full ]; then
+    echo "skipped: fs_full needs root to mount its tmpfs; every other kind passed (CTest: Skipped)"
+    exit 77
+  fi
   failed=1
 fi
-echo "soak: seeds [$SEEDS], overlapping [$OVERLAP_SEEDS], output in $OUT"
 [ "$failed" = 0 ] && echo "soak: PASS" || echo "soak: FAIL"
 exit $failed

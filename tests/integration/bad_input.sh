@@ -24,20 +24,20 @@ expect_exit 2 "TF_CONFIG" env TF_CONFIG='{broken' "$GRACE_TRAIN" --steps 5
 expect_exit 2 "no program" "$GRACE_LAUNCH" --nproc 2
 expect_exit 2 "node-rank" "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank 5 -- true
 expect_exit 2 "not a directory" "$GRACE_TRAIN" --steps 5 --checkpoint-dir /etc/passwd
-expect_exit 2 "cuda" "$GRACE_TRAIN" --steps 5 --device cuda
+expect_exit 2 "no NVIDIA driver" env GRACE_CUDA_PROBE=none "$GRACE_TRAIN" --steps 5 --device cuda
 expect_exit 2 "" "$GRACE_CKPT" verify
 expect_exit 2 "no such directory" "$GRACE_CKPT" verify "$WORK/does-not-exist"
 
 # A corrupt newest checkpoint is reported and skipped; restore falls back;
 # the corrupt files stay on disk; the final weights are still right.
-REF=$("$GRACE_TRAIN" --steps 40 --checkpoint-dir "$WORK/ref1" --output "$WORK/ref1.json" >/dev/null 2>&1 && json "$WORK/ref1.json" weights_checksum)
-"$GRACE_TRAIN" --steps 30 --save-every 10 --keep-checkpoints --checkpoint-dir "$WORK/c1" >/dev/null 2>&1
+REF=$("$GRACE_TRAIN" --device cpu --steps 40 --checkpoint-dir "$WORK/ref1" --output "$WORK/ref1.json" >/dev/null 2>&1 && json "$WORK/ref1.json" weights_checksum)
+"$GRACE_TRAIN" --device cpu --steps 30 --save-every 10 --keep-checkpoints --checkpoint-dir "$WORK/c1" >/dev/null 2>&1
 shard=$(ls "$WORK"/c1/step-0000000030/*.safetensors | head -1)
 printf '\xff' | dd of="$shard" bs=1 seek=200 conv=notrunc status=none
 mkdir -p "$WORK/c1/.tmp-step-0000000040-999999-x"   # a stale temporary from a crashed writer
 set +e; "$GRACE_CKPT" verify "$WORK/c1" >/dev/null 2>&1; vrc=$?; set -e
 [ $vrc -eq 1 ] || fail "grace-ckpt verify must report the corrupt checkpoint"
-out=$("$GRACE_TRAIN" --steps 40 --checkpoint-dir "$WORK/c1" --keep-checkpoints --output "$WORK/c1.json" 2>&1)
+out=$("$GRACE_TRAIN" --device cpu --steps 40 --checkpoint-dir "$WORK/c1" --keep-checkpoints --output "$WORK/c1.json" 2>&1)
 echo "$out" | grep -q "skipped checkpoint.*step-0000000030" || { echo "$out"; fail "the corrupt checkpoint must be reported"; }
 echo "$out" | grep -q "restored step 20" || { echo "$out"; fail "restore must fall back to step 20"; }
 [ "$(json "$WORK/c1.json" weights_checksum)" = "$REF" ] || fail "weights after falling back differ"
@@ -50,7 +50,7 @@ M="$WORK/small"
 mkdir -p "$M"
 if mount -t tmpfs -o size=160k tmpfs "$M" 2>/dev/null; then
   set +e
-  out=$("$GRACE_TRAIN" --steps 30 --hidden 256 --save-every 10 --keep 5 --keep-checkpoints --checkpoint-dir "$M" 2>&1)
+  out=$("$GRACE_TRAIN" --device cpu --steps 30 --hidden 256 --save-every 10 --keep 5 --keep-checkpoints --checkpoint-dir "$M" 2>&1)
   rc=$?
   set -e
   echo "$out" | grep -qi "no space left" || { echo "$out"; umount "$M"; fail "disk full must be reported"; }

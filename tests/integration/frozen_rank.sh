@@ -6,7 +6,7 @@
 # with the weights of an uninterrupted run.
 source "$(dirname "$0")/lib.sh"
 STEPS=150
-ARGS=(--steps $STEPS --step-delay-ms 8)
+ARGS=(--device cpu --steps $STEPS --step-delay-ms 8)
 REF=$(reference 4 "${ARGS[@]}")
 
 D="$WORK/frozen"

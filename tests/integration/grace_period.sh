@@ -5,7 +5,7 @@
 # and the final weights are bit-identical to an uninterrupted run.
 source "$(dirname "$0")/lib.sh"
 STEPS=400
-ARGS=(--steps $STEPS --step-delay-ms 6)
+ARGS=(--device cpu --steps $STEPS --step-delay-ms 6)
 REF=$(reference 4 "${ARGS[@]}")
 GRACE_MS=1500
 

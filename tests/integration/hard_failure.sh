@@ -4,7 +4,7 @@
 # (periodic checkpoint), an error inside a step (fatal, no restart).
 source "$(dirname "$0")/lib.sh"
 STEPS=150
-ARGS=(--steps $STEPS --step-delay-ms 8)
+ARGS=(--device cpu --steps $STEPS --step-delay-ms 8)
 REF=$(reference 4 "${ARGS[@]}")
 
 for seed in 5 6; do
@@ -55,7 +55,7 @@ pass "error at step 40 on rank 2: every worker stopped with it, launcher exit 3,
 
 # A kill during a save: the previous checkpoint stays the newest valid one
 # and is restored; the half-written temporary is cleaned; weights identical.
-BIG=(--steps 30 --hidden 2048,2048 --input-dim 1024 --batch 32 --save-every 10 --keep-checkpoints)
+BIG=(--device cpu --steps 30 --hidden 2048,2048 --input-dim 1024 --batch 32 --save-every 10 --keep-checkpoints)
 "$GRACE_TRAIN" "${BIG[@]}" --checkpoint-dir "$WORK/bigref" --output "$WORK/bigref.json" >/dev/null 2>&1
 BREF=$(json "$WORK/bigref.json" weights_checksum)
 D="$WORK/killsave"

@@ -49,7 +49,7 @@ reference() {
   if [ ! -f "$dir/out.json" ]; then
     mkdir -p "$dir"
     (cd "$dir" && "$GRACE_LAUNCH" --quiet --nproc "$nproc" --checkpoint-dir ck -- \
-        "$GRACE_TRAIN" --output out.json "$@" >log.txt 2>&1) || { cat "$dir/log.txt"; fail "reference run failed"; }
+        "$GRACE_TRAIN" --device cpu --output out.json "$@" >log.txt 2>&1) || { cat "$dir/log.txt"; fail "reference run failed"; }
   fi
   json "$dir/out.json" weights_checksum
 }
@@ -62,7 +62,7 @@ start_job() {
   [ $# -gt 0 ] && shift
   mkdir -p "$dir"
   (cd "$dir" && GRACE_EVENTS_FILE="$dir/events.jsonl" exec "$GRACE_LAUNCH" --nproc "$nproc" \
-      --checkpoint-dir ck "${largs[@]}" -- "$GRACE_TRAIN" --output out.json "$@" >log.txt 2>&1) &
+      --checkpoint-dir ck "${largs[@]}" -- "$GRACE_TRAIN" --device cpu --output out.json "$@" >log.txt 2>&1) &
   JOB_PID=$!
 }
 

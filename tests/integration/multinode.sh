@@ -6,7 +6,7 @@
 # weights of an uninterrupted 4-worker run.
 source "$(dirname "$0")/lib.sh"
 STEPS=200
-ARGS=(--steps $STEPS --step-delay-ms 8)
+ARGS=(--device cpu --steps $STEPS --step-delay-ms 8)
 REF=$(reference 4 "${ARGS[@]}")
 PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 D="$WORK/mn"

@@ -4,7 +4,7 @@
 # once, the final weights are bit-identical to an uninterrupted run.
 source "$(dirname "$0")/lib.sh"
 STEPS=150
-ARGS=(--steps $STEPS --step-delay-ms 8)
+ARGS=(--device cpu --steps $STEPS --step-delay-ms 8)
 REF=$(reference 4 "${ARGS[@]}")
 pass "reference checksum $REF"
 

@@ -5,7 +5,7 @@
 # its fatal timeout shows as signal 9) - and the launcher exits 3 without a
 # restart. Several ranks and steps, since both defects were races.
 source "$(dirname "$0")/lib.sh"
-ARGS=(--steps 200 --step-delay-ms 5)
+ARGS=(--device cpu --steps 200 --step-delay-ms 5)
 
 n=0
 for spec in "40 2" "41 0" "17 3" "60 1" "23 2" "5 0"; do

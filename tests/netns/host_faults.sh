@@ -30,7 +30,7 @@ source "$(dirname "$0")/testbed.sh"
 SCENARIO=${1:?scenario: preempt, lost, partition or node_local}
 tb_init 2
 STEPS=400
-ARGS=(--steps $STEPS --step-delay-ms 10 --collective-timeout-ms 20000)
+ARGS=(--device cpu --steps $STEPS --step-delay-ms 10 --collective-timeout-ms 20000)
 REF=$(reference 4 --steps $STEPS --step-delay-ms 10)
 CK="$TB/shared/ck"
 E0="$TB/h0/events.jsonl"

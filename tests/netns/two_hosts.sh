@@ -16,7 +16,7 @@ source "$(dirname "$0")/../integration/lib.sh"
 source "$(dirname "$0")/testbed.sh"
 tb_init 2
 STEPS=120
-ARGS=(--steps $STEPS --step-delay-ms 5)
+ARGS=(--device cpu --steps $STEPS --step-delay-ms 5)
 REF=$(reference 4 "${ARGS[@]}")
 CK="$TB/shared/ck"
 COMMON=(--nproc 2 --nnodes 2 --coordinator h0:29400 --run-id two --checkpoint-dir "$CK")

@@ -25,6 +25,7 @@
 #include "runtime/checkpoint.hpp"
 #include "runtime/safetensors.hpp"
 #include "runtime/snapshot.hpp"
+#include "../skip.hpp"
 #include "../temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -777,6 +778,16 @@ TEST_CASE("I/O staging prepared and kept warm while saves and restores use it", 
   toucher.join();
 }
 
+namespace {
+/// Mounts a tmpfs on `at`; empty on success, else why not (skip reason).
+std::string mount_tmpfs(const fs::path& at, const char* options) {
+  if (::geteuid() != 0) return "mounting a tmpfs needs root";
+  if (::mount("tmpfs", at.c_str(), "tmpfs", 0, options) != 0)
+    return std::string("cannot mount a tmpfs on ") + at.string() + ": " + std::strerror(errno);
+  return {};
+}
+} // namespace
+
 TEST_CASE("large checkpoints on a filesystem without O_DIRECT round trip", "[checkpoint][odirect]") {
   // tmpfs refuses O_DIRECT on older kernels and accepts it on newer ones:
   // either way save and the single-pass restore must round-trip a shard
@@ -784,11 +795,7 @@ TEST_CASE("large checkpoints on a filesystem without O_DIRECT round trip", "[che
   temp_dir td;
   auto mnt = td.path / "tmpfs";
   fs::create_directories(mnt);
-  if (::geteuid() != 0 || ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=96m") != 0) {
-    WARN("skipped: cannot mount a tmpfs here");
-    SUCCEED();
-    return;
-  }
+  if (auto why = mount_tmpfs(mnt, "size=96m"); !why.empty()) GRACE_SKIP(why);
   struct unmount {
     fs::path p;
     ~unmount() { ::umount2(p.c_str(), MNT_DETACH); }
@@ -811,11 +818,7 @@ TEST_CASE("a full disk fails cleanly and keeps earlier checkpoints", "[checkpoin
   temp_dir td;
   auto mnt = td.path / "small";
   fs::create_directories(mnt);
-  if (::geteuid() != 0 || ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0) {
-    WARN("skipped: cannot mount a small tmpfs here");
-    SUCCEED();
-    return;
-  }
+  if (auto why = mount_tmpfs(mnt, "size=1m"); !why.empty()) GRACE_SKIP(why);
   struct unmount {
     fs::path p;
     ~unmount() { ::umount2(p.c_str(), MNT_DETACH); }
@@ -856,23 +859,15 @@ std::string python_with_numpy() {
 }
 
 fs::path checker_script() {
-  if (const char* src = std::getenv("GRACE_SOURCE_DIR"))
-    return fs::path(src) / "tests/python/check_safetensors.py";
-  // __FILE__ is tests/runtime/test_checkpoint.cpp (absolute under CMake).
-  auto p = fs::path(__FILE__).parent_path().parent_path() / "python" / "check_safetensors.py";
-  if (fs::exists(p)) return p;
-  return fs::path("tests/python/check_safetensors.py");
+  // GRACE_SOURCE_DIR: the source tree, defined by tests/CMakeLists.txt.
+  return fs::path(GRACE_SOURCE_DIR) / "tests/python/check_safetensors.py";
 }
 } // namespace
 
 TEST_CASE("an independent numpy reader agrees with the checkpoint", "[checkpoint][python]") {
   auto py = python_with_numpy();
   auto script = checker_script();
-  if (py.empty() || !fs::exists(script)) {
-    WARN("skipped: python3 with numpy or " << script << " not found");
-    SUCCEED();
-    return;
-  }
+  if (py.empty() || !fs::exists(script)) GRACE_SKIP("python3 with numpy or " << script << " not found");
   temp_dir td;
   checkpoint_store store(td.path / "ckpts");
   store.set_shard_bytes(64); // several shards
