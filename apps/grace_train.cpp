@@ -171,7 +171,9 @@ void add_training_options(CLI::App& app, train_args& a) {
   app.add_option("--lr", mc.lr, "learning rate");
   app.add_option("--momentum", mc.momentum, "SGD momentum");
   app.add_option("--seed", mc.seed, "data and initialisation seed");
-  app.add_option("--device", a.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--device", a.device, "auto, cpu or cuda (given twice: the last wins)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--output", a.output, "write a JSON summary (steps, loss, weights checksum) here");
   app.add_option("--step-delay-ms", a.step_delay_ms, "sleep in every step (demos and tests)");
   app.add_option("--collective-timeout-ms", a.collective_timeout_ms,

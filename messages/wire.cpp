@@ -1,5 +1,6 @@
 #include "messages/wire.hpp"
 
+#include <capnp/dynamic.h>
 #include <spdlog/spdlog.h>
 
 namespace grace::detail {
@@ -22,6 +23,30 @@ std::vector<uint8_t> frame(capnp::MessageBuilder& b, uint64_t type_id) {
   put_u64(out.data() + 8, type_id);
   std::memcpy(out.data() + frame_header_bytes, body.begin(), body.size());
   return out;
+}
+
+namespace {
+void read_fields(capnp::DynamicStruct::Reader s) {
+  for (auto f : s.getSchema().getFields()) {
+    if (!s.has(f)) continue;
+    auto v = s.get(f);
+    switch (v.getType()) {
+      case capnp::DynamicValue::TEXT: (void)v.as<capnp::Text>(); break;
+      case capnp::DynamicValue::STRUCT: read_fields(v.as<capnp::DynamicStruct>()); break;
+      case capnp::DynamicValue::LIST:
+        for (auto e : v.as<capnp::DynamicList>()) {
+          if (e.getType() == capnp::DynamicValue::STRUCT) read_fields(e.as<capnp::DynamicStruct>());
+          else if (e.getType() == capnp::DynamicValue::TEXT) (void)e.as<capnp::Text>();
+        }
+        break;
+      default: break;
+    }
+  }
+}
+} // namespace
+
+void read_every_field(capnp::AnyStruct::Reader root, capnp::StructSchema schema) {
+  read_fields(root.as<capnp::DynamicStruct>(schema));
 }
 
 error decode_error(const char* type_name, const char* what) {

@@ -49,6 +49,10 @@ std::vector<uint8_t> frame(capnp::MessageBuilder& b, uint64_t type_id);
 result<kj::Array<capnp::word>> unframe(const std::vector<uint8_t>& bytes, uint64_t type_id,
                                        const char* type_name);
 error decode_error(const char* type_name, const char* what);
+/// Reads every field of a message (recursively): totalSize() checks the
+/// pointers, but a Text without its terminating NUL only throws when read,
+/// which must happen here and not in an actor's handler. Throws kj::Exception.
+void read_every_field(capnp::AnyStruct::Reader root, capnp::StructSchema schema);
 } // namespace detail
 
 /// Builds a message: `auto m = make<proto::Ack>([&](auto b) { b.setRank(1); });`
@@ -81,8 +85,9 @@ private:
   typename S::Reader root_;
 };
 
-/// Validates and decodes. Every pointer is checked up front (totalSize()
-/// walks the whole message), so later field reads cannot fail.
+/// Validates and decodes. Every pointer and every text is checked up front
+/// (totalSize() walks the pointers, read_every_field the values), so later
+/// field reads cannot fail.
 template <class S>
 result<reader<S>> decode(const msg<S>& m) {
   const char* name = capnp::Schema::from<S>().getShortDisplayName().cStr();
@@ -91,6 +96,7 @@ result<reader<S>> decode(const msg<S>& m) {
   try {
     reader<S> r(kj::mv(words.value()));
     r.get().totalSize();
+    detail::read_every_field(capnp::AnyStruct::Reader(r.get()), capnp::Schema::from<S>());
     return r;
   } catch (const kj::Exception& e) {
     return detail::decode_error(name, e.getDescription().cStr());

@@ -9,7 +9,13 @@
 #include <catch2/catch.hpp>
 #include <spdlog/spdlog.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <thread>
 #include <filesystem>
 #include <random>
 #include <stdexcept>
@@ -47,6 +53,9 @@ TEST_CASE("session: after a step error, run() returns stop with the abort handle
   torn_down = true;  // the trainer destroys its communicator here
   CHECK(r == step_result::stop);
   CHECK(g.exit_code() == exit_code::fatal);
+  // Whether the broadcast's abort reaches the handler before run() disarms
+  // it is a race here (nothing is blocked on it); the two-worker test below
+  // asserts that it runs when a collective waits for it.
   CHECK(entered.load() == returned.load());  // no abort still running
   CHECK_FALSE(called_after_stop.load());
 }
@@ -169,4 +178,65 @@ TEST_CASE("session: fail_step reports an error in the step and stops with the fa
   CHECK(g.exit_code() == exit_code::fatal);
   CHECK(g.stop_reason().find("ValueError: bad batch") != std::string::npos);
   CHECK(g.completed_steps() == 0);
+}
+
+namespace {
+/// A loopback port nobody listens on right now.
+uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t n = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+} // namespace
+
+TEST_CASE("session: a peer's step error aborts a collective blocked on it and never after stop",
+          "[session]") {
+  // Two workers in this process, rank 0 hosting the coordinator. Rank 1's
+  // step raises; rank 0's step is "in a collective" that only the abort
+  // handler can end. The handler must run (the error's broadcast aborts
+  // the collective), exactly once, and never after run() returned stop.
+  spdlog::set_level(spdlog::level::off);
+  temp_dir dir;
+  const auto port = std::to_string(free_port());
+  const std::string workers = "127.0.0.1:" + port + ",127.0.0.1:" + std::to_string(free_port());
+  std::atomic<int> entered{0}, returned{0};
+  std::atomic<bool> aborted{false}, torn_down{false}, called_after_stop{false};
+  int code0 = -1, code1 = -1;
+  auto worker = [&](int rank, int& code) {
+    options o;
+    o.checkpoint_dir = (dir.path / ("r" + std::to_string(rank))).string();
+    o.cluster = *cluster_from_workers(workers, rank);
+    session g(o);
+    std::vector<float> w(4, 0.0f);
+    g.register_tensor({"w", dtype::f32, {4}, w.data()});
+    REQUIRE(g.attach().ok());
+    if (rank == 0)
+      g.set_abort_handler([&] {
+        entered++;
+        if (torn_down) called_after_stop = true;
+        aborted = true;
+        returned++;
+      });
+    auto r = g.run([&](uint64_t) {
+      if (rank == 1) throw std::runtime_error("injected in rank 1");
+      for (int i = 0; i < 3000 && !aborted; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      throw step_failure(error{errc::disconnected, aborted ? "aborted" : "never aborted"});
+    });
+    if (rank == 0) torn_down = true;  // the trainer destroys its communicator here
+    code = r == step_result::stop ? g.exit_code() : 0;
+  };
+  std::thread t1([&] { worker(1, code1); });
+  worker(0, code0);
+  t1.join();
+  CHECK(code0 == exit_code::fatal);
+  CHECK(code1 == exit_code::fatal);
+  CHECK(entered.load() == 1);   // the blocked collective was aborted
+  CHECK(returned.load() == 1);  // and the call had returned before stop
+  CHECK_FALSE(called_after_stop.load());
 }

@@ -6,14 +6,14 @@
 # with the weights of an uninterrupted run.
 source "$(dirname "$0")/lib.sh"
 STEPS=150
-ARGS=(--device cpu --steps $STEPS --step-delay-ms 8)
+ARGS=(--device cpu --steps $STEPS --step-delay-ms 8 --save-every 10)
 REF=$(reference 4 "${ARGS[@]}")
 
 D="$WORK/frozen"
 # A long exit timeout: only the kill on the verdict can make the restart prompt.
 start_job "$D" 4 --dead-after-ms 1500 --exit-timeout-ms 60000 -- "${ARGS[@]}"
 wait_for_training "$D" 4
-sleep 0.4
+wait_for_save "$D" 40
 frozen=$(workers_of "$JOB_PID" | sort | sed -n 2p)
 kill -STOP "$frozen"
 T0=$(date +%s.%N)

@@ -5,7 +5,7 @@
 # and the final weights are bit-identical to an uninterrupted run.
 source "$(dirname "$0")/lib.sh"
 STEPS=400
-ARGS=(--device cpu --steps $STEPS --step-delay-ms 6)
+ARGS=(--device cpu --steps $STEPS --step-delay-ms 6 --save-every 25)
 REF=$(reference 4 "${ARGS[@]}")
 GRACE_MS=1500
 
@@ -38,7 +38,7 @@ PYEOF
 D="$WORK/worker-notice"
 start_job "$D" 4 -- "${ARGS[@]}" --grace-period-ms $GRACE_MS
 wait_for_training "$D" 4
-sleep 0.3
+wait_for_save "$D" 50
 kill -TERM "$(workers_of "$JOB_PID" | sort | sed -n 2p)"
 wait_job
 check_finished "$D" $STEPS "$REF"
@@ -48,7 +48,7 @@ pass "grace period, notice to a worker: $msg; weights identical"
 D="$WORK/launcher-notice"
 start_job "$D" 4 --grace-period-ms $GRACE_MS -- "${ARGS[@]}"
 wait_for_training "$D" 4
-sleep 0.3
+wait_for_save "$D" 50
 kill -TERM "$JOB_PID"
 wait_job
 [ "$JOB_RC" -eq 42 ] || { tail -20 "$D/log.txt"; fail "launcher with a grace period: expected 42, got $JOB_RC"; }

@@ -6,9 +6,17 @@ PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 
 WORK=$(mktemp -d /tmp/grace-it.XXXXXX)
+PIDS=()   # every process a test started (track_pid), killed with its descendants on exit
+track_pid() { PIDS+=("$1"); }
+kill_tree() { # kill_tree PID: SIGCONT (a frozen worker) and SIGKILL, children first
+  local p=$1 c
+  for c in $(pgrep -P "$p" 2>/dev/null); do kill_tree "$c"; done
+  kill -CONT "$p" 2>/dev/null || true
+  kill -KILL "$p" 2>/dev/null || true
+}
 cleanup() {
-  local rc=$?
-  pkill -KILL -f "$WORK" 2>/dev/null || true
+  local rc=$? p
+  for p in "${PIDS[@]}"; do kill_tree "$p"; done
   if [ $rc -eq 0 ]; then rm -rf "$WORK"; else echo "(kept $WORK for inspection)"; fi
 }
 trap cleanup EXIT
@@ -64,7 +72,26 @@ start_job() {
   (cd "$dir" && GRACE_EVENTS_FILE="$dir/events.jsonl" exec "$GRACE_LAUNCH" --nproc "$nproc" \
       --checkpoint-dir ck "${largs[@]}" -- "$GRACE_TRAIN" --device cpu --output out.json "$@" >log.txt 2>&1) &
   JOB_PID=$!
+  track_pid "$JOB_PID"
 }
+
+# wait_for_event DIR FILTER-EXPR [SECONDS]: until an event matching the
+# python expression on e is in DIR/events.jsonl (default: up to 60 s).
+wait_for_event() {
+  local dir=$1 expr=$2 max=${3:-60} i
+  for i in $(seq 1 $((max * 20))); do
+    if [ -f "$dir/events.jsonl" ] && [ "$(count_events "$dir/events.jsonl" "$expr")" -ge 1 ]; then
+      return 0
+    fi
+    sleep 0.05
+  done
+  tail -20 "$dir/log.txt" 2>/dev/null
+  fail "no event matching [$expr] within $max s"
+}
+
+# wait_for_save DIR STEP: until a checkpoint of step >= STEP was committed
+# (positions a fault at a known point of the run).
+wait_for_save() { wait_for_event "$1" "e['event']=='committed_local' and e['step']>=$2"; }
 
 wait_job() { # wait_job -> sets JOB_RC
   set +e

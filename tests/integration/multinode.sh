@@ -6,7 +6,7 @@
 # weights of an uninterrupted 4-worker run.
 source "$(dirname "$0")/lib.sh"
 STEPS=200
-ARGS=(--device cpu --steps $STEPS --step-delay-ms 8)
+ARGS=(--device cpu --steps $STEPS --step-delay-ms 8 --save-every 10)
 REF=$(reference 4 "${ARGS[@]}")
 PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 D="$WORK/mn"
@@ -16,11 +16,13 @@ export GRACE_EVENTS_FILE="$D/events.jsonl"
 "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank 0 --coordinator 127.0.0.1:$PORT --run-id mn --checkpoint-dir ck \
   -- "$GRACE_TRAIN" "${ARGS[@]}" --output out.json >n0.log 2>&1 &
 N0=$!
+track_pid $N0
 "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank 1 --coordinator 127.0.0.1:$PORT --run-id mn --checkpoint-dir ck \
   -- "$GRACE_TRAIN" "${ARGS[@]}" --output out1.json >n1.log 2>&1 &
 N1=$!
+track_pid $N1
 wait_for_training "$D" 4
-sleep 0.4
+wait_for_save "$D" 40
 kill -TERM "$(workers_of "$N1" | head -1)"
 set +e; wait $N0; rc0=$?; wait $N1; rc1=$?; set -e
 [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || { tail -20 n0.log n1.log; fail "launchers exited $rc0 and $rc1"; }

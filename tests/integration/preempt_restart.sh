@@ -4,7 +4,7 @@
 # once, the final weights are bit-identical to an uninterrupted run.
 source "$(dirname "$0")/lib.sh"
 STEPS=150
-ARGS=(--device cpu --steps $STEPS --step-delay-ms 8)
+ARGS=(--device cpu --steps $STEPS --step-delay-ms 8 --save-every 10)
 REF=$(reference 4 "${ARGS[@]}")
 pass "reference checksum $REF"
 
@@ -13,7 +13,8 @@ for seed in 11 22 33; do
   D="$WORK/seed-$seed"
   start_job "$D" 4 -- "${ARGS[@]}"
   wait_for_training "$D" 4
-  sleep "0.$((RANDOM % 6 + 1))"
+  wait_for_save "$D" $((10 * (RANDOM % 6 + 1)))
+  sleep "0.00$((RANDOM % 9))"   # anywhere inside the next step
   victim=$(workers_of "$JOB_PID" | sort | sed -n "$((RANDOM % 4 + 1))p")
   kill -TERM "$victim"
   wait_job
@@ -37,7 +38,7 @@ pass "two SIGTERMs at once: one agreement, weights identical"
 D="$WORK/launcher"
 start_job "$D" 4 -- "${ARGS[@]}"
 wait_for_training "$D" 4
-sleep 0.3
+wait_for_save "$D" 40
 kill -TERM "$JOB_PID"
 wait_job
 [ "$JOB_RC" -eq 42 ] || { tail -20 "$D/log.txt"; fail "launcher got SIGTERM: expected exit 42, got $JOB_RC"; }

@@ -68,14 +68,19 @@ struct explorer {
           REQUIRE(w.agreed_count[a.id] == 1);  // agreed once per id
           auto& p = w.proposals[a.id];
           REQUIRE(a.step >= p.step);
-          // The agreed step covers every live member's acknowledgement.
+          // Every live member acknowledged; the agreed step is exactly the
+          // largest acknowledgement (no member can stop earlier, none is
+          // asked to go further), and never past a step anyone started + 1.
+          uint64_t max_ack = 0, max_started = 0;
           for (uint32_t r = 0; r < 3; ++r) {
+            max_started = std::max(max_started, w.started[r]);
             if (w.dead.count(r)) continue;
             auto it = w.ack_values.find({r, a.id});
             REQUIRE(it != w.ack_values.end());
-            if (a.kind == ckpt_kind::jit) REQUIRE(a.step >= it->second);
-            else REQUIRE(a.step >= it->second);
+            max_ack = std::max(max_ack, it->second);
           }
+          REQUIRE(a.step == max_ack);
+          REQUIRE(a.step <= max_started + 1);
           if (a.kind == ckpt_kind::jit) {
             // Saver: the live member with the most completed steps, ties lowest rank.
             uint64_t best = 0;

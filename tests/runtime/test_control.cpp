@@ -7,6 +7,7 @@
 #include "runtime/control.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <memory>
 #include <thread>
@@ -50,14 +51,18 @@ TEST_CASE("control_block: an abort in progress delays disarm until it returned",
   std::thread watcher([&] { ctl.abort(); });  // the peer watcher's actor thread
   entered.get_future().wait();
 
-  std::atomic<bool> disarmed{false};
+  std::atomic<bool> disarming{false}, disarmed{false};
   bool returned_before_disarm = false;
   std::thread trainer([&] {
+    disarming = true;
     ctl.disarm();
     returned_before_disarm = handler_returned.load();
     disarmed = true;
   });
-  std::this_thread::yield();
+  // Once the trainer is inside disarm(), a disarm that did not wait would
+  // return within microseconds; give it 100 ms to show that it does not.
+  while (!disarming) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   CHECK_FALSE(disarmed.load());  // cannot finish while the handler runs
   release.set_value();
   trainer.join();
