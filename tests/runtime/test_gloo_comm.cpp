@@ -413,7 +413,9 @@ TEST_CASE("gloo_comm: a cancelled rendezvous returns at once while a peer never 
     CHECK(c.err().message.find("aborted during the rendezvous") != std::string::npos);
   }
   release.set_value();
-  CHECK_FALSE(r2.get().ok());  // its peers are gone: it fails at its own timeout
+  // Rank 2 connects to what the abandoned helpers of 0 and 1 left behind,
+  // or fails at its own 3 s timeout: either way it returns.
+  CHECK(r2.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
 }
 
 TEST_CASE("gloo_comm: a rendezvous with a cancel token that is never raised connects normally", "[gloo]") {
