@@ -64,16 +64,6 @@ void control_block::post_shutdown(int code) {
   raise_locked();
 }
 
-void control_block::post_save(const save_outcome& s) {
-  if (s.ok) last_save_ns.store(s.duration_ns, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> g(m_);
-  state_.saves.push_back(s);
-  // No flag: finished saves are news only for the next boundary (the
-  // grace-period margin); a trainer waiting for its own save wakes anyway.
-  ++state_.version;
-  cv_.notify_all();
-}
-
 void control_block::post_acked_for_trainer(uint64_t id) {
   std::lock_guard<std::mutex> g(m_);
   state_.acked_for_trainer = std::max(state_.acked_for_trainer, id);
@@ -81,9 +71,7 @@ void control_block::post_acked_for_trainer(uint64_t id) {
 
 control_state control_block::take_snapshot() {
   std::lock_guard<std::mutex> g(m_);
-  control_state copy = state_;
-  state_.saves.clear();
-  return copy;
+  return state_;
 }
 
 bool control_block::wait_for_change(uint64_t seen, std::chrono::steady_clock::time_point deadline) {

@@ -64,13 +64,6 @@ struct loss_info {
   std::string detail;
 };
 
-/// A save that finished on the writer thread, as the trainer learns of it.
-struct save_outcome {
-  uint64_t step = 0;
-  bool ok = false;
-  int64_t duration_ns = 0;  ///< snapshot + write
-};
-
 /// What the trainer sees at a step boundary: a copy taken under the lock.
 struct control_state {
   uint64_t version = 0;                    ///< bumps on every post
@@ -82,7 +75,6 @@ struct control_state {
   std::optional<int> shutdown_code;
   int64_t deadline_ns = 0;                 ///< grace-period deadline (wall clock)
   uint64_t acked_for_trainer = 0;          ///< the peer watcher acknowledged this jit round for us
-  std::vector<save_outcome> saves;         ///< finished saves not yet taken by the trainer
 };
 
 /// The started/completed counters as the peer watcher read them right
@@ -103,9 +95,11 @@ public:
   std::atomic<uint64_t> started{0};
   std::atomic<uint64_t> completed{0};
   std::atomic<int64_t> last_step_ns{0};
-  std::atomic<int64_t> last_save_ns{0};  ///< snapshot + write of the last save (heartbeats carry it)
+  /// Snapshot + write of the last successful save: stored by the checkpoint
+  /// writer, read by the peer watcher (heartbeats carry it).
+  std::atomic<int64_t> last_save_ns{0};
 
-  // --- posted by the peer watcher and the writer (any thread) ---
+  // --- posted by the peer watcher (any thread) ---
   /// A new checkpoint order; returns the trainer's progress read after the
   /// flag was raised.
   trainer_progress post_order(const checkpoint_order& o);
@@ -115,12 +109,11 @@ public:
   void post_loss(const loss_info& l);
   void post_deadline(int64_t deadline_ns);
   void post_shutdown(int code);
-  void post_save(const save_outcome& s);
   /// The peer watcher acknowledged jit round `id` for an idle trainer.
   void post_acked_for_trainer(uint64_t id);
 
   // --- read by the trainer ---
-  /// A copy of the state; finished saves are handed over (taken) with it.
+  /// A copy of the state.
   control_state take_snapshot();
   /// Waits until the version moves past `seen` or `deadline` passes.
   /// Returns false on the deadline.

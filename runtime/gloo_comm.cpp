@@ -127,6 +127,10 @@ void ignore_sigpipe_once() {
   });
 }
 
+/// Gloo reports a timeout only in an IoException's text ("Timed out ..."):
+/// the one place Grace reads a message's words, at the backend wrapper, to
+/// turn a third-party exception into a typed error (overloaded, not
+/// disconnected); nothing beyond this wrapper ever matches error text.
 bool mentions_timeout(const std::string& what) {
   return what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
 }

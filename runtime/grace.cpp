@@ -1,8 +1,10 @@
 // The embedding API's implementation and the worker's composition root:
-// which actor runs where (peer watcher on the scheduler, signal watcher and
-// checkpoint writer on their own threads, the trainer on the caller's thread).
+// which actor runs where (peer watcher on the scheduler, checkpoint writer
+// detached on its own thread, signal watcher on a thread of its own, the
+// trainer on the caller's thread).
 #include "runtime/grace.hpp"
 
+#include "actors/checkpoint_writer.hpp"
 #include "actors/coordinator.hpp"
 #include "actors/kv_store.hpp"
 #include "actors/peer_watcher.hpp"
@@ -20,7 +22,9 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/after.hpp>
 #include <caf/scoped_actor.hpp>
+#include <caf/system_messages.hpp>
 #include <caf/send.hpp>
 
 #include <nlohmann/json.hpp>
@@ -30,7 +34,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <future>
 #include <thread>
 #include <unistd.h>
 
@@ -71,7 +74,14 @@ struct session::impl {
   std::unique_ptr<signal_watcher> signals;
   std::unique_ptr<checkpoint_store> store;
   std::shared_ptr<snapshot_buffers> buffers;
-  std::unique_ptr<checkpoint_writer> writer;
+  checkpoint_writer_actor writer;
+  /// The trainer thread's mailbox for the writer's answers.
+  std::unique_ptr<caf::scoped_actor> self;
+  int writes_in_flight = 0;
+  /// The newest save as the writer answered it: a later agreement for the
+  /// same step (a just-in-time round after a loss during the save) reports
+  /// it instead of writing it again. Trainer thread only.
+  std::optional<save_outcome> last_save;
   std::shared_ptr<gloo::rendezvous::Store> kv;
   std::string prefix;
   std::unique_ptr<worker_policy> policy;
@@ -112,19 +122,6 @@ struct session::impl {
   bool first_step_logged = false;
   bool in_step = false;  // between begin() and complete() / a failure
   int64_t step_t0 = 0;
-
-  /// The newest save as the writer thread finished it: a later agreement
-  /// for the same step (a just-in-time round after a loss during the save)
-  /// reports it instead of writing it again. Guarded by `last_save_m`.
-  struct save_record {
-    uint64_t step = 0;
-    bool ok = false;
-    save_stats stats;
-    int64_t snap_ns = 0;
-    int64_t write_ns = 0;
-  };
-  std::mutex last_save_m;
-  std::optional<save_record> last_save;
 
   // ---------------------------------------------------------------- helpers
 
@@ -187,94 +184,82 @@ struct session::impl {
 
   /// Reports a save of `step` that is already on disk under agreement `id`.
   bool reuse_save(uint64_t step, uint64_t id) {
-    std::lock_guard<std::mutex> g(last_save_m);
     if (!last_save || last_save->step != step || !last_save->ok) return false;
     log->info("checkpoint step {} is already on disk: reporting it for agreement #{}", step, id);
-    report_saved(id, step, true, "", &last_save->stats, last_save->snap_ns, last_save->write_ns);
+    if (id == 0) return true;
+    auto o = *last_save;
+    o.agreement_id = id;
+    to_coordinator(saved_report(cluster.rank, o));
     return true;
   }
 
-  /// Snapshot (blocking the trainer only for the copy), then write on the
-  /// writer thread. `sync`: wait for the commit. Reports to the coordinator
-  /// when `agreement_id` is set.
+  /// A save that never reached the writer (a blob or the capture failed).
+  status failed_save(uint64_t step, checkpoint_kind kind, uint64_t id, const error& e, int64_t snap_ns) {
+    log->error("checkpoint step {} not taken: {}", step, e.message);
+    emit_event("save_failed", {{"step", step}, {"kind", to_string(kind)}, {"error", e.message}});
+    save_outcome o;
+    o.step = step;
+    o.kind = kind;
+    o.agreement_id = id;
+    o.error = e.message;
+    o.snap_ns = snap_ns;
+    if (id) to_coordinator(saved_report(cluster.rank, o));
+    return e;
+  }
+
+  /// What an answer of the writer tells the trainer: the newest save (for
+  /// reuse) and, when it succeeded, its duration (grace-period margin).
+  void absorb(const save_outcome& o) {
+    last_save = o;
+    if (o.ok && policy) policy->save_time(o.snap_ns + o.write_ns);
+  }
+
+  /// Takes the writer's answers: all that are due (`block`: waits for the
+  /// writes in flight), or only those already in the mailbox. Returns the
+  /// last one taken.
+  std::optional<save_outcome> take_answers(bool block) {
+    std::optional<save_outcome> last;
+    bool more = writes_in_flight > 0;
+    while (more) {
+      auto on_answer = [&](save_outcome& o) {
+        --writes_in_flight;
+        absorb(o);
+        last = std::move(o);
+        more = writes_in_flight > 0;
+      };
+      auto on_down = [&](caf::down_msg& d) {
+        log->error("the checkpoint writer is gone ({}): {} write(s) lost", rt->sys().render(d.reason),
+                   writes_in_flight);
+        writes_in_flight = 0;
+        more = false;
+      };
+      if (block) (*self)->receive(on_answer, on_down);
+      else (*self)->receive(on_answer, on_down, caf::after(std::chrono::seconds(0)) >> [&] { more = false; });
+    }
+    return last;
+  }
+
+  /// Snapshot (blocking the trainer only for the copy), then the writer
+  /// writes it. `sync`: wait for the commit. The writer reports to the
+  /// coordinator when `agreement_id` is set.
   status save(uint64_t step, checkpoint_kind kind, uint64_t agreement_id, bool sync) {
-    writer->wait_idle(); // the buffers of the previous write are free again
+    take_answers(true);  // the buffers of the previous write are free again
     if (reuse_save(step, agreement_id)) return {};
     auto meta = meta_for(step, kind);
-    if (auto b = add_blobs(meta); !b) {
-      log->error("checkpoint step {} not taken: {}", step, b.err().message);
-      emit_event("save_failed", {{"step", step}, {"kind", to_string(kind)}, {"error", b.err().message}});
-      report_saved(agreement_id, step, false, b.err().message, nullptr, 0, 0);
-      return b;
-    }
+    if (auto b = add_blobs(meta); !b) return failed_save(step, kind, agreement_id, b.err(), 0);
     auto t0 = mono_ns();
     auto st = buffers->capture(tensors);
     auto snap_ns = mono_ns() - t0;
-    if (!st) {
-      report_saved(agreement_id, step, false, st.err().message, {}, snap_ns, 0);
-      return st;
-    }
+    if (!st) return failed_save(step, kind, agreement_id, st.err(), snap_ns);
     emit_event("snapshot_done", {{"step", step}, {"kind", to_string(kind)}, {"ns", snap_ns}});
-    auto done = std::make_shared<std::promise<status>>();
-    auto fut = done->get_future();
-    auto t1 = mono_ns();
-    writer->submit(buffers, std::move(meta), [this, agreement_id, step, snap_ns, t1, done,
-                                              kind](result<save_stats> r) {
-      on_written(step, kind, agreement_id, snap_ns, mono_ns() - t1, r);
-      done->set_value(r ? status{} : status{r.err()});
-    });
+    buffers->set_busy(true);
+    (*self)->send(writer, save_atom::value, save_request{buffers, std::move(meta), agreement_id, snap_ns});
+    ++writes_in_flight;
     if (policy) policy->saved(step);
     if (!sync) return {};
-    return fut.get();
-  }
-
-  /// The writer thread's completion: recorded for reuse, posted to the
-  /// trainer (timings are read only from what the control block hands
-  /// over), logged and reported.
-  void on_written(uint64_t step, checkpoint_kind kind, uint64_t id, int64_t snap_ns, int64_t write_ns,
-                  const result<save_stats>& r) {
-    {
-      std::lock_guard<std::mutex> g(last_save_m);
-      save_record rec;
-      rec.step = step;
-      rec.ok = static_cast<bool>(r);
-      if (r) rec.stats = *r;
-      rec.snap_ns = snap_ns;
-      rec.write_ns = write_ns;
-      last_save = std::move(rec);
-    }
-    ctl->post_save({step, static_cast<bool>(r), snap_ns + write_ns});
-    if (!r) {
-      log->error("checkpoint step {} failed: {}", step, r.err().message);
-      emit_event("save_failed", {{"step", step}, {"kind", to_string(kind)}, {"error", r.err().message}});
-      report_saved(id, step, false, r.err().message, nullptr, snap_ns, write_ns);
-      return;
-    }
-    log->info("checkpoint step {} ({}) committed: {:.1f} MiB in {:.0f} ms (snapshot {:.1f} ms){}", step,
-              to_string(kind), r->total_bytes / 1048576.0, write_ns / 1e6, snap_ns / 1e6,
-              r->already_existed ? " [already on disk]" : "");
-    emit_event("committed_local",
-               {{"step", step}, {"bytes", r->total_bytes}, {"write_ns", write_ns}, {"path", r->path.string()}});
-    report_saved(id, step, true, "", &r.value(), snap_ns, write_ns);
-  }
-
-  void report_saved(uint64_t id, uint64_t step, bool ok, const std::string& err, const save_stats* s,
-                    int64_t snap_ns, int64_t write_ns) {
-    if (id == 0) return;
-    to_coordinator(make<proto::CheckpointSaved>([&](auto b) {
-      b.setAgreementId(id); b.setRank(cluster.rank); b.setStep(step); b.setOk(ok); b.setError(err);
-      b.setSnapshotNs(snap_ns); b.setWriteNs(write_ns);
-      if (s) {
-        b.setBytes(s->total_bytes);
-        b.setPath(s->path.string());
-        auto files = b.initFiles(static_cast<unsigned>(s->files.size()));
-        for (size_t i = 0; i < s->files.size(); ++i) {
-          files[i].setName(s->files[i].name);
-          files[i].setSize(s->files[i].size);
-          files[i].setChecksum(s->files[i].xxh3);
-        }
-      }
-    }));
+    auto o = take_answers(true);
+    if (!o || !o->ok) return error{errc::failed, o ? o->error : "the checkpoint writer is gone"};
+    return {};
   }
 
   /// No abort may reach the communicator from now on (see
@@ -317,12 +302,6 @@ struct session::impl {
   void remove_backups();
   void finish_barrier();
 
-  /// Save durations the writer finished since the last boundary.
-  void absorb_saves(const control_state& s) {
-    for (auto& o : s.saves)
-      if (o.ok) policy->save_time(o.duration_ns);
-  }
-
   /// The rare path, entered before step k (k - 1 completed) when the flag
   /// is set, or after step k failed (`mode`). Carries out the policy's
   /// decisions until one says run (nullopt) or stop.
@@ -331,8 +310,8 @@ struct session::impl {
     using ty = worker_decision::type;
     const uint64_t c = k - 1;
     for (;;) {
+      take_answers(false);  // saves finished meanwhile: the margin's save times
       auto s = ctl->take_snapshot();
-      absorb_saves(s);
       boundary_input in{c, mode, mono_ns(), wall_ns(), error};
       auto d = policy->next(s, in);
       switch (d.what) {
@@ -467,9 +446,13 @@ session::~session() {
   impl_->disarm_abort();
   if (impl_->signals) impl_->signals->stop();
   impl_->stop_warmer();
-  if (impl_->writer) impl_->writer->wait_idle();
-  impl_->writer.reset();
+  if (impl_->self) impl_->take_answers(true);
+  impl_->self.reset();
   if (impl_->rt) {
+    caf::anon_send_exit(impl_->writer, caf::exit_reason::user_shutdown);
+    // A detached actor's thread ends only once its last handle is gone, and
+    // the actor system's destructor waits for that thread.
+    impl_->writer = nullptr;
     caf::anon_send_exit(impl_->watcher, caf::exit_reason::user_shutdown);
     if (impl_->hosts_coordinator) caf::anon_send_exit(impl_->coord, caf::exit_reason::user_shutdown);
   }
@@ -546,11 +529,6 @@ status session::impl::restore() {
   restored_step = completed;
   ctl->started = completed;
   ctl->completed = completed;
-  writer = std::make_unique<checkpoint_writer>(*store);
-  // The first save must not fault in the write staging on its critical
-  // path (after a restore the pages are resident already; this then only
-  // rewrites them, in the writer thread).
-  writer->prepare_io(buffers->total_bytes());
   start_warmer();
   return {};
 }
@@ -590,6 +568,19 @@ status session::impl::start_actors() {
   pc.heartbeat = opts.heartbeat;
   pc.log = log;
   watcher = spawn_peer_watcher(sys, coord, ctl, pc);
+  checkpoint_writer_config wc;
+  wc.store = store.get();
+  wc.coord = coord;
+  wc.rank = cluster.rank;
+  wc.ctl = ctl;
+  wc.log = log;
+  writer = spawn_checkpoint_writer(sys, wc);
+  self = std::make_unique<caf::scoped_actor>(sys);
+  (*self)->monitor(writer);
+  // The first save must not fault in the write staging on its critical
+  // path (after a restore the pages are resident already; this then only
+  // rewrites them, on the writer's thread).
+  caf::anon_send(writer, prepare_atom::value, static_cast<uint64_t>(buffers->total_bytes()));
   return {};
 }
 
@@ -722,7 +713,7 @@ status session::finish() {
   if (!d.attached) return error{errc::invalid_input, "finish() before attach()"};
   d.disarm_abort();  // no collective runs after the last step
   if (d.signals) d.signals->stop();
-  d.writer->wait_idle();
+  d.take_answers(true);
   if (d.cluster.is_chief()) {
     auto s = d.save(d.completed, checkpoint_kind::final, 0, true);
     if (!s) {
@@ -775,7 +766,7 @@ void session::quick_exit(int code) {
   // Not after stop() or finish() (they left already): an exit the
   // coordinator must not take for a lost member (e.g. a failed rendezvous).
   if (!impl_->left) impl_->leave(code);
-  if (impl_->writer) impl_->writer->wait_idle();
+  if (impl_->self) impl_->take_answers(true);
   // Flush, never spdlog::shutdown(): shutdown drops the default logger, and
   // an actor thread still logging through spdlog's free functions (events,
   // checkpoint messages) would dereference it while we exit.

@@ -1,14 +1,12 @@
 #pragma once
 /// Snapshots: copy registered tensors into pre-allocated host buffers so the
-/// training loop can continue while a dedicated thread writes them to disk.
+/// training loop can continue while the checkpoint writer
+/// (actors/checkpoint_writer.hpp) writes them to disk.
 ///
 /// The buffers are allocated once and their pages touched up front: on VMs
 /// that hand idle memory back to their host, copying into fresh (unfaulted)
 /// memory is an order of magnitude slower than into warm pages, and the
 /// snapshot copy is the part of a checkpoint that stalls training.
-///
-/// `checkpoint_writer` is declared here and uses `checkpoint_store` from
-/// runtime/checkpoint.hpp (which includes this header); include that one.
 
 #include <atomic>
 #include <cstddef>
@@ -76,8 +74,8 @@ public:
   /// Sum of tensor bytes (without alignment padding).
   size_t total_bytes() const noexcept { return total_bytes_; }
 
-  /// Set by `checkpoint_writer` while a write of this set is queued or in
-  /// flight; `capture` refuses meanwhile so a write never sees torn data.
+  /// Set while the checkpoint writer owns this set (from the request until
+  /// its answer); `capture` refuses meanwhile so a write never sees torn data.
   void set_busy(bool b) noexcept { busy_.store(b, std::memory_order_release); }
   bool busy() const noexcept { return busy_.load(std::memory_order_acquire); }
 
@@ -95,40 +93,6 @@ private:
   size_t total_bytes_ = 0;
   std::atomic<bool> busy_{false};
   mutable std::mutex touch_m_;  ///< capture() writes, keep_warm() reads: one at a time
-};
-
-class checkpoint_store;
-struct checkpoint_meta;
-struct save_stats;
-
-/// Writes snapshots on a dedicated thread, one at a time.
-///
-/// At most one write is outstanding: `submit` blocks while a previous write
-/// is queued or running, so the next snapshot waits for the previous write
-/// (by design: a second in-flight write would double disk contention and
-/// buffer memory). `done` runs on the writer thread.
-class checkpoint_writer {
-public:
-  explicit checkpoint_writer(checkpoint_store& store);
-  /// Drains the queued write (if any) and joins the thread.
-  ~checkpoint_writer();
-  checkpoint_writer(const checkpoint_writer&) = delete;
-  checkpoint_writer& operator=(const checkpoint_writer&) = delete;
-
-  void submit(std::shared_ptr<snapshot_buffers> buffers, checkpoint_meta meta,
-              std::function<void(result<save_stats>)> done);
-  /// Has the writer thread fault in the checkpoint I/O staging for a state
-  /// of `state_bytes` (checkpoint_store::prepare_io_buffers) before its
-  /// first save, off the training thread. Returns at once.
-  void prepare_io(uint64_t state_bytes);
-  /// Blocks until nothing is queued or being written.
-  void wait_idle();
-  /// True while a write is queued or running.
-  bool busy() const;
-
-private:
-  struct impl;
-  std::unique_ptr<impl> impl_;
 };
 
 } // namespace grace

@@ -1,0 +1,109 @@
+#include "actors/checkpoint_writer.hpp"
+
+#include "runtime/control.hpp"
+#include "runtime/events.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/send.hpp>
+#include <caf/spawn_options.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <new>
+
+namespace grace {
+
+namespace {
+
+struct writer_state {
+  static inline const char* name = "checkpoint_writer";
+  checkpoint_writer_config cfg;
+};
+
+using self_ptr = checkpoint_writer_actor::stateful_pointer<writer_state>;
+
+/// Writes one snapshot; never throws (an exception is a failed save).
+save_outcome write(checkpoint_store& store, const save_request& req) {
+  save_outcome o;
+  o.step = req.meta.step;
+  o.kind = req.meta.kind;
+  o.agreement_id = req.agreement_id;
+  o.snap_ns = req.snap_ns;
+  const int64_t t0 = mono_ns();
+  try {
+    auto r = store.save(req.buffers->view(), req.meta);
+    o.ok = static_cast<bool>(r);
+    if (r) o.stats = std::move(r.value());
+    else o.error = r.err().message;
+  } catch (const std::exception& e) {
+    o.error = std::string("checkpoint save raised: ") + e.what();
+  }
+  o.write_ns = mono_ns() - t0;
+  req.buffers->set_busy(false);
+  return o;
+}
+
+/// The log line and event of a finished save.
+void record(spdlog::logger& log, const save_outcome& o) {
+  if (!o.ok) {
+    log.error("checkpoint step {} failed: {}", o.step, o.error);
+    emit_event("save_failed", {{"step", o.step}, {"kind", to_string(o.kind)}, {"error", o.error}});
+    return;
+  }
+  log.info("checkpoint step {} ({}) committed: {:.1f} MiB in {:.0f} ms (snapshot {:.1f} ms){}", o.step,
+           to_string(o.kind), o.stats.total_bytes / 1048576.0, o.write_ns / 1e6, o.snap_ns / 1e6,
+           o.stats.already_existed ? " [already on disk]" : "");
+  emit_event("committed_local", {{"step", o.step},
+                                 {"bytes", o.stats.total_bytes},
+                                 {"write_ns", o.write_ns},
+                                 {"path", o.stats.path.string()}});
+}
+
+checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_config cfg) {
+  self->state.cfg = std::move(cfg);
+  if (!self->state.cfg.log) self->state.cfg.log = spdlog::default_logger();
+  return {
+    [self](save_atom, const save_request& req) -> save_outcome {
+      auto& st = self->state;
+      auto o = write(*st.cfg.store, req);
+      // Reported before the trainer hears of it: a commit waits for this.
+      if (o.agreement_id && st.cfg.coord) self->send(st.cfg.coord, saved_report(st.cfg.rank, o));
+      if (o.ok && st.cfg.ctl) st.cfg.ctl->last_save_ns.store(o.snap_ns + o.write_ns, std::memory_order_relaxed);
+      record(*st.cfg.log, o);
+      return o;
+    },
+    [](prepare_atom, uint64_t state_bytes) { checkpoint_store::prepare_io_buffers(state_bytes); },
+  };
+}
+
+} // namespace
+
+checkpoint_writer_actor spawn_checkpoint_writer(caf::actor_system& sys, checkpoint_writer_config cfg) {
+  return sys.spawn<caf::detached>(writer, std::move(cfg));
+}
+
+msg<proto::CheckpointSaved> saved_report(uint32_t rank, const save_outcome& o) {
+  return make<proto::CheckpointSaved>([&](auto b) {
+    b.setAgreementId(o.agreement_id);
+    b.setRank(rank);
+    b.setStep(o.step);
+    b.setOk(o.ok);
+    b.setError(o.error);
+    b.setSnapshotNs(o.snap_ns);
+    b.setWriteNs(o.write_ns);
+    if (!o.ok) return;
+    b.setBytes(o.stats.total_bytes);
+    b.setPath(o.stats.path.string());
+    auto files = b.initFiles(static_cast<unsigned>(o.stats.files.size()));
+    for (size_t i = 0; i < o.stats.files.size(); ++i) {
+      files[i].setName(o.stats.files[i].name);
+      files[i].setSize(o.stats.files[i].size);
+      files[i].setChecksum(o.stats.files[i].xxh3);
+    }
+  });
+}
+
+} // namespace grace

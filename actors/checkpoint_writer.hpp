@@ -1,0 +1,84 @@
+#pragma once
+/// The checkpoint writer: a detached actor (its own thread, since one save
+/// blocks on disk I/O for up to seconds) that takes a save request and
+/// answers with the outcome as a message. The trainer hands it a snapshot
+/// it captured into host buffers and goes on training; everything the
+/// trainer learns about a save (success, durations for the grace-period
+/// margin) it reads from that answer, so no state is shared between the two
+/// threads.
+///
+/// The writer itself reports a save taken under an agreement to the
+/// coordination service (the commit must not wait for the trainer's next
+/// step boundary), and writes each save's log line and event.
+///
+/// In-process only: its messages are C++ structs (a snapshot is host
+/// memory); the protocol between processes is Cap'n Proto (messages/).
+
+#include "actors/coordinator.hpp"
+#include "runtime/checkpoint.hpp"
+
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace grace {
+
+class control_block;
+
+/// One save: a snapshot already captured into `buffers`, which the writer
+/// owns (busy) until it answered.
+struct save_request {
+  std::shared_ptr<snapshot_buffers> buffers;
+  checkpoint_meta meta;
+  uint64_t agreement_id = 0;  ///< 0: not under an agreement (nothing reported)
+  int64_t snap_ns = 0;        ///< the capture's duration (reported with the write's)
+};
+
+/// The answer to a save_request.
+struct save_outcome {
+  uint64_t step = 0;
+  checkpoint_kind kind = checkpoint_kind::periodic;
+  uint64_t agreement_id = 0;
+  bool ok = false;
+  std::string error;  ///< when !ok
+  save_stats stats;   ///< when ok
+  int64_t snap_ns = 0;
+  int64_t write_ns = 0;
+};
+
+/// Atoms: at most 10 characters (CAF 0.17).
+using save_atom = caf::atom_constant<caf::atom("g_save")>;
+using prepare_atom = caf::atom_constant<caf::atom("g_prepare")>;
+
+using checkpoint_writer_actor = caf::typed_actor<
+  caf::replies_to<save_atom, save_request>::with<save_outcome>,
+  /// Fault in the direct-I/O staging for a state of this many bytes before
+  /// the first save (off the training thread; see checkpoint_store).
+  caf::reacts_to<prepare_atom, uint64_t>>;
+
+struct checkpoint_writer_config {
+  checkpoint_store* store = nullptr;  ///< outlives the actor
+  coordinator_actor coord;            ///< where agreement saves are reported (none: not reported)
+  uint32_t rank = 0;
+  /// Where the last successful save's duration is published for the peer
+  /// watcher's heartbeats (may be null).
+  std::shared_ptr<control_block> ctl;
+  std::shared_ptr<spdlog::logger> log;
+};
+
+/// Spawned detached: the one thread that writes this process's checkpoints.
+checkpoint_writer_actor spawn_checkpoint_writer(caf::actor_system& sys, checkpoint_writer_config cfg);
+
+/// The coordination service's report of a save (the writer's, or the
+/// trainer's when an agreement names a step already on disk).
+msg<proto::CheckpointSaved> saved_report(uint32_t rank, const save_outcome& o);
+
+} // namespace grace
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(grace::save_request)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(grace::save_outcome)
