@@ -1,7 +1,9 @@
 #pragma once
-/// Two small launcher decisions, pure so they are unit-tested:
-/// when repeated rendezvous failures mean "stop", and which incarnation a
-/// launcher that does not host the coordinator starts its group in.
+/// The launcher's decisions, pure so they are unit-tested: what one worker's
+/// exit means for its group, what the launcher does once a group ended
+/// (stop with which code, or restart), when repeated rendezvous failures
+/// mean "stop", and which incarnation a launcher that does not host the
+/// coordinator starts its group in.
 
 #include <cstdint>
 #include <optional>
@@ -47,5 +49,51 @@ inline uint32_t next_incarnation(std::optional<uint32_t> previous, uint32_t init
   if (!current) return previous ? *previous + 1 : initial;
   return (previous && *previous >= *current) ? *current + 1 : *current;
 }
+
+/// What one worker's exit means for its group.
+enum class exit_effect {
+  finished,  ///< exit 0
+  restart,   ///< the restart code, a signal, or a failed rendezvous (45)
+  fatal,     ///< any other code: a bug or an error reported to everyone
+  usage,     ///< exit 2: bad configuration (fatal, and said so)
+};
+exit_effect classify_exit(int code, int signal, int restart_code);
+
+/// How a group ended, as the launcher collected it from its workers' exits.
+struct group_end {
+  bool restart = false;            ///< some worker's exit asks for a restart
+  bool fatal = false;              ///< some worker failed (no restart)
+  bool usage = false;              ///< ... with a usage error
+  bool rendezvous_failed = false;  ///< some worker exited 45
+  std::string cause;               ///< the first exit that was not a success, described
+  std::string fatal_cause;         ///< the first fatal one (what a fatal end names)
+  /// Folds one worker's exit in; `describe` names it for `cause`.
+  void add(exit_effect e, bool no_rendezvous, const std::string& describe);
+};
+
+/// What the launcher does after a group ended.
+struct launcher_decision {
+  bool restart = false;  ///< start the next group (then `code` is unused)
+  int code = 0;          ///< the launcher's exit code otherwise
+  std::string reason;    ///< the one line it prints and writes to grace-exit.json
+};
+
+struct group_context {
+  int nproc = 1;                ///< workers on this node
+  bool notice_forwarded = false;  ///< the launcher got SIGTERM/SIGINT and passed it on
+  int restarts = 0;             ///< groups restarted so far
+  int max_restarts = 0;
+  int restart_code = 42;
+  /// Appended to the "failed its rendezvous" reason: what to check (the
+  /// coordinator's address, the one this node advertises).
+  std::string rendezvous_hint;
+};
+
+/// The decision after a group ended. A fatal exit stops (2 or 3); all
+/// finished stops with 0; a forwarded notice stops with the restart code
+/// (the scheduler restarts the job); `streak` (updated here) stops with 44
+/// after too many failed rendezvous in a row, as do exhausted restarts;
+/// otherwise restart.
+launcher_decision decide_after_group(const group_end& g, const group_context& c, rendezvous_streak& streak);
 
 } // namespace grace

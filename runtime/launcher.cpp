@@ -285,294 +285,344 @@ void add_torchrun_environment(std::map<std::string, std::string>& env, const lau
   env["TORCHELASTIC_RUN_ID"] = o.run_id;
 }
 
-} // namespace
+/// The checks on the command line that need no network.
+status validate(const launch_options& o) {
+  if (o.command.empty()) return error{errc::invalid_input, "no program given (grace-launch --nproc N -- PROGRAM ARGS...)"};
+  if (o.nproc < 1 || o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes)
+    return error{errc::invalid_input, "need --nproc >= 1 and 0 <= --node-rank < --nnodes"};
+  if (o.nnodes > 1 && o.coordinator.empty())
+    return error{errc::invalid_input, "--nnodes > 1 needs --coordinator host:port (node 0's address)"};
+  if (o.nnodes > 1 && o.run_id.empty())
+    return error{errc::invalid_input, "--nnodes > 1 needs the same --run-id on every node"};
+  return {};
+}
 
-int run_launcher(const launch_options& in) {
-  launch_options o = in;
-  if (o.command.empty()) {
-    spdlog::error("grace-launch: no program given (grace-launch --nproc N -- PROGRAM ARGS...)");
-    return exit_code::usage;
-  }
-  if (o.nproc < 1 || o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes) {
-    spdlog::error("grace-launch: need --nproc >= 1 and 0 <= --node-rank < --nnodes");
-    return exit_code::usage;
-  }
-  if (o.nnodes > 1 && o.coordinator.empty()) {
-    spdlog::error("grace-launch: --nnodes > 1 needs --coordinator host:port (node 0's address)");
-    return exit_code::usage;
-  }
-  if (o.nnodes > 1 && o.run_id.empty()) {
-    spdlog::error("grace-launch: --nnodes > 1 needs the same --run-id on every node");
-    return exit_code::usage;
-  }
-  if (o.run_id.empty()) o.run_id = random_hex(6);
-  std::string host = "127.0.0.1";
-  uint16_t port = 0;
-  if (!o.coordinator.empty()) {
-    auto hp = parse_host_port(o.coordinator);
-    if (!hp) {
-      spdlog::error("grace-launch: --coordinator: {}", hp.err().message);
-      return exit_code::usage;
-    }
-    host = hp->first;
-    port = hp->second;
-  }
-  auto ep = resolve_endpoints(o, host);
-  if (!ep) {
-    spdlog::error("grace-launch: {}", ep.err().message);
-    return exit_code::usage;
-  }
-  host = ep->coordinator_ip;
-  const uint32_t world = static_cast<uint32_t>(o.nproc * o.nnodes);
-  // The token must be the same on every node: derive it from the run id
-  // unless GRACE_TOKEN is set (then every node must set the same).
-  std::string token = std::getenv("GRACE_TOKEN") ? std::getenv("GRACE_TOKEN") : "tok-" + o.run_id;
-
+/// SIGTERM, SIGINT and SIGCHLD, read from a signalfd in the launcher's loop.
+int block_launcher_signals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGCHLD);
   ::sigprocmask(SIG_BLOCK, &set, nullptr);
-  int sfd = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  return ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+}
 
+/// One grace-launch: the coordination service on node 0 (or the connection
+/// to it), the groups it starts one after the other, and the decision after
+/// each (group_policy.hpp). Methods run on the caller's thread; only the
+/// verdict inbox is touched by the coordinator's actor thread.
+class launcher {
+public:
+  explicit launcher(launch_options o) : o_(std::move(o)) {}
+  int run();
+
+private:
+  status setup_addresses();
+  status host_or_join_coordinator();
+  void start_checkpoint_server();
+  void enter_incarnation();
+  status start_group();
+  group_end watch_group();
+  void kill_declared_dead();
+  void read_signals();
+  void reap(group_end& g, std::optional<std::chrono::steady_clock::time_point>& kill_at, int& live);
+  std::map<std::string, std::string> worker_environment(int rank, int local_rank) const;
+  void say(const std::string& line) const;
+
+  launch_options o_;
+  std::string host_ = "127.0.0.1";  ///< the coordinator's address
+  uint16_t port_ = 0;
+  endpoints ep_;
+  uint32_t world_ = 0;
+  std::string token_;
+  int sfd_ = -1;
+  std::unique_ptr<actor_runtime> rt_;
+  coordinator_actor coord_;
+  /// Shared with the coordinator's hook, so it stays valid on the actor
+  /// thread for as long as the coordinator may call it.
+  std::shared_ptr<verdict_inbox> verdicts_ = std::make_shared<verdict_inbox>();
+  uint32_t incarnation_ = 0;
+  uint32_t initial_incarnation_ = 0;
+  std::optional<uint32_t> previous_group_;
+  std::unique_ptr<checkpoint_server> ckpt_server_;
+  bool node_local_sync_ = false;
+  std::vector<worker_proc> workers_;
+  int restarts_ = 0;
+  bool notice_forwarded_ = false;
+};
+
+void launcher::say(const std::string& line) const {
+  if (!o_.quiet) std::fprintf(stderr, "[grace-launch] %s\n", line.c_str());
+  emit_event("launcher", {{"message", line}});
+}
+
+status launcher::setup_addresses() {
+  if (o_.run_id.empty()) o_.run_id = random_hex(6);
+  if (!o_.coordinator.empty()) {
+    auto hp = parse_host_port(o_.coordinator);
+    if (!hp) return error{errc::invalid_input, "--coordinator: " + hp.err().message};
+    host_ = hp->first;
+    port_ = hp->second;
+  }
+  auto ep = resolve_endpoints(o_, host_);
+  if (!ep) return ep.err();
+  ep_ = *ep;
+  host_ = ep_.coordinator_ip;
+  world_ = static_cast<uint32_t>(o_.nproc * o_.nnodes);
+  // The token must be the same on every node: derive it from the run id
+  // unless GRACE_TOKEN is set (then every node must set the same).
+  token_ = std::getenv("GRACE_TOKEN") ? std::getenv("GRACE_TOKEN") : "tok-" + o_.run_id;
+  if (const char* inc = std::getenv("GRACE_INCARNATION")) incarnation_ = static_cast<uint32_t>(std::atoi(inc));
+  initial_incarnation_ = incarnation_;
+  return {};
+}
+
+status launcher::host_or_join_coordinator() {
   system_options so;
-  actor_runtime rt(so);
-  auto& sys = rt.sys();
-  coordinator_actor coord;
-  // Shared with the coordinator's hook, so it stays valid on the actor
-  // thread for as long as the coordinator may call it.
-  auto verdicts = std::make_shared<verdict_inbox>();
-  uint32_t incarnation = 0;
-  if (const char* inc = std::getenv("GRACE_INCARNATION")) incarnation = static_cast<uint32_t>(std::atoi(inc));
-  const uint32_t initial_incarnation = incarnation;
-  std::optional<uint32_t> previous_group;
-  if (o.node_rank == 0) {
-    coordinator_config cc;
-    cc.world_size = world;
-    cc.run_id = o.run_id;
-    cc.token = token;
-    cc.incarnation = incarnation;
-    cc.dead_after = o.dead_after;
-    cc.hung_after = o.hang_after;
-    cc.connection_timeout = so.connection_timeout;
-    // Member-lost verdicts come back here, so a worker the coordinator has
-    // declared dead (frozen, hung) is killed at once instead of holding the
-    // restart until --exit-timeout-ms.
-    cc.on_member_lost = [verdicts](uint32_t rank, uint32_t inc, const std::string& why) {
-      verdicts->push(rank, inc, why);
-    };
-    coord = spawn_coordinator(sys, cc);
-    auto p = sys.middleman().publish(coord, port, ep->listen_ip.c_str(), true);
-    if (!p) {
-      spdlog::error("grace-launch: cannot host the coordination service on {}:{}: {}", ep->listen_ip, port,
-                    sys.render(p.error()));
-      caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
-      return exit_code::usage;
-    }
-    port = *p;
+  rt_ = std::make_unique<actor_runtime>(so);
+  auto& sys = rt_->sys();
+  if (o_.node_rank != 0) {
+    auto h = connect_coordinator(sys, host_, port_, std::chrono::seconds(60));
+    if (!h) return h.err();
+    coord_ = *h;
+    return {};
+  }
+  coordinator_config cc;
+  cc.world_size = world_;
+  cc.run_id = o_.run_id;
+  cc.token = token_;
+  cc.incarnation = incarnation_;
+  cc.dead_after = o_.dead_after;
+  cc.hung_after = o_.hang_after;
+  cc.connection_timeout = so.connection_timeout;
+  // Member-lost verdicts come back here, so a worker the coordinator has
+  // declared dead (frozen, hung) is killed at once instead of holding the
+  // restart until --exit-timeout-ms.
+  cc.on_member_lost = [v = verdicts_](uint32_t rank, uint32_t inc, const std::string& why) { v->push(rank, inc, why); };
+  coord_ = spawn_coordinator(sys, cc);
+  auto p = sys.middleman().publish(coord_, port_, ep_.listen_ip.c_str(), true);
+  if (!p) {
+    caf::anon_send_exit(coord_, caf::exit_reason::user_shutdown);
+    return error{errc::invalid_input, "cannot host the coordination service on " + ep_.listen_ip + ":" +
+                                          std::to_string(port_) + ": " + sys.render(p.error())};
+  }
+  port_ = *p;
+  return {};
+}
+
+void launcher::start_checkpoint_server() {
+  node_local_sync_ = o_.nnodes > 1 && !o_.checkpoint_dir.empty();
+  if (!node_local_sync_) return;
+  auto s = checkpoint_server::start(o_.checkpoint_dir, ep_.adv.address, token_);
+  if (!s) {
+    say("not serving this node's checkpoints to peers: " + s.err().message);
+    return;
+  }
+  ckpt_server_ = std::move(s.value());
+  checkpoint_peers(rt_->sys(), coord_, o_, ckpt_server_->endpoint());
+}
+
+/// Node 0 moves the coordinator to the group's incarnation; other nodes
+/// start theirs in the coordinator's current one (group_policy.hpp).
+void launcher::enter_incarnation() {
+  auto& sys = rt_->sys();
+  if (o_.node_rank == 0) {
+    caf::scoped_actor self{sys};
+    self->request(coord_, std::chrono::seconds(10), incarnation_atom::value, incarnation_)
+      .receive([](uint32_t) {}, [&](caf::error& e) { spdlog::warn("incarnation: {}", sys.render(e)); });
   } else {
-    auto h = connect_coordinator(sys, host, port, std::chrono::seconds(60));
-    if (!h) {
-      spdlog::error("grace-launch: {}", h.err().message);
-      return exit_code::usage;
-    }
-    coord = *h;
+    const uint32_t counted = incarnation_;
+    incarnation_ = next_incarnation(previous_group_, initial_incarnation_,
+                                    current_incarnation(sys, coord_, host_, port_));
+    if (incarnation_ != counted)
+      say("starting the group in incarnation " + std::to_string(incarnation_) +
+          ", the coordination service's current one");
   }
-  set_event_identity(launcher_rank, incarnation);
-  auto say = [&](const std::string& line) {
-    if (!o.quiet) std::fprintf(stderr, "[grace-launch] %s\n", line.c_str());
-    emit_event("launcher", {{"message", line}});
+  if (node_local_sync_) fetch_newer_checkpoint(sys, coord_, o_, token_, [this](const std::string& l) { say(l); });
+  set_event_identity(launcher_rank, incarnation_);
+}
+
+std::map<std::string, std::string> launcher::worker_environment(int rank, int local_rank) const {
+  std::map<std::string, std::string> env{
+    {"GRACE_RANK", std::to_string(rank)},
+    {"GRACE_LOCAL_RANK", std::to_string(local_rank)},
+    {"GRACE_WORLD_SIZE", std::to_string(world_)},
+    {"GRACE_COORDINATOR", host_ + ":" + std::to_string(port_)},
+    {"GRACE_RUN_ID", o_.run_id},
+    {"GRACE_TOKEN", token_},
+    {"GRACE_INCARNATION", std::to_string(incarnation_)},
+    {"GRACE_RESTART_CODE", std::to_string(o_.restart_code)},
+    {"GRACE_HOST", ep_.adv.address},
   };
-  say("coordination service on " + host + ":" + std::to_string(port) + ", run " + o.run_id + ", " +
-      std::to_string(world) + " workers (" + std::to_string(o.nproc) + " on this node); this node advertises " +
-      ep->adv.address + (ep->adv.iface.empty() ? "" : " (" + ep->adv.iface + ")") + " from " + ep->adv.source);
-  rendezvous_streak streak(o.max_rendezvous_failures);
-  std::unique_ptr<checkpoint_server> ckpt_server;
-  const bool node_local_sync = o.nnodes > 1 && !o.checkpoint_dir.empty();
-  if (node_local_sync) {
-    auto s = checkpoint_server::start(o.checkpoint_dir, ep->adv.address, token);
-    if (s) {
-      ckpt_server = std::move(s.value());
-      checkpoint_peers(sys, coord, o, ckpt_server->endpoint());
-    } else {
-      say("not serving this node's checkpoints to peers: " + s.err().message);
+  if (!std::getenv("NCCL_SOCKET_IFNAME") && !ep_.adv.iface.empty()) env["NCCL_SOCKET_IFNAME"] = ep_.adv.iface;
+  if (!o_.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o_.checkpoint_dir;
+  add_torchrun_environment(env, o_, host_, rank, local_rank, incarnation_, restarts_);
+  return env;
+}
+
+status launcher::start_group() {
+  workers_.assign(o_.nproc, worker_proc{});
+  for (int i = 0; i < o_.nproc; ++i) {
+    int rank = o_.node_rank * o_.nproc + i;
+    workers_[i].rank = rank;
+    workers_[i].pid = spawn_worker(o_, worker_environment(rank, i));
+    if (workers_[i].pid < 0) return error{errc::failed, std::string("fork failed: ") + std::strerror(errno)};
+  }
+  nlohmann::json pids = nlohmann::json::object();
+  for (auto& w : workers_) pids[std::to_string(w.rank)] = w.pid;
+  emit_event("group_started", {{"incarnation", incarnation_}, {"workers", o_.nproc}, {"pids", pids}});
+  return {};
+}
+
+/// Declared dead by the coordinator: kill our own worker now (never a
+/// worker another launcher started, never one of an older group).
+void launcher::kill_declared_dead() {
+  for (auto& v : verdicts_->take()) {
+    if (v.incarnation != incarnation_) continue;
+    for (auto& w : workers_) {
+      if (w.rank != static_cast<int>(v.rank) || w.exited) continue;
+      say("rank " + std::to_string(w.rank) + " declared lost by the coordinator (" + v.why + "): killing it");
+      emit_event("kill_lost", {{"worker_rank", w.rank}, {"why", v.why}});
+      ::kill(w.pid, SIGKILL);
     }
   }
+}
 
-  int restarts = 0;
-  bool notice_forwarded = false;
-  int final_code = exit_code::success;
-  std::string final_reason;
-  for (;;) {
-    if (o.node_rank == 0) {
-      caf::scoped_actor self{sys};
-      self->request(coord, std::chrono::seconds(10), incarnation_atom::value, incarnation)
-        .receive([](uint32_t) {}, [&](caf::error& e) { spdlog::warn("incarnation: {}", sys.render(e)); });
-    } else {
-      const uint32_t counted = incarnation;
-      incarnation = next_incarnation(previous_group, initial_incarnation,
-                                     current_incarnation(sys, coord, host, port));
-      if (incarnation != counted)
-        say("starting the group in incarnation " + std::to_string(incarnation) +
-            ", the coordination service's current one");
+/// SIGTERM/SIGINT: the first is forwarded as one notice (a claim carrying
+/// the grace period's deadline); a second kills the workers.
+void launcher::read_signals() {
+  signalfd_siginfo si;
+  while (::read(sfd_, &si, sizeof(si)) == sizeof(si)) {
+    if (si.ssi_signo == SIGCHLD) continue;
+    if (notice_forwarded_) {
+      say(std::string(strsignal(si.ssi_signo)) + " again: stopping workers now");
+      for (auto& w : workers_)
+        if (!w.exited) ::kill(w.pid, SIGKILL);
+      continue;
     }
-    if (node_local_sync) fetch_newer_checkpoint(sys, coord, o, token, say);
-    set_event_identity(launcher_rank, incarnation);
-    std::vector<worker_proc> workers(o.nproc);
-    for (int i = 0; i < o.nproc; ++i) {
-      int rank = o.node_rank * o.nproc + i;
-      std::map<std::string, std::string> env{
-        {"GRACE_RANK", std::to_string(rank)},
-        {"GRACE_LOCAL_RANK", std::to_string(i)},
-        {"GRACE_WORLD_SIZE", std::to_string(world)},
-        {"GRACE_COORDINATOR", host + ":" + std::to_string(port)},
-        {"GRACE_RUN_ID", o.run_id},
-        {"GRACE_TOKEN", token},
-        {"GRACE_INCARNATION", std::to_string(incarnation)},
-        {"GRACE_RESTART_CODE", std::to_string(o.restart_code)},
-        {"GRACE_HOST", ep->adv.address},
-      };
-      if (!std::getenv("NCCL_SOCKET_IFNAME") && !ep->adv.iface.empty()) env["NCCL_SOCKET_IFNAME"] = ep->adv.iface;
-      if (!o.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o.checkpoint_dir;
-      add_torchrun_environment(env, o, host, rank, i, incarnation, restarts);
-      workers[i].rank = rank;
-      workers[i].pid = spawn_worker(o, env);
-      if (workers[i].pid < 0) {
-        spdlog::error("grace-launch: fork failed: {}", std::strerror(errno));
-        return exit_code::unhealthy;
-      }
-    }
-    nlohmann::json pids = nlohmann::json::object();
-    for (auto& w : workers) pids[std::to_string(w.rank)] = w.pid;
-    emit_event("group_started", {{"incarnation", incarnation}, {"workers", o.nproc}, {"pids", pids}});
+    notice_forwarded_ = true;
+    int64_t deadline =
+        o_.grace_period.count() > 0
+            ? wall_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(o_.grace_period).count()
+            : 0;
+    say(std::string("received ") + strsignal(si.ssi_signo) + ": forwarding a notice to the workers" +
+        (deadline ? " (grace period " + std::to_string(o_.grace_period.count()) + " ms)" : ""));
+    caf::anon_send(coord_, make<proto::Claim>([&](auto b) {
+      auto n = b.initNotice();
+      n.setRank(launcher_rank); n.setSource(proto::NoticeSource::LAUNCHER);
+      n.setDetail(std::string("launcher received ") + strsignal(si.ssi_signo));
+      n.setReceivedNs(wall_ns()); n.setDeadlineNs(deadline);
+      b.setStartedStep(0);
+    }));
+  }
+}
 
-    // Wait for the group; decide on the first exit that is not success.
-    std::optional<std::chrono::steady_clock::time_point> kill_at;
-    std::string cause;
-    bool fatal = false, restart = false, usage = false, rendezvous_failed = false;
-    int live = o.nproc;
-    while (live > 0) {
-      int timeout_ms = 200;
-      pollfd pfds[2] = {{sfd, POLLIN, 0}, {verdicts->pipe_fd[0], POLLIN, 0}};
-      int pr = ::poll(pfds, verdicts->pipe_fd[0] >= 0 ? 2 : 1, timeout_ms);
-      // Declared dead by the coordinator: kill our own worker now (never a
-      // worker another launcher started, never one of an older group).
-      for (auto& v : verdicts->take()) {
-        if (v.incarnation != incarnation) continue;
-        for (auto& w : workers) {
-          if (w.rank != static_cast<int>(v.rank) || w.exited) continue;
-          say("rank " + std::to_string(w.rank) + " declared lost by the coordinator (" + v.why +
-              "): killing it");
-          emit_event("kill_lost", {{"worker_rank", w.rank}, {"why", v.why}});
+/// Collects exited workers. A process exit is a verdict for the
+/// coordinator: it may not have seen this worker at all yet (it died
+/// restoring or joining), and a member that left on purpose first is
+/// ignored there. The first exit that is not a success starts the exit
+/// timeout for the rest.
+void launcher::reap(group_end& g, std::optional<std::chrono::steady_clock::time_point>& kill_at, int& live) {
+  int status = 0;
+  pid_t pid;
+  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    for (auto& w : workers_) {
+      if (w.pid != pid || w.exited) continue;
+      w.exited = true;
+      --live;
+      if (WIFEXITED(status)) w.code = WEXITSTATUS(status);
+      else if (WIFSIGNALED(status)) { w.signal = WTERMSIG(status); w.code = 128 + w.signal; }
+      emit_event("worker_exit", {{"worker_rank", w.rank}, {"code", w.code}, {"signal", w.signal}});
+      auto effect = classify_exit(w.code, w.signal, o_.restart_code);
+      if (effect == exit_effect::finished) break;
+      caf::anon_send(coord_, exited_atom::value, static_cast<uint32_t>(w.rank), incarnation_,
+                     static_cast<int32_t>(w.code));
+      g.add(effect, w.code == exit_code::no_rendezvous, "rank " + std::to_string(w.rank) + " " + describe(w));
+      if (!kill_at) kill_at = std::chrono::steady_clock::now() + o_.exit_timeout;
+    }
+  }
+}
+
+/// Waits for the whole group; a worker still running --exit-timeout-ms
+/// after the first exit that was not a success is killed.
+group_end launcher::watch_group() {
+  group_end g;
+  std::optional<std::chrono::steady_clock::time_point> kill_at;
+  int live = o_.nproc;
+  while (live > 0) {
+    pollfd pfds[2] = {{sfd_, POLLIN, 0}, {verdicts_->pipe_fd[0], POLLIN, 0}};
+    int pr = ::poll(pfds, verdicts_->pipe_fd[0] >= 0 ? 2 : 1, 200);
+    kill_declared_dead();
+    if (pr > 0 && (pfds[0].revents & POLLIN)) read_signals();
+    reap(g, kill_at, live);
+    if (kill_at && std::chrono::steady_clock::now() > *kill_at) {
+      for (auto& w : workers_)
+        if (!w.exited) {
+          say("rank " + std::to_string(w.rank) + " did not exit in time: killing it");
           ::kill(w.pid, SIGKILL);
         }
-      }
-      if (pr > 0 && (pfds[0].revents & POLLIN)) {
-        signalfd_siginfo si;
-        while (::read(sfd, &si, sizeof(si)) == sizeof(si)) {
-          if (si.ssi_signo == SIGCHLD) continue;
-          if (notice_forwarded) {
-            say(std::string(strsignal(si.ssi_signo)) + " again: stopping workers now");
-            for (auto& w : workers) if (!w.exited) ::kill(w.pid, SIGKILL);
-            continue;
-          }
-          notice_forwarded = true;
-          int64_t deadline = o.grace_period.count() > 0
-                                 ? wall_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(o.grace_period).count()
-                                 : 0;
-          say(std::string("received ") + strsignal(si.ssi_signo) + ": forwarding a notice to the workers" +
-              (deadline ? " (grace period " + std::to_string(o.grace_period.count()) + " ms)" : ""));
-          caf::anon_send(coord, make<proto::Claim>([&](auto b) {
-            auto n = b.initNotice();
-            n.setRank(launcher_rank); n.setSource(proto::NoticeSource::LAUNCHER);
-            n.setDetail(std::string("launcher received ") + strsignal(si.ssi_signo));
-            n.setReceivedNs(wall_ns()); n.setDeadlineNs(deadline);
-            b.setStartedStep(0);
-          }));
-        }
-      }
-      int status = 0;
-      pid_t pid;
-      while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
-        for (auto& w : workers) {
-          if (w.pid != pid || w.exited) continue;
-          w.exited = true;
-          --live;
-          if (WIFEXITED(status)) w.code = WEXITSTATUS(status);
-          else if (WIFSIGNALED(status)) { w.signal = WTERMSIG(status); w.code = 128 + w.signal; }
-          emit_event("worker_exit", {{"worker_rank", w.rank}, {"code", w.code}, {"signal", w.signal}});
-          if (w.code == 0) break;
-          // A process exit is a verdict: the service may not have seen this
-          // worker at all yet (it died restoring or joining), and a member
-          // that left on purpose first is ignored there.
-          caf::anon_send(coord, exited_atom::value, static_cast<uint32_t>(w.rank), incarnation,
-                         static_cast<int32_t>(w.code));
-          if (cause.empty()) cause = "rank " + std::to_string(w.rank) + " " + describe(w);
-          if (w.code == o.restart_code || w.signal || w.code == exit_code::no_rendezvous) {
-            restart = true;
-            rendezvous_failed |= w.code == exit_code::no_rendezvous;
-          } else {
-            fatal = true;
-            if (w.code == exit_code::usage) usage = true;
-          }
-          if (!kill_at) kill_at = std::chrono::steady_clock::now() + o.exit_timeout;
-        }
-      }
-      if (kill_at && std::chrono::steady_clock::now() > *kill_at) {
-        for (auto& w : workers)
-          if (!w.exited) {
-            say("rank " + std::to_string(w.rank) + " did not exit in time: killing it");
-            ::kill(w.pid, SIGKILL);
-          }
-        kill_at = std::chrono::steady_clock::now() + std::chrono::hours(1);
-      }
+      kill_at = std::chrono::steady_clock::now() + std::chrono::hours(1);
     }
-    if (fatal) {
-      final_code = usage ? exit_code::usage : exit_code::fatal;
-      final_reason = "fatal error, not restarting: " + cause;
-      break;
-    }
-    if (!restart) {
-      if (notice_forwarded) {
-        final_code = exit_code::success;
-        final_reason = "all workers finished (a notice arrived at the very end)";
-      } else {
-        final_code = exit_code::success;
-        final_reason = "all " + std::to_string(o.nproc) + " workers finished";
-      }
-      break;
-    }
-    if (notice_forwarded) {
-      final_code = o.restart_code;
-      final_reason = "preempted: workers saved and exited; restart this job to resume";
-      break;
-    }
-    if (streak.group_ended(rendezvous_failed)) {
-      final_code = exit_code::no_progress;
-      final_reason = "the group failed its rendezvous " + std::to_string(streak.count()) +
-                     " times in a row (last: " + cause + "): the workers could not reach the coordination "
-                     "service at " + host + ":" + std::to_string(port) + " or each other; this node advertises " +
-                     ep->adv.address + " (" + ep->adv.source + "): check that every node's address is "
-                     "reachable from the others (--host, --iface)";
-      break;
-    }
-    if (restarts >= o.max_restarts) {
-      final_code = exit_code::no_progress;
-      final_reason = "restarts exhausted (" + std::to_string(o.max_restarts) + "), last cause: " + cause;
-      break;
-    }
-    ++restarts;
-    previous_group = incarnation;
-    ++incarnation;
-    say("restart " + std::to_string(restarts) + "/" + std::to_string(o.max_restarts) + " (incarnation " +
-        std::to_string(incarnation) + "): " + cause);
   }
-  say("exit " + std::to_string(final_code) + ": " + final_reason);
-  write_reason(o, final_code, final_reason, restarts);
-  if (o.node_rank == 0) caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
-  ::close(sfd);
-  return final_code;
+  return g;
 }
+
+int launcher::run() {
+  if (auto st = validate(o_); !st) {
+    spdlog::error("grace-launch: {}", st.err().message);
+    return exit_code::usage;
+  }
+  if (auto st = setup_addresses(); !st) {
+    spdlog::error("grace-launch: {}", st.err().message);
+    return exit_code::usage;
+  }
+  sfd_ = block_launcher_signals();
+  if (auto st = host_or_join_coordinator(); !st) {
+    spdlog::error("grace-launch: {}", st.err().message);
+    return exit_code::usage;
+  }
+  set_event_identity(launcher_rank, incarnation_);
+  say("coordination service on " + host_ + ":" + std::to_string(port_) + ", run " + o_.run_id + ", " +
+      std::to_string(world_) + " workers (" + std::to_string(o_.nproc) + " on this node); this node advertises " +
+      ep_.adv.address + (ep_.adv.iface.empty() ? "" : " (" + ep_.adv.iface + ")") + " from " + ep_.adv.source);
+  start_checkpoint_server();
+  rendezvous_streak streak(o_.max_rendezvous_failures);
+  group_context ctx;
+  ctx.nproc = o_.nproc;
+  ctx.max_restarts = o_.max_restarts;
+  ctx.restart_code = o_.restart_code;
+  ctx.rendezvous_hint = "the workers could not reach the coordination service at " + host_ + ":" +
+                        std::to_string(port_) + " or each other; this node advertises " + ep_.adv.address + " (" +
+                        ep_.adv.source + "): check that every node's address is reachable from the others "
+                        "(--host, --iface)";
+  launcher_decision d;
+  for (;;) {
+    enter_incarnation();
+    if (auto st = start_group(); !st) {
+      spdlog::error("grace-launch: {}", st.err().message);
+      return exit_code::unhealthy;
+    }
+    auto g = watch_group();
+    ctx.notice_forwarded = notice_forwarded_;
+    ctx.restarts = restarts_;
+    d = decide_after_group(g, ctx, streak);
+    if (!d.restart) break;
+    ++restarts_;
+    previous_group_ = incarnation_;
+    ++incarnation_;
+    say("restart " + std::to_string(restarts_) + "/" + std::to_string(o_.max_restarts) + " (incarnation " +
+        std::to_string(incarnation_) + "): " + d.reason);
+  }
+  say("exit " + std::to_string(d.code) + ": " + d.reason);
+  write_reason(o_, d.code, d.reason, restarts_);
+  if (o_.node_rank == 0) caf::anon_send_exit(coord_, caf::exit_reason::user_shutdown);
+  ::close(sfd_);
+  return d.code;
+}
+
+} // namespace
+
+int run_launcher(const launch_options& in) { return launcher(in).run(); }
 
 } // namespace grace

@@ -1,4 +1,7 @@
 #include "runtime/group_policy.hpp"
+#include "runtime/exit_codes.hpp"
+
+#include <csignal>
 
 #include <catch2/catch.hpp>
 
@@ -34,4 +37,78 @@ TEST_CASE("incarnation of a group on node > 0", "[launcher]") {
   // The coordinator cannot be asked: count.
   CHECK(next_incarnation(4u, 0, std::nullopt) == 5);
   CHECK(next_incarnation(std::nullopt, 3, std::nullopt) == 3);
+}
+
+TEST_CASE("a worker's exit: finished, restart, fatal or usage", "[launcher]") {
+  CHECK(classify_exit(0, 0, 42) == exit_effect::finished);
+  CHECK(classify_exit(42, 0, 42) == exit_effect::restart);
+  CHECK(classify_exit(43, 0, 43) == exit_effect::restart);  // a configured restart code
+  CHECK(classify_exit(42, 0, 43) == exit_effect::fatal);    // ... and then 42 is not one
+  CHECK(classify_exit(45, 0, 42) == exit_effect::restart);  // failed rendezvous
+  CHECK(classify_exit(137, SIGKILL, 42) == exit_effect::restart);
+  CHECK(classify_exit(3, 0, 42) == exit_effect::fatal);
+  CHECK(classify_exit(1, 0, 42) == exit_effect::fatal);
+  CHECK(classify_exit(2, 0, 42) == exit_effect::usage);
+}
+
+namespace {
+group_end ended(std::initializer_list<std::pair<int, int>> exits) {  // (code, signal) per worker
+  group_end g;
+  int rank = 0;
+  for (auto [code, sig] : exits)
+    g.add(classify_exit(code, sig, 42), code == 45, "rank " + std::to_string(rank++) + " code " + std::to_string(code));
+  return g;
+}
+} // namespace
+
+TEST_CASE("after a group: stop with the right code or restart", "[launcher]") {
+  group_context c;
+  c.nproc = 4;
+  c.max_restarts = 3;
+  c.rendezvous_hint = "check the addresses";
+  rendezvous_streak streak(2);
+  SECTION("all finished: 0") {
+    auto d = decide_after_group(ended({{0, 0}, {0, 0}, {0, 0}, {0, 0}}), c, streak);
+    CHECK_FALSE(d.restart);
+    CHECK(d.code == 0);
+    CHECK(d.reason == "all 4 workers finished");
+  }
+  SECTION("a fatal exit beats restarts; a usage error is 2") {
+    auto d = decide_after_group(ended({{42, 0}, {3, 0}, {0, 0}}), c, streak);
+    CHECK_FALSE(d.restart);
+    CHECK(d.code == exit_code::fatal);
+    CHECK(d.reason == "fatal error, not restarting: rank 1 code 3");
+    CHECK(decide_after_group(ended({{2, 0}}), c, streak).code == exit_code::usage);
+  }
+  SECTION("restart codes and signals restart, naming the first cause") {
+    auto d = decide_after_group(ended({{0, 0}, {137, SIGKILL}, {42, 0}}), c, streak);
+    CHECK(d.restart);
+    CHECK(d.reason == "rank 1 code 137");
+  }
+  SECTION("a forwarded notice stops with the restart code") {
+    c.notice_forwarded = true;
+    c.restart_code = 42;
+    auto d = decide_after_group(ended({{42, 0}, {42, 0}}), c, streak);
+    CHECK_FALSE(d.restart);
+    CHECK(d.code == 42);
+    auto fin = decide_after_group(ended({{0, 0}}), c, streak);
+    CHECK(fin.code == 0);  // finished before the notice mattered
+  }
+  SECTION("failed rendezvous in a row stop with 44, a good group resets the count") {
+    CHECK(decide_after_group(ended({{45, 0}, {0, 0}}), c, streak).restart);
+    CHECK(decide_after_group(ended({{42, 0}}), c, streak).restart);  // connected: reset
+    CHECK(decide_after_group(ended({{45, 0}}), c, streak).restart);
+    auto d = decide_after_group(ended({{45, 0}}), c, streak);
+    CHECK_FALSE(d.restart);
+    CHECK(d.code == exit_code::no_progress);
+    CHECK(d.reason.find("failed its rendezvous 2 times in a row") != std::string::npos);
+    CHECK(d.reason.find("check the addresses") != std::string::npos);
+  }
+  SECTION("restarts exhausted: 44") {
+    c.restarts = 3;
+    auto d = decide_after_group(ended({{42, 0}}), c, streak);
+    CHECK_FALSE(d.restart);
+    CHECK(d.code == exit_code::no_progress);
+    CHECK(d.reason == "restarts exhausted (3), last cause: rank 0 code 42");
+  }
 }

@@ -1,0 +1,54 @@
+#include "runtime/group_policy.hpp"
+
+#include "runtime/exit_codes.hpp"
+
+namespace grace {
+
+exit_effect classify_exit(int code, int signal, int restart_code) {
+  if (signal) return exit_effect::restart;
+  if (code == 0) return exit_effect::finished;
+  if (code == restart_code || code == exit_code::no_rendezvous) return exit_effect::restart;
+  if (code == exit_code::usage) return exit_effect::usage;
+  return exit_effect::fatal;
+}
+
+void group_end::add(exit_effect e, bool no_rendezvous, const std::string& describe) {
+  if (e == exit_effect::finished) return;
+  if (cause.empty()) cause = describe;
+  switch (e) {
+    case exit_effect::restart:
+      restart = true;
+      rendezvous_failed |= no_rendezvous;
+      break;
+    case exit_effect::usage:
+      usage = true;
+      [[fallthrough]];
+    case exit_effect::fatal:
+      if (!fatal) fatal_cause = describe;
+      fatal = true;
+      break;
+    case exit_effect::finished:
+      break;
+  }
+}
+
+launcher_decision decide_after_group(const group_end& g, const group_context& c, rendezvous_streak& streak) {
+  if (g.fatal)
+    return {false, g.usage ? exit_code::usage : exit_code::fatal, "fatal error, not restarting: " + g.fatal_cause};
+  if (!g.restart)
+    return {false, exit_code::success,
+            c.notice_forwarded ? "all workers finished (a notice arrived at the very end)"
+                               : "all " + std::to_string(c.nproc) + " workers finished"};
+  if (c.notice_forwarded)
+    return {false, c.restart_code, "preempted: workers saved and exited; restart this job to resume"};
+  if (streak.group_ended(g.rendezvous_failed))
+    return {false, exit_code::no_progress,
+            "the group failed its rendezvous " + std::to_string(streak.count()) + " times in a row (last: " +
+                g.cause + "): " + c.rendezvous_hint};
+  if (c.restarts >= c.max_restarts)
+    return {false, exit_code::no_progress,
+            "restarts exhausted (" + std::to_string(c.max_restarts) + "), last cause: " + g.cause};
+  return {true, 0, g.cause};
+}
+
+} // namespace grace
