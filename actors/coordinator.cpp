@@ -287,258 +287,295 @@ void member_lost(self_ptr self, uint32_t rank, loss_reason reason, const std::st
   fail_pending(self, "rank " + std::to_string(rank) + " lost");
 }
 
+/// Every check a join must pass before it becomes a member; the refusal,
+/// if any. May advance the incarnation (the first join of the next group).
+std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Reader j) {
+  auto& st = self->state;
+  if (j.getProtocolVersion() != proto::PROTOCOL_VERSION)
+    return refuse("protocol version " + std::to_string(j.getProtocolVersion()) + " != coordinator's " +
+                  std::to_string(proto::PROTOCOL_VERSION));
+  if (str(j.getToken()) != st.cfg.token) return refuse("wrong job token");
+  if (j.getWorldSize() != st.cfg.world_size)
+    return refuse("world size " + std::to_string(j.getWorldSize()) + " != job's " +
+                  std::to_string(st.cfg.world_size));
+  if (j.getRank() >= st.cfg.world_size) return refuse("rank " + std::to_string(j.getRank()) + " out of range");
+  if (str(j.getRunId()) != st.cfg.run_id)
+    return refuse("run id '" + str(j.getRunId()) + "' != job's '" + st.cfg.run_id + "'");
+  // Launchers on other nodes restart their groups on their own: the first
+  // join of a newer incarnation, once the old group is gone, advances it.
+  if (j.getIncarnation() == st.cfg.incarnation + 1 && !st.workers.empty() && st.agree->live().empty()) {
+    st.log->info("advancing to incarnation {} (first join of the new group)", j.getIncarnation());
+    reset_incarnation(self, j.getIncarnation());
+  }
+  if (j.getIncarnation() != st.cfg.incarnation)
+    return refuse_for_now("incarnation " + std::to_string(j.getIncarnation()) + " != current " +
+                              std::to_string(st.cfg.incarnation),
+                          st.cfg.incarnation);
+  auto rank = j.getRank();
+  if (st.workers.count(rank) || st.left.count(rank))
+    return refuse_for_now("duplicate rank " + std::to_string(rank) + " in incarnation " +
+                              std::to_string(st.cfg.incarnation),
+                          st.cfg.incarnation);
+  if (auto why = st.agree->join_refusal(rank, j.getCompletedStep())) {
+    st.log->warn("rank {} refused: {}", rank, *why);
+    st.refused.insert(rank);
+    return refuse_for_now(*why, st.cfg.incarnation);
+  }
+  return std::nullopt;
+}
+
+msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {
+  auto& st = self->state;
+  auto r = decode(m);
+  if (!r) return refuse(r.err().message);
+  auto j = r->get();
+  if (auto refusal = join_refusal(self, j)) return *refusal;
+  auto sender = self->current_sender();
+  if (!sender) return refuse("join without a sender to reply to");
+  auto rank = j.getRank();
+  auto handle = caf::actor_cast<peer_watcher_actor>(sender);
+  st.workers.emplace(rank, handle);
+  st.ranks.emplace(caf::actor_cast<caf::actor_addr>(sender), rank);
+  self->monitor(handle);
+  st.members->add(rank, now_ns(self), j.getCompletedStep());
+  st.log->info("rank {} joined (pid {} on {}, step {}), {}/{} members", rank, j.getPid(), str(j.getHost()),
+               j.getCompletedStep(), st.workers.size(), st.cfg.world_size);
+  auto prefix = st.cfg.run_id + "/" + std::to_string(st.cfg.incarnation) + "/";
+  auto welcome = make<proto::Welcome>([&](auto b) {
+    b.setAccepted(true); b.setRank(rank); b.setWorldSize(st.cfg.world_size);
+    b.setRunId(st.cfg.run_id); b.setIncarnation(st.cfg.incarnation);
+    b.setRendezvousPrefix(prefix); b.setVerdictWaitMs(verdict_wait_ms(st.cfg));
+  });
+  dispatch(self, st.agree->on_join(rank, j.getCompletedStep()));
+  return welcome;
+}
+
+msg<proto::ClaimReply> on_claim(self_ptr self, msg<proto::Claim>& m) {
+  auto& st = self->state;
+  auto r = decode(m);
+  if (!r) return make<proto::ClaimReply>([&](auto b) { b.setWon(false); b.setHolder(launcher_rank); });
+  auto n = r->get().getNotice();
+  emit_event("claim", {{"by", n.getRank()}, {"source", static_cast<int>(n.getSource())},
+                       {"deadline_ns", n.getDeadlineNs()}, {"detail", str(n.getDetail())}});
+  auto reply = *dispatch(self, st.agree->on_claim(n.getRank(), r->get().getStartedStep(), n.getDeadlineNs()));
+  auto rr = decode(reply);
+  if (rr && rr->get().getWon())
+    st.log->info("notice from {} ({}) claimed: {}",
+                 n.getRank() == launcher_rank ? std::string("launcher") : "rank " + std::to_string(n.getRank()),
+                 str(n.getDetail()), n.getDeadlineNs() ? "with a deadline" : "no grace period");
+  else
+    st.log->info("notice from rank {} deferred to the holder", n.getRank());
+  return reply;
+}
+
+msg<proto::KvReply> on_kv_set(self_ptr self, msg<proto::KvSet>& m) {
+  auto r = decode(m);
+  if (!r) return kv_reply(false, nullptr, r.err().message);
+  auto res = self->state.table.set(str(r->get().getKey()), bytes(r->get().getValue()));
+  deliver(self, res.woken);
+  return kv_reply(res.ok, nullptr, res.error);
+}
+
+/// Answered at once (found, or failed), or when the key is set, the group
+/// breaks or the get's own timeout passes.
+caf::result<msg<proto::KvReply>> on_kv_get(self_ptr self, msg<proto::KvGet>& m) {
+  auto& st = self->state;
+  auto r = decode(m);
+  if (!r) return kv_reply(false, nullptr, r.err().message);
+  auto timeout = r->get().getTimeoutMs();
+  auto id = st.next_waiter++;
+  auto res = st.table.get(str(r->get().getKey()), id, timeout > 0);
+  using ty = rendezvous_table::get_result::type;
+  if (res.what == ty::found) return kv_reply(true, &res.value, "");
+  if (res.what == ty::failed) return kv_reply(false, nullptr, res.error);
+  auto rp = self->make_response_promise<msg<proto::KvReply>>();
+  st.get_waiters.emplace(id, rp);
+  self->delayed_send(self, std::chrono::milliseconds(timeout), kv_timeout_atom::value, id);
+  return rp;
+}
+
+caf::result<msg<proto::BarrierReply>> on_barrier(self_ptr self, msg<proto::Barrier>& m) {
+  auto& st = self->state;
+  auto r = decode(m);
+  if (!r) return barrier_reply(false, r.err().message);
+  auto id = st.next_waiter++;
+  auto res = st.table.arrive(str(r->get().getName()), r->get().getRank(), r->get().getCount(), id);
+  if (!res.pending) return barrier_reply(res.ok, res.error);
+  auto rp = self->make_response_promise<msg<proto::BarrierReply>>();
+  st.barrier_waiters.emplace(id, rp);
+  deliver(self, res.released);  // may include this arrival (the last one)
+  return rp;
+}
+
+void on_saved(self_ptr self, msg<proto::CheckpointSaved>& m) {
+  auto r = decode(m);
+  if (!r) return;
+  auto s = r->get();
+  emit_event("saved", {{"by", s.getRank()}, {"step", s.getStep()}, {"ok", s.getOk()}, {"bytes", s.getBytes()},
+                       {"snapshot_ns", s.getSnapshotNs()}, {"write_ns", s.getWriteNs()}});
+  if (s.getOk()) self->state.last_saved_ns = s.getSnapshotNs() + s.getWriteNs();
+  dispatch(self, self->state.agree->on_saved(s.getRank(), s.getAgreementId(), s.getStep(), s.getOk(),
+                                             str(s.getError())));
+}
+
+void on_error_report(self_ptr self, msg<proto::ErrorReport>& m) {
+  auto r = decode(m);
+  if (!r) return;
+  auto e = r->get();
+  dispatch(self, self->state.agree->on_error(e.getRank(), e.getStep(),
+                                             "rank " + std::to_string(e.getRank()) + " at step " +
+                                                 std::to_string(e.getStep()) + ": " + str(e.getMessage())));
+}
+
+/// A request: the worker waits for the answer before it exits, so its
+/// connection loss that follows is never taken for a failure.
+bool on_leave(self_ptr self, msg<proto::Leave>& m) {
+  auto& st = self->state;
+  auto r = decode(m);
+  if (!r) return false;
+  auto rank = r->get().getRank();
+  if (!st.workers.count(rank)) return false;
+  st.left.insert(rank);
+  st.members->remove(rank);
+  dispatch(self, st.agree->on_leave(rank, r->get().getExitCode()));
+  if (r->get().getExitCode() != 0) fail_pending(self, "rank " + std::to_string(rank) + " left");
+  return true;
+}
+
+/// The launcher saw a worker process exit before it left on purpose: a
+/// verdict as certain as a lost connection, and sometimes the only one (a
+/// worker that died before it joined).
+void on_exited(self_ptr self, uint32_t rank, uint32_t incarnation, int32_t code) {
+  auto& st = self->state;
+  if (incarnation != st.cfg.incarnation || rank >= st.cfg.world_size) return;
+  if (st.refused.count(rank) && !st.workers.count(rank)) return;  // told to restart: its exit is expected
+  member_lost(self, rank, loss_reason::dead,
+              code > 128 ? "dead: killed by signal " + std::to_string(code - 128)
+                         : "dead: exited with code " + std::to_string(code) + " without leaving",
+              st.members->completed(rank));
+}
+
+void on_rescue(self_ptr self, uint64_t gen) {
+  auto& st = self->state;
+  if (gen != st.rescue_gen) return;
+  // Members silent for a third of dead-after are most likely frozen: the
+  // rescue does not wait for them (the cutoff would, briefly).
+  auto silent = st.members->silent(
+      now_ns(self), std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.dead_after).count() / 3);
+  auto acts = st.agree->on_rescue(silent);
+  if (!acts.empty()) {
+    st.log->warn("deadline near and the round is not committed: rescuing it with a just-in-time save");
+    emit_event("rescue", {{"deadline_ns", st.agree->deadline_ns()}});
+  }
+  dispatch(self, acts);
+  self->delayed_send(self, std::chrono::nanoseconds(st.rescue_cutoff_ns), cutoff_atom::value, gen);
+}
+
+void on_cutoff(self_ptr self, uint64_t gen) {
+  auto& st = self->state;
+  if (gen != st.rescue_gen) return;
+  auto acts = st.agree->on_cutoff();
+  if (!acts.empty()) st.log->warn("rescue cutoff: agreeing among the acknowledgements received");
+  dispatch(self, acts);
+}
+
+/// Heartbeat silence and hangs, checked every heartbeat_check.
+void on_tick(self_ptr self) {
+  auto& st = self->state;
+  for (auto& v : st.members->check(now_ns(self))) {
+    if (v.what == verdict::slow) {
+      st.log->warn("rank {} is slow: {}", v.rank, v.detail);
+      emit_event("slow", {{"slow_rank", v.rank}, {"detail", v.detail}});
+      continue;
+    }
+    std::string why = std::string(to_string(v.what)) + ": " + v.detail;
+    member_lost(self, v.rank, v.what == verdict::hung ? loss_reason::hung : loss_reason::dead, why, v.completed);
+  }
+  self->delayed_send(self, st.cfg.heartbeat_check, tick_atom::value);
+}
+
+uint32_t on_incarnation(self_ptr self, uint32_t incarnation) {
+  if (incarnation == self->state.cfg.incarnation && !self->state.workers.empty())
+    return incarnation;  // already advanced by an early join
+  self->state.log->info("new incarnation {}", incarnation);
+  reset_incarnation(self, incarnation);
+  return incarnation;
+}
+
+std::string on_ckpt_peer(self_ptr self, int32_t node, const std::string& endpoint) {
+  auto& servers = self->state.ckpt_servers;
+  if (!endpoint.empty()) servers[node] = endpoint;
+  std::string others;
+  for (auto& [n, ep] : servers)
+    if (n != node) others += ep + "\n";
+  return others;
+}
+
+void on_down(self_ptr self, caf::down_msg& dm) {
+  auto& st = self->state;
+  auto it = st.ranks.find(dm.source);
+  if (it == st.ranks.end()) return;
+  auto rank = it->second;
+  st.ranks.erase(it);
+  member_lost(self, rank, loss_reason::dead, "dead: connection lost (" + self->system().render(dm.reason) + ")",
+              st.members->completed(rank));
+}
+
+/// The message table: each handler is a function above.
+coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config cfg) {
+  auto& st = self->state;
+  st.cfg = cfg;
+  st.log = cfg.log ? cfg.log : spdlog::default_logger();
+  reset_incarnation(self, cfg.incarnation);
+  self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
+  self->send(self, tick_atom::value);
+  return {
+    [self](msg<proto::Join>& m) { return on_join(self, m); },
+    [self](msg<proto::Claim>& m) { return on_claim(self, m); },
+    [self](msg<proto::KvSet>& m) { return on_kv_set(self, m); },
+    [self](msg<proto::KvGet>& m) { return on_kv_get(self, m); },
+    [self](kv_timeout_atom, uint64_t id) {
+      if (auto r = self->state.table.expire(id)) deliver(self, {*r});
+    },
+    [self](msg<proto::Barrier>& m) { return on_barrier(self, m); },
+    [self](msg<proto::Ack>& m) {
+      if (auto r = decode(m))
+        dispatch(self, self->state.agree->on_ack(r->get().getRank(), r->get().getAgreementId(),
+                                                 r->get().getEarliestStep()));
+    },
+    [self](msg<proto::Heartbeat>& m) {
+      auto r = decode(m);
+      if (!r || r->get().getIncarnation() != self->state.cfg.incarnation) return;
+      auto h = r->get();
+      self->state.members->heartbeat(h.getRank(), now_ns(self), h.getCompletedStep(), h.getLastStepNs(),
+                                     h.getLastSaveNs());
+    },
+    [self](msg<proto::CheckpointSaved>& m) { on_saved(self, m); },
+    [self](msg<proto::ProposeFinal>& m) {
+      if (auto r = decode(m))
+        dispatch(self, self->state.agree->on_propose_final(r->get().getRank(), r->get().getStartedStep()));
+    },
+    [self](msg<proto::ErrorReport>& m) { on_error_report(self, m); },
+    [self](msg<proto::Leave>& m) { return on_leave(self, m); },
+    [self](exited_atom, uint32_t rank, uint32_t inc, int32_t code) { on_exited(self, rank, inc, code); },
+    [self](rescue_atom, uint64_t gen) { on_rescue(self, gen); },
+    [self](cutoff_atom, uint64_t gen) { on_cutoff(self, gen); },
+    [self](incarnation_atom, uint32_t inc) { return on_incarnation(self, inc); },
+    [self](current_atom) { return self->state.cfg.incarnation; },
+    [self](ckpt_peer_atom, int32_t node, const std::string& ep) { return on_ckpt_peer(self, node, ep); },
+    [self](status_atom) {
+      auto& st = self->state;
+      return fmt::format("incarnation {}, {} members, phase {}", st.cfg.incarnation, st.workers.size(),
+                         to_string(st.agree->phase()));
+    },
+    [self](tick_atom) { on_tick(self); },
+  };
+}
+
 } // namespace
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg) {
-  return sys.spawn([cfg](self_ptr self) -> coordinator_actor::behavior_type {
-    auto& st = self->state;
-    st.cfg = cfg;
-    st.log = cfg.log ? cfg.log : spdlog::default_logger();
-    reset_incarnation(self, cfg.incarnation);
-    self->set_down_handler([self](caf::down_msg& dm) {
-      auto& st = self->state;
-      auto it = st.ranks.find(dm.source);
-      if (it == st.ranks.end()) return;
-      auto rank = it->second;
-      st.ranks.erase(it);
-      member_lost(self, rank, loss_reason::dead, "dead: connection lost (" + self->system().render(dm.reason) + ")",
-                  st.members->completed(rank));
-    });
-    self->send(self, tick_atom::value);
-    return {
-      [self](msg<proto::Join>& m) -> msg<proto::Welcome> {
-        auto& st = self->state;
-        auto r = decode(m);
-        if (!r) return refuse(r.err().message);
-        auto j = r->get();
-        if (j.getProtocolVersion() != proto::PROTOCOL_VERSION)
-          return refuse("protocol version " + std::to_string(j.getProtocolVersion()) +
-                        " != coordinator's " + std::to_string(proto::PROTOCOL_VERSION));
-        if (str(j.getToken()) != st.cfg.token) return refuse("wrong job token");
-        if (j.getWorldSize() != st.cfg.world_size)
-          return refuse("world size " + std::to_string(j.getWorldSize()) + " != job's " +
-                        std::to_string(st.cfg.world_size));
-        if (j.getRank() >= st.cfg.world_size)
-          return refuse("rank " + std::to_string(j.getRank()) + " out of range");
-        if (str(j.getRunId()) != st.cfg.run_id)
-          return refuse("run id '" + str(j.getRunId()) + "' != job's '" + st.cfg.run_id + "'");
-        // Launchers on other nodes restart their groups on their own: the
-        // first join of a newer incarnation, once the old group is gone,
-        // advances it.
-        if (j.getIncarnation() == st.cfg.incarnation + 1 && !st.workers.empty() && st.agree->live().empty()) {
-          st.log->info("advancing to incarnation {} (first join of the new group)", j.getIncarnation());
-          reset_incarnation(self, j.getIncarnation());
-        }
-        if (j.getIncarnation() != st.cfg.incarnation)
-          return refuse_for_now("incarnation " + std::to_string(j.getIncarnation()) + " != current " +
-                                    std::to_string(st.cfg.incarnation), st.cfg.incarnation);
-        auto rank = j.getRank();
-        if (st.workers.count(rank) || st.left.count(rank))
-          return refuse_for_now("duplicate rank " + std::to_string(rank) + " in incarnation " +
-                                    std::to_string(st.cfg.incarnation), st.cfg.incarnation);
-        if (auto why = st.agree->join_refusal(rank, j.getCompletedStep())) {
-          st.log->warn("rank {} refused: {}", rank, *why);
-          st.refused.insert(rank);
-          return refuse_for_now(*why, st.cfg.incarnation);
-        }
-        auto sender = self->current_sender();
-        if (!sender) return refuse("join without a sender to reply to");
-        auto handle = caf::actor_cast<peer_watcher_actor>(sender);
-        st.workers.emplace(rank, handle);
-        st.ranks.emplace(caf::actor_cast<caf::actor_addr>(sender), rank);
-        self->monitor(handle);
-        st.members->add(rank, now_ns(self), j.getCompletedStep());
-        st.log->info("rank {} joined (pid {} on {}, step {}), {}/{} members", rank, j.getPid(),
-                     str(j.getHost()), j.getCompletedStep(), st.workers.size(), st.cfg.world_size);
-        auto prefix = st.cfg.run_id + "/" + std::to_string(st.cfg.incarnation) + "/";
-        auto welcome = make<proto::Welcome>([&](auto b) {
-          b.setAccepted(true); b.setRank(rank); b.setWorldSize(st.cfg.world_size);
-          b.setRunId(st.cfg.run_id); b.setIncarnation(st.cfg.incarnation);
-          b.setRendezvousPrefix(prefix); b.setVerdictWaitMs(verdict_wait_ms(st.cfg));
-        });
-        dispatch(self, st.agree->on_join(rank, j.getCompletedStep()));
-        return welcome;
-      },
-      [self](msg<proto::Claim>& m) -> msg<proto::ClaimReply> {
-        auto& st = self->state;
-        auto r = decode(m);
-        if (!r)
-          return make<proto::ClaimReply>([&](auto b) { b.setWon(false); b.setHolder(launcher_rank); });
-        auto n = r->get().getNotice();
-        emit_event("claim", {{"by", n.getRank()}, {"source", static_cast<int>(n.getSource())},
-                             {"deadline_ns", n.getDeadlineNs()}, {"detail", str(n.getDetail())}});
-        auto reply = dispatch(self, st.agree->on_claim(n.getRank(), r->get().getStartedStep(),
-                                                       n.getDeadlineNs()));
-        auto& rep = *reply;
-        auto rr = decode(rep);
-        if (rr && rr->get().getWon())
-          st.log->info("notice from {} ({}) claimed: {}", n.getRank() == launcher_rank ? std::string("launcher")
-                                                               : "rank " + std::to_string(n.getRank()),
-                       str(n.getDetail()), n.getDeadlineNs() ? "with a deadline" : "no grace period");
-        else
-          st.log->info("notice from rank {} deferred to the holder", n.getRank());
-        return rep;
-      },
-      [self](msg<proto::KvSet>& m) -> msg<proto::KvReply> {
-        auto& st = self->state;
-        auto r = decode(m);
-        if (!r) return kv_reply(false, nullptr, r.err().message);
-        auto res = st.table.set(str(r->get().getKey()), bytes(r->get().getValue()));
-        deliver(self, res.woken);
-        return kv_reply(res.ok, nullptr, res.error);
-      },
-      [self](msg<proto::KvGet>& m) -> caf::result<msg<proto::KvReply>> {
-        auto& st = self->state;
-        auto r = decode(m);
-        if (!r) return kv_reply(false, nullptr, r.err().message);
-        auto timeout = r->get().getTimeoutMs();
-        auto id = st.next_waiter++;
-        auto res = st.table.get(str(r->get().getKey()), id, timeout > 0);
-        using ty = rendezvous_table::get_result::type;
-        if (res.what == ty::found) return kv_reply(true, &res.value, "");
-        if (res.what == ty::failed) return kv_reply(false, nullptr, res.error);
-        auto rp = self->make_response_promise<msg<proto::KvReply>>();
-        st.get_waiters.emplace(id, rp);
-        self->delayed_send(self, std::chrono::milliseconds(timeout), kv_timeout_atom::value, id);
-        return rp;
-      },
-      [self](kv_timeout_atom, uint64_t id) {
-        if (auto r = self->state.table.expire(id)) deliver(self, {*r});
-      },
-      [self](msg<proto::Barrier>& m) -> caf::result<msg<proto::BarrierReply>> {
-        auto& st = self->state;
-        auto r = decode(m);
-        if (!r) return barrier_reply(false, r.err().message);
-        auto id = st.next_waiter++;
-        auto res = st.table.arrive(str(r->get().getName()), r->get().getRank(), r->get().getCount(), id);
-        if (!res.pending) return barrier_reply(res.ok, res.error);
-        auto rp = self->make_response_promise<msg<proto::BarrierReply>>();
-        st.barrier_waiters.emplace(id, rp);
-        deliver(self, res.released);  // may include this arrival (the last one)
-        return rp;
-      },
-      [self](msg<proto::Ack>& m) {
-        auto r = decode(m);
-        if (!r) return;
-        auto a = r->get();
-        dispatch(self, self->state.agree->on_ack(a.getRank(), a.getAgreementId(), a.getEarliestStep()));
-      },
-      [self](msg<proto::Heartbeat>& m) {
-        auto r = decode(m);
-        if (!r) return;
-        auto h = r->get();
-        if (h.getIncarnation() != self->state.cfg.incarnation) return;
-        self->state.members->heartbeat(h.getRank(), now_ns(self), h.getCompletedStep(), h.getLastStepNs(),
-                                       h.getLastSaveNs());
-      },
-      [self](msg<proto::CheckpointSaved>& m) {
-        auto r = decode(m);
-        if (!r) return;
-        auto s = r->get();
-        emit_event("saved", {{"by", s.getRank()}, {"step", s.getStep()}, {"ok", s.getOk()},
-                             {"bytes", s.getBytes()}, {"snapshot_ns", s.getSnapshotNs()},
-                             {"write_ns", s.getWriteNs()}, {"commit_ns", s.getCommitNs()}});
-        if (s.getOk()) self->state.last_saved_ns = s.getSnapshotNs() + s.getWriteNs();
-        dispatch(self, self->state.agree->on_saved(s.getRank(), s.getAgreementId(), s.getStep(), s.getOk(),
-                                                   str(s.getError())));
-      },
-      [self](msg<proto::ProposeFinal>& m) {
-        auto r = decode(m);
-        if (!r) return;
-        dispatch(self, self->state.agree->on_propose_final(r->get().getRank(), r->get().getStartedStep()));
-      },
-      [self](msg<proto::ErrorReport>& m) {
-        auto r = decode(m);
-        if (!r) return;
-        auto e = r->get();
-        dispatch(self, self->state.agree->on_error(e.getRank(), e.getStep(),
-                                                   "rank " + std::to_string(e.getRank()) + " at step " +
-                                                       std::to_string(e.getStep()) + ": " + str(e.getMessage())));
-      },
-      // A request: the worker waits for the answer before it exits, so its
-      // connection loss that follows is never taken for a failure.
-      [self](msg<proto::Leave>& m) -> bool {
-        auto& st = self->state;
-        auto r = decode(m);
-        if (!r) return false;
-        auto rank = r->get().getRank();
-        if (!st.workers.count(rank)) return false;
-        st.left.insert(rank);
-        st.members->remove(rank);
-        dispatch(self, st.agree->on_leave(rank, r->get().getExitCode()));
-        if (r->get().getExitCode() != 0) fail_pending(self, "rank " + std::to_string(rank) + " left");
-        return true;
-      },
-      // The launcher saw a worker process exit before it left on purpose:
-      // a verdict as certain as a lost connection, and sometimes the only
-      // one (a worker that died before it joined).
-      [self](exited_atom, uint32_t rank, uint32_t incarnation, int32_t code) {
-        auto& st = self->state;
-        if (incarnation != st.cfg.incarnation || rank >= st.cfg.world_size) return;
-        if (st.refused.count(rank) && !st.workers.count(rank)) return;  // told to restart: its exit is expected
-        member_lost(self, rank, loss_reason::dead,
-                    code > 128 ? "dead: killed by signal " + std::to_string(code - 128)
-                               : "dead: exited with code " + std::to_string(code) + " without leaving",
-                    st.members->completed(rank));
-      },
-      [self](rescue_atom, uint64_t gen) {
-        auto& st = self->state;
-        if (gen != st.rescue_gen) return;
-        // Members silent for a third of dead-after are most likely frozen:
-        // the rescue does not wait for them (the cutoff would, briefly).
-        auto silent = st.members->silent(
-          now_ns(self), std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.dead_after).count() / 3);
-        auto acts = st.agree->on_rescue(silent);
-        if (!acts.empty()) {
-          st.log->warn("deadline near and the round is not committed: rescuing it with a just-in-time save");
-          emit_event("rescue", {{"deadline_ns", st.agree->deadline_ns()}});
-        }
-        dispatch(self, acts);
-        self->delayed_send(self, std::chrono::nanoseconds(st.rescue_cutoff_ns), cutoff_atom::value, gen);
-      },
-      [self](cutoff_atom, uint64_t gen) {
-        auto& st = self->state;
-        if (gen != st.rescue_gen) return;
-        auto acts = st.agree->on_cutoff();
-        if (!acts.empty()) st.log->warn("rescue cutoff: agreeing among the acknowledgements received");
-        dispatch(self, acts);
-      },
-      [self](incarnation_atom, uint32_t incarnation) -> uint32_t {
-        if (incarnation == self->state.cfg.incarnation && !self->state.workers.empty())
-          return incarnation; // already advanced by an early join
-        self->state.log->info("new incarnation {}", incarnation);
-        reset_incarnation(self, incarnation);
-        return incarnation;
-      },
-      [self](current_atom) -> uint32_t { return self->state.cfg.incarnation; },
-      [self](ckpt_peer_atom, int32_t node, const std::string& endpoint) -> std::string {
-        auto& servers = self->state.ckpt_servers;
-        if (!endpoint.empty()) servers[node] = endpoint;
-        std::string others;
-        for (auto& [n, ep] : servers)
-          if (n != node) others += ep + "\n";
-        return others;
-      },
-      [self](status_atom) -> std::string {
-        auto& st = self->state;
-        return fmt::format("incarnation {}, {} members, phase {}", st.cfg.incarnation, st.workers.size(),
-                           to_string(st.agree->phase()));
-      },
-      [self](tick_atom) {
-        auto& st = self->state;
-        for (auto& v : st.members->check(now_ns(self))) {
-          if (v.what == verdict::slow) {
-            st.log->warn("rank {} is slow: {}", v.rank, v.detail);
-            emit_event("slow", {{"slow_rank", v.rank}, {"detail", v.detail}});
-            continue;
-          }
-          std::string why = std::string(to_string(v.what)) + ": " + v.detail;
-          member_lost(self, v.rank, v.what == verdict::hung ? loss_reason::hung : loss_reason::dead, why, v.completed);
-        }
-        self->delayed_send(self, st.cfg.heartbeat_check, tick_atom::value);
-      },
-    };
-  });
+  return sys.spawn(coordinator, std::move(cfg));
 }
 
 result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
