@@ -94,15 +94,7 @@ msg<proto::CheckpointSaved> saved_report(uint32_t rank, const save_outcome& o) {
     b.setError(o.error);
     b.setSnapshotNs(o.snap_ns);
     b.setWriteNs(o.write_ns);
-    if (!o.ok) return;
-    b.setBytes(o.stats.total_bytes);
-    b.setPath(o.stats.path.string());
-    auto files = b.initFiles(static_cast<unsigned>(o.stats.files.size()));
-    for (size_t i = 0; i < o.stats.files.size(); ++i) {
-      files[i].setName(o.stats.files[i].name);
-      files[i].setSize(o.stats.files[i].size);
-      files[i].setChecksum(o.stats.files[i].xxh3);
-    }
+    if (o.ok) b.setBytes(o.stats.total_bytes);
   });
 }
 

@@ -205,7 +205,6 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
         emit_event("cluster_error", {{"origin", a.rank}, {"step", a.step}, {"message", a.message}});
         to_all(make<proto::ClusterError>([&](auto b) {
           b.setOriginRank(a.rank); b.setStep(a.step); b.setMessage(a.message);
-          b.setKind(proto::ErrorKind::FAILED);
         }));
         break;
       case ty::deadline_update: {

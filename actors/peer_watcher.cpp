@@ -182,19 +182,12 @@ peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor 
         if (!r) return;
         self->state.ctl->post_deadline(r->get().getDeadlineNs());
       },
-      [self](msg<proto::Shutdown>& m) {
-        auto& st = self->state;
-        auto r = decode(m);
-        if (!r) return;
-        st.ctl->post_shutdown(r->get().getExitCode());
-        st.ctl->abort();
-      },
       [self](tick_atom) {
         auto& st = self->state;
         self->send(st.coord, make<proto::Heartbeat>([&](auto b) {
           b.setRank(st.cfg.rank); b.setIncarnation(st.cfg.incarnation);
           b.setCompletedStep(st.ctl->completed.load(std::memory_order_relaxed));
-          b.setSentNs(wall_ns()); b.setLastStepNs(st.ctl->last_step_ns.load(std::memory_order_relaxed));
+          b.setLastStepNs(st.ctl->last_step_ns.load(std::memory_order_relaxed));
           b.setLastSaveNs(st.ctl->last_save_ns.load(std::memory_order_relaxed));
         }));
         self->delayed_send(self, st.cfg.heartbeat, tick_atom::value);

@@ -21,7 +21,6 @@ using peer_watcher_actor = caf::typed_actor<
   caf::reacts_to<msg<proto::PeerLost>>,
   caf::reacts_to<msg<proto::ClusterError>>,
   caf::reacts_to<msg<proto::DeadlineUpdate>>,
-  caf::reacts_to<msg<proto::Shutdown>>,
   caf::reacts_to<msg<proto::Notice>>,
   caf::replies_to<join_atom, msg<proto::Join>>::with<msg<proto::Welcome>>,
   caf::reacts_to<tick_atom>>;

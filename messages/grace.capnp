@@ -1,6 +1,8 @@
-# Grace's protocol: every message that crosses an actor boundary, in-process
-# or across nodes. Ordinals never change once shipped; new fields get new
-# ordinals. Bump `protocolVersion` only for incompatible changes.
+# Grace's protocol: every message between processes (and between a
+# worker's own actors and the coordination service). Ordinals never change
+# once shipped; new fields get new ordinals; a field no longer used is
+# renamed `obsolete...` and never written, its ordinal never reused.
+# Bump `protocolVersion` only for incompatible changes.
 @0xd1c7a3e58b2f4c19;
 
 using Cxx = import "/capnp/c++.capnp";
@@ -41,7 +43,7 @@ struct Heartbeat {
   rank @0 :UInt32;
   incarnation @1 :UInt32;
   completedStep @2 :UInt64;
-  sentNs @3 :Int64;           # sender's wall clock, ns since the Unix epoch
+  obsoleteSentNs @3 :Int64;   # obsolete: never read
   lastStepNs @4 :Int64;       # duration of the last step
   lastSaveNs @5 :Int64;       # duration (snapshot + write) of the last save, 0: none yet
 }
@@ -61,8 +63,8 @@ struct PeerLost {
 
 struct Leave {
   rank @0 :UInt32;
-  exitCode @1 :Int32;
-  completedStep @2 :UInt64;
+  exitCode @1 :Int32;         # 0: finishing; anything else ends the group's round
+  obsoleteCompletedStep @2 :UInt64;  # obsolete: never read
 }
 
 # ---- preemption: notice, claim, agreement, save -------------------------------
@@ -137,12 +139,12 @@ struct CheckpointSaved {
   step @2 :UInt64;
   ok @3 :Bool;
   error @4 :Text;
-  files @5 :List(FileInfo);
+  obsoleteFiles @5 :List(FileInfo);  # obsolete: the manifest on disk holds them
   bytes @6 :UInt64;
   snapshotNs @7 :Int64;
   writeNs @8 :Int64;
-  commitNs @9 :Int64;
-  path @10 :Text;
+  obsoleteCommitNs @9 :Int64;  # obsolete: never set
+  obsoletePath @10 :Text;      # obsolete: never read
 }
 
 # Chief -> coordinator during a grace-period countdown: the time left has
@@ -150,7 +152,7 @@ struct CheckpointSaved {
 struct ProposeFinal {
   rank @0 :UInt32;
   startedStep @1 :UInt64;
-  agreementId @2 :UInt64;     # the initial agreement this final save closes
+  obsoleteAgreementId @2 :UInt64;  # obsolete: never set
 }
 
 # Coordinator -> chief: a later notice brought an earlier deadline.
@@ -166,7 +168,7 @@ struct Committed {
   exitAfter @2 :Bool;
 }
 
-# ---- errors and shutdown ----------------------------------------------------
+# ---- errors -------------------------------------------------------------------
 
 enum ErrorKind {
   failed @0;
@@ -176,20 +178,23 @@ enum ErrorKind {
   invalidInput @4;
 }
 
+# An error in a worker's step: every worker stops with it (exit 3).
 struct ErrorReport {
   rank @0 :UInt32;
   step @1 :UInt64;
-  kind @2 :ErrorKind;
+  obsoleteKind @2 :ErrorKind;  # obsolete: always `failed`, never read
   message @3 :Text;
 }
 
 struct ClusterError {
   originRank @0 :UInt32;
   step @1 :UInt64;
-  kind @2 :ErrorKind;
+  obsoleteKind @2 :ErrorKind;  # obsolete: always `failed`, never read
   message @3 :Text;
 }
 
+# Obsolete: never sent (the launcher stops a job through a notice or by
+# killing its workers). Kept so its type id is never reused.
 struct Shutdown {
   reason @0 :Text;
   exitCode @1 :Int32;
@@ -217,7 +222,7 @@ struct Barrier {
   name @0 :Text;
   rank @1 :UInt32;
   count @2 :UInt32;
-  timeoutMs @3 :UInt32;
+  obsoleteTimeoutMs @3 :UInt32;  # obsolete: a barrier waits for its members or a loss
 }
 
 struct BarrierReply {

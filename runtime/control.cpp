@@ -58,12 +58,6 @@ void control_block::post_deadline(int64_t deadline_ns) {
   raise_locked();
 }
 
-void control_block::post_shutdown(int code) {
-  std::lock_guard<std::mutex> g(m_);
-  state_.shutdown_code = code;
-  raise_locked();
-}
-
 void control_block::post_acked_for_trainer(uint64_t id) {
   std::lock_guard<std::mutex> g(m_);
   state_.acked_for_trainer = std::max(state_.acked_for_trainer, id);

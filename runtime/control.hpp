@@ -72,7 +72,6 @@ struct control_state {
   std::optional<cluster_failure> failure;  ///< a cluster error (fatal)
   std::optional<loss_info> lost;           ///< the first peer loss
   bool coordinator_gone = false;
-  std::optional<int> shutdown_code;
   int64_t deadline_ns = 0;                 ///< grace-period deadline (wall clock)
   uint64_t acked_for_trainer = 0;          ///< the peer watcher acknowledged this jit round for us
 };
@@ -108,7 +107,6 @@ public:
   /// Keeps the first peer loss; a coordinator loss is recorded on its own.
   void post_loss(const loss_info& l);
   void post_deadline(int64_t deadline_ns);
-  void post_shutdown(int code);
   /// The peer watcher acknowledged jit round `id` for an idle trainer.
   void post_acked_for_trainer(uint64_t id);
 

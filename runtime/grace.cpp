@@ -274,7 +274,7 @@ struct session::impl {
   void leave(int c) {
     if (!attached || !rt || ctl->coordinator_gone()) return;  // nobody to tell
     auto m = make<proto::Leave>([&](auto b) {
-      b.setRank(cluster.rank); b.setExitCode(c); b.setCompletedStep(completed);
+      b.setRank(cluster.rank); b.setExitCode(c);
     });
     left = true;
     caf::scoped_actor self{rt->sys()};
@@ -400,7 +400,7 @@ struct session::impl {
     log->error("step {} raised: {}", k, what);
     emit_event("step_error", {{"step", k}, {"message", what}});
     to_coordinator(make<proto::ErrorReport>([&](auto b) {
-      b.setRank(cluster.rank); b.setStep(k); b.setKind(proto::ErrorKind::FAILED); b.setMessage(what);
+      b.setRank(cluster.rank); b.setStep(k); b.setMessage(what);
     }));
     if (auto s = boundary(k, boundary_mode::own_error, what)) return *s;
     return stop(exit_code::fatal, "error in step " + std::to_string(k) + ": " + what);
@@ -617,6 +617,14 @@ status session::impl::join() {
               failure = error{wr.getRestartable() ? errc::preempted : errc::invalid_input,
                               "the coordination service refused rank " + std::to_string(cluster.rank) + ": " +
                                   str(wr.getReason())};
+              return;
+            }
+            if (wr.getRank() != cluster.rank || wr.getWorldSize() != cluster.world_size ||
+                str(wr.getRunId()) != cluster.run_id || wr.getIncarnation() != cluster.incarnation) {
+              failure = error{errc::invalid_input,
+                              "the coordination service welcomed rank " + std::to_string(wr.getRank()) + " of " +
+                                  std::to_string(wr.getWorldSize()) + " in run '" + str(wr.getRunId()) +
+                                  "' incarnation " + std::to_string(wr.getIncarnation()) + " (protocol error)"};
               return;
             }
             prefix = str(wr.getRendezvousPrefix());

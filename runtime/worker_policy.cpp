@@ -89,7 +89,6 @@ worker_decision worker_policy::next(const control_state& s, const boundary_input
   if (in.mode == boundary_mode::own_error) return after_own_error(s, in);
   if (s.failure)
     return stop(cfg_.fatal_code, "cluster error: " + s.failure->message);
-  if (s.shutdown_code) return stop(*s.shutdown_code, "shutdown requested by the coordinator");
   if (s.order && s.committed && s.committed->id >= s.order->id &&
       (s.order->exit_after || s.committed->exit_after || s.order->kind == ckpt_kind::jit)) {
     auto step = std::to_string(s.committed->step);

@@ -63,15 +63,6 @@ TEST_CASE("worker_policy: a cluster error stops with the fatal code naming it", 
   CHECK(d.message == "cluster error: rank 2 at step 40: boom");
 }
 
-TEST_CASE("worker_policy: a shutdown order stops with its code", "[policy]") {
-  worker_policy p(cfg(), 0);
-  control_state s;
-  s.shutdown_code = 43;
-  auto d = p.next(s, at(5));
-  REQUIRE(d.what == ty::stop);
-  CHECK(d.code == 43);
-}
-
 TEST_CASE("worker_policy: a proposal above the completed step runs on at it waits", "[policy]") {
   worker_policy p(cfg(), 0);
   control_state s;
