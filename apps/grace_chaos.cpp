@@ -2,6 +2,7 @@
 // grace-launch + a trainer, injects faults from a schedule (scripted or
 // random from a seed), and proves the invariants of docs/RELIABILITY.md.
 #include "runtime/chaos/invariants.hpp"
+#include "runtime/error.hpp"
 #include "runtime/chaos/report.hpp"
 #include "runtime/chaos/runner.hpp"
 #include "runtime/chaos/schedule.hpp"
@@ -158,6 +159,174 @@ one_result run_one(const run_config& base, const std::vector<fault>& schedule, c
   return r;
 }
 
+/// Everything the command line sets.
+struct chaos_args {
+  run_config cfg;
+  uint64_t seed = 1;
+  int faults = 3, soak = 0, timeout_s = 240;
+  double overlap = 0;
+  std::string schedule_file, out = "grace-chaos-out", kinds_arg, cache_dir;
+  std::vector<std::string> trainer_args, command;
+  bool print_only = false, no_reference = false;
+};
+
+void add_job_options(CLI::App& app, chaos_args& a) {
+  auto& cfg = a.cfg;
+  app.add_option("--workers", cfg.workers, "workers (grace-launch --nproc)")->check(CLI::Range(1, 64));
+  app.add_option("--steps", cfg.steps, "training steps")->check(CLI::Range(uint64_t(10), uint64_t(1) << 30));
+  app.add_option("--save-every", cfg.save_every, "periodic checkpoint interval (bounds work lost to a damaged checkpoint)")
+    ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--device", cfg.device, "trainer --device (auto, cpu or cuda)")
+    ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--step-delay-ms", cfg.step_delay_ms, "trainer --step-delay-ms: slows steps so 'at step X' is precise")
+    ->check(CLI::Range(0, 60000));
+  app.add_option("--trainer", cfg.trainer, "trainer program (default $GRACE_TRAIN or grace-train next to this binary)");
+  app.add_option("--launcher", cfg.launcher, "launcher (default $GRACE_LAUNCH or grace-launch next to this binary)");
+  app.add_option("--ckpt-tool", cfg.ckpt_tool, "checkpoint tool (default $GRACE_CKPT or grace-ckpt next to this binary)");
+  app.add_option("--mutant-arg", cfg.mutant_args,
+                 "a broken-on-purpose trainer flag (e.g. --mutant-arg=--broken-repeat-step): given to the "
+                 "faulted runs, not to the reference")
+    ->allow_extra_args(false);
+  app.add_option("--trainer-arg", a.trainer_args, "extra trainer argument (repeat; use --trainer-arg=--flag for flags)")
+    ->allow_extra_args(false);
+  app.add_option("--max-restarts", cfg.max_relaunches, "scheduler relaunches of grace-launch before giving up")
+    ->check(CLI::Range(0, 10000));
+  app.add_option("--timeout-s", a.timeout_s, "give up on one job after this long")->check(CLI::Range(10, 86400));
+  app.add_option("--fs-size-mb", cfg.fs_size_mb,
+                 "fs_full: size of the tmpfs on the checkpoint directory (room for the kept checkpoints)")
+    ->check(CLI::Range(1, 65536));
+  app.add_flag("-v,--verbose", cfg.verbose, "log each launch and fault");
+  app.add_option("command", a.command, "trainer command after --, instead of --trainer (e.g. an interpreter "
+                                       "and its script); it gets grace-train's flags appended");
+}
+
+void add_schedule_options(CLI::App& app, chaos_args& a) {
+  app.add_option("--seed", a.seed, "random schedule seed (same seed, same schedule)");
+  app.add_option("--faults", a.faults, "faults in a random schedule")->check(CLI::Range(0, 100));
+  app.add_option("--kinds", a.kinds_arg, "random schedules use only these kinds (comma separated)");
+  app.add_option("--overlap", a.overlap,
+                 "chance (0..1) that a random fault brings overlapping companions: a second notice, a SIGKILL or "
+                 "SIGSTOP ms later or during the agreement, the save or the restart, the launcher's SIGKILL "
+                 "during the agreement")
+    ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--schedule", a.schedule_file, "scripted schedule (JSON array) instead of --seed/--faults");
+  app.add_option("--soak", a.soak, "run N random schedules (seeds seed..seed+N-1)")->check(CLI::Range(0, 1000000));
+  app.add_option("--out", a.out, "output directory (run/, report.json, timeline.png)");
+  app.add_option("--cache-dir", a.cache_dir, "reference runs cache (default ~/.cache/grace-chaos)");
+  app.add_flag("--no-reference", a.no_reference, "skip the reference run (bit_identical is SKIP)");
+  app.add_flag("--print-schedule", a.print_only, "print the schedule and exit");
+}
+
+/// Trainer, launcher and checkpoint tool: given, or beside this binary;
+/// each must be executable. An error names the one that is not.
+std::optional<std::string> resolve_programs(chaos_args& a) {
+  auto& cfg = a.cfg;
+  cfg.trainer_args = a.trainer_args;
+  if (!a.command.empty()) {
+    if (!cfg.trainer.empty()) return "give the trainer either as --trainer or after --, not both";
+    cfg.trainer = on_path(a.command.front());
+    cfg.trainer_prefix.assign(a.command.begin() + 1, a.command.end());
+  }
+  cfg.job_timeout_ms = int64_t(a.timeout_s) * 1000;
+  if (cfg.trainer.empty()) cfg.trainer = sibling("GRACE_TRAIN", "grace-train");
+  if (cfg.launcher.empty()) cfg.launcher = sibling("GRACE_LAUNCH", "grace-launch");
+  if (cfg.ckpt_tool.empty()) cfg.ckpt_tool = sibling("GRACE_CKPT", "grace-ckpt");
+  for (auto* p : {&cfg.launcher, &cfg.trainer, &cfg.ckpt_tool}) {
+    if (::access(p->c_str(), X_OK) != 0)
+      return "cannot execute " + *p + " (set --launcher/--trainer/--ckpt-tool or GRACE_LAUNCH/GRACE_TRAIN/GRACE_CKPT)";
+    *p = fs::absolute(*p).string();
+  }
+  return std::nullopt;
+}
+
+/// --kinds as fault kinds; an error names the unknown one.
+grace::result<std::vector<fault_kind>> parse_kinds(const std::string& arg) {
+  std::vector<fault_kind> kinds;
+  for (size_t p = 0; !arg.empty() && p <= arg.size();) {
+    auto q = arg.find(',', p);
+    auto name = arg.substr(p, q == std::string::npos ? std::string::npos : q - p);
+    auto k = parse_fault_kind(name);
+    if (!k) return grace::error{grace::errc::invalid_input, "--kinds: unknown fault '" + name + "'"};
+    kinds.push_back(*k);
+    if (q == std::string::npos) break;
+    p = q + 1;
+  }
+  return kinds;
+}
+
+/// A scripted schedule, checked against the job (targets in range).
+grace::result<std::vector<fault>> load_schedule(const chaos_args& a) {
+  if (a.soak) return grace::error{grace::errc::invalid_input, "--soak generates schedules; it cannot be combined with --schedule"};
+  std::ifstream f(a.schedule_file);
+  if (!f) return grace::error{grace::errc::invalid_input, "cannot read --schedule " + a.schedule_file};
+  std::vector<fault> scripted;
+  try {
+    nlohmann::json j;
+    f >> j;
+    scripted = schedule_from_json(j);
+  } catch (const std::exception& e) {
+    return grace::error{grace::errc::invalid_input, "--schedule " + a.schedule_file + ": " + e.what()};
+  }
+  for (auto& s : scripted)
+    for (int t : s.targets)
+      if (t >= a.cfg.workers)
+        return grace::error{grace::errc::invalid_input, "--schedule: target rank " + std::to_string(t) + " but only " +
+                                              std::to_string(a.cfg.workers) + " workers"};
+  return scripted;
+}
+
+/// Runs one schedule with its table on the terminal.
+int run_single(const chaos_args& a, const std::vector<fault>& schedule, const fs::path& out_dir, const reference& ref) {
+  std::cout << "schedule"
+            << (a.schedule_file.empty() ? " (seed " + std::to_string(a.seed) + ")" : " (" + a.schedule_file + ")")
+            << ":\n";
+  for (auto& f : schedule) std::cout << "  " << to_json(f).dump() << "\n";
+  std::cout.flush();
+  nlohmann::json origin =
+      a.schedule_file.empty() ? nlohmann::json{{"seed", a.seed}} : nlohmann::json{{"schedule_file", a.schedule_file}};
+  return run_one(a.cfg, schedule, out_dir, ref, origin, true).passed ? exit_pass : exit_fail;
+}
+
+/// Runs seeds seed..seed+soak-1, one line each, and writes soak.json.
+int run_soak(const chaos_args& a, const std::function<std::vector<fault>(uint64_t)>& schedule_for,
+             const fs::path& out_dir, const reference& ref) {
+  int failed = 0, total_faults = 0;
+  std::map<std::string, int> kind_count;
+  auto runs = nlohmann::json::array();
+  for (int i = 0; i < a.soak; ++i) {
+    uint64_t s = a.seed + static_cast<uint64_t>(i);
+    auto schedule = schedule_for(s);
+    std::string kinds_str;
+    for (auto& f : schedule) {
+      kinds_str += std::string(kinds_str.empty() ? "" : " ") + to_string(f.kind);
+      ++kind_count[to_string(f.kind)];
+    }
+    auto dir = out_dir / ("seed-" + std::to_string(s));
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    auto r = run_one(a.cfg, schedule, dir, ref, {{"seed", s}}, false);
+    total_faults += r.injected;
+    failed += !r.passed;
+    std::printf("seed %-6llu %s  %d/%zu faults injected  [%s]\n", (unsigned long long)s, r.passed ? "PASS" : "FAIL",
+                r.injected, schedule.size(), kinds_str.c_str());
+    for (auto& f : r.failures) std::printf("    %s\n", f.c_str());
+    std::fflush(stdout);
+    runs.push_back({{"seed", s}, {"passed", r.passed}, {"injected", r.injected}, {"failures", r.failures},
+                    {"schedule", schedule_to_json(schedule)}});
+  }
+  std::printf("soak: %d schedule(s), %d fault(s) injected, %d failed\n", a.soak, total_faults, failed);
+  std::ofstream(out_dir / "soak.json") << nlohmann::json{{"schedules", a.soak}, {"faults_injected", total_faults},
+                                                         {"failed", failed}, {"kinds", kind_count}, {"runs", runs}}
+                                              .dump(2)
+                                       << "\n";
+  return failed ? exit_fail : exit_pass;
+}
+
+int usage_error(const std::string& what) {
+  std::fprintf(stderr, "grace-chaos: %s\n", what.c_str());
+  return exit_usage;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -168,199 +337,58 @@ int main(int argc, char** argv) {
                "  grace-chaos --soak 50 --seed 1000 --out /tmp/soak\n"
                "  grace-chaos --soak 200 --seed 1 --overlap 0.7 --out /tmp/soak   # faults on top of faults\n"
                "  grace-chaos --seed 7 --out /tmp/chaos -- /usr/bin/python3 examples/pytorch_train.py"};
-  run_config cfg;
-  uint64_t seed = 1;
-  int faults = 3, soak = 0;
-  double overlap = 0;
-  std::string schedule_file, out = "grace-chaos-out", kinds_arg, cache_dir;
-  std::vector<std::string> trainer_args;
-  bool print_only = false, no_reference = false;
-  int timeout_s = 240;
-  app.add_option("--workers", cfg.workers, "workers (grace-launch --nproc)")->check(CLI::Range(1, 64));
-  app.add_option("--steps", cfg.steps, "training steps")->check(CLI::Range(uint64_t(10), uint64_t(1) << 30));
-  app.add_option("--save-every", cfg.save_every, "periodic checkpoint interval (bounds work lost to a damaged checkpoint)")
-    ->check(CLI::Range(1, 1 << 30));
-  app.add_option("--device", cfg.device, "trainer --device (auto, cpu or cuda)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--step-delay-ms", cfg.step_delay_ms, "trainer --step-delay-ms: slows steps so 'at step X' is precise")
-    ->check(CLI::Range(0, 60000));
-  app.add_option("--seed", seed, "random schedule seed (same seed, same schedule)");
-  app.add_option("--faults", faults, "faults in a random schedule")->check(CLI::Range(0, 100));
-  app.add_option("--kinds", kinds_arg, "random schedules use only these kinds (comma separated)");
-  app.add_option("--overlap", overlap,
-                 "chance (0..1) that a random fault brings overlapping companions: a second notice, a SIGKILL or "
-                 "SIGSTOP ms later or during the agreement, the save or the restart, the launcher's SIGKILL "
-                 "during the agreement")
-    ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--schedule", schedule_file, "scripted schedule (JSON array) instead of --seed/--faults");
-  app.add_option("--soak", soak, "run N random schedules (seeds seed..seed+N-1)")->check(CLI::Range(0, 1000000));
-  app.add_option("--out", out, "output directory (run/, report.json, timeline.png)");
-  app.add_option("--trainer", cfg.trainer, "trainer program (default $GRACE_TRAIN or grace-train next to this binary)");
-  app.add_option("--launcher", cfg.launcher, "launcher (default $GRACE_LAUNCH or grace-launch next to this binary)");
-  app.add_option("--ckpt-tool", cfg.ckpt_tool, "checkpoint tool (default $GRACE_CKPT or grace-ckpt next to this binary)");
-  app.add_option("--mutant-arg", cfg.mutant_args,
-                 "a broken-on-purpose trainer flag (e.g. --mutant-arg=--broken-repeat-step): given to the "
-                 "faulted runs, not to the reference")
-      ->allow_extra_args(false);
-  app.add_option("--trainer-arg", trainer_args, "extra trainer argument (repeat; use --trainer-arg=--flag for flags)")
-    ->allow_extra_args(false);
-  app.add_option("--max-restarts", cfg.max_relaunches, "scheduler relaunches of grace-launch before giving up")
-    ->check(CLI::Range(0, 10000));
-  app.add_option("--timeout-s", timeout_s, "give up on one job after this long")->check(CLI::Range(10, 86400));
-  app.add_option("--cache-dir", cache_dir, "reference runs cache (default ~/.cache/grace-chaos)");
-  app.add_option("--fs-size-mb", cfg.fs_size_mb,
-                 "fs_full: size of the tmpfs on the checkpoint directory (room for the kept checkpoints)")
-    ->check(CLI::Range(1, 65536));
-  app.add_flag("--no-reference", no_reference, "skip the reference run (bit_identical is SKIP)");
-  app.add_flag("--print-schedule", print_only, "print the schedule and exit");
-  app.add_flag("-v,--verbose", cfg.verbose, "log each launch and fault");
-  std::vector<std::string> command;
-  app.add_option("command", command, "trainer command after --, instead of --trainer (e.g. an interpreter "
-                                     "and its script); it gets grace-train's flags appended");
+  chaos_args a;
+  add_job_options(app, a);
+  add_schedule_options(app, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : exit_usage;
   }
-  cfg.trainer_args = trainer_args;
-  if (!command.empty()) {
-    if (!cfg.trainer.empty()) {
-      std::fprintf(stderr, "grace-chaos: give the trainer either as --trainer or after --, not both\n");
-      return exit_usage;
-    }
-    cfg.trainer = on_path(command.front());
-    cfg.trainer_prefix.assign(command.begin() + 1, command.end());
-  }
-  cfg.job_timeout_ms = int64_t(timeout_s) * 1000;
-  if (cfg.trainer.empty()) cfg.trainer = sibling("GRACE_TRAIN", "grace-train");
-  if (cfg.launcher.empty()) cfg.launcher = sibling("GRACE_LAUNCH", "grace-launch");
-  if (cfg.ckpt_tool.empty()) cfg.ckpt_tool = sibling("GRACE_CKPT", "grace-ckpt");
   spdlog::set_pattern("[%H:%M:%S.%e] [chaos] %v");
-
-  std::vector<fault_kind> kinds;
-  for (size_t p = 0; !kinds_arg.empty() && p <= kinds_arg.size();) {
-    auto q = kinds_arg.find(',', p);
-    auto name = kinds_arg.substr(p, q == std::string::npos ? std::string::npos : q - p);
-    auto k = parse_fault_kind(name);
-    if (!k) {
-      std::fprintf(stderr, "grace-chaos: --kinds: unknown fault '%s'\n", name.c_str());
-      return exit_usage;
-    }
-    kinds.push_back(*k);
-    if (q == std::string::npos) break;
-    p = q + 1;
-  }
-
+  auto kinds = parse_kinds(a.kinds_arg);
+  if (!kinds) return usage_error(kinds.err().message);
   std::vector<fault> scripted;
-  if (!schedule_file.empty()) {
-    if (soak) {
-      std::fprintf(stderr, "grace-chaos: --soak generates schedules; it cannot be combined with --schedule\n");
-      return exit_usage;
-    }
-    std::ifstream f(schedule_file);
-    if (!f) {
-      std::fprintf(stderr, "grace-chaos: cannot read --schedule %s\n", schedule_file.c_str());
-      return exit_usage;
-    }
-    try {
-      nlohmann::json j;
-      f >> j;
-      scripted = schedule_from_json(j);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "grace-chaos: --schedule %s: %s\n", schedule_file.c_str(), e.what());
-      return exit_usage;
-    }
-    for (auto& s : scripted)
-      for (int t : s.targets)
-        if (t >= cfg.workers) {
-          std::fprintf(stderr, "grace-chaos: --schedule: target rank %d but only %d workers\n", t, cfg.workers);
-          return exit_usage;
-        }
+  if (!a.schedule_file.empty()) {
+    auto s = load_schedule(a);
+    if (!s) return usage_error(s.err().message);
+    scripted = std::move(s.value());
   }
-  auto schedule_for = [&](uint64_t s) {
-    if (!schedule_file.empty()) return scripted;
+  auto schedule_for = [&](uint64_t seed) {
+    if (!a.schedule_file.empty()) return scripted;
     generate_options g;
-    g.seed = s;
-    g.faults = faults;
-    g.workers = cfg.workers;
-    g.steps = cfg.steps;
-    g.kinds = kinds;
-    g.overlap = overlap;
+    g.seed = seed;
+    g.faults = a.faults;
+    g.workers = a.cfg.workers;
+    g.steps = a.cfg.steps;
+    g.kinds = *kinds;
+    g.overlap = a.overlap;
     return generate(g);
   };
-  if (print_only) {
-    std::cout << schedule_to_json(schedule_for(seed)).dump(1) << "\n";
+  if (a.print_only) {
+    std::cout << schedule_to_json(schedule_for(a.seed)).dump(1) << "\n";
     return exit_pass;
   }
-
-  for (auto* p : {&cfg.launcher, &cfg.trainer, &cfg.ckpt_tool})
-    if (::access(p->c_str(), X_OK) != 0) {
-      std::fprintf(stderr, "grace-chaos: cannot execute %s (set --launcher/--trainer/--ckpt-tool or GRACE_LAUNCH/GRACE_TRAIN/GRACE_CKPT)\n",
-                   p->c_str());
-      return exit_usage;
-    }
-  for (auto* p : {&cfg.launcher, &cfg.trainer, &cfg.ckpt_tool}) *p = fs::absolute(*p).string();
+  if (auto why = resolve_programs(a)) return usage_error(*why);
   std::error_code ec;
-  fs::path out_dir = fs::absolute(out);
+  fs::path out_dir = fs::absolute(a.out);
   fs::create_directories(out_dir, ec);
-  if (ec) {
-    std::fprintf(stderr, "grace-chaos: cannot create --out %s: %s\n", out.c_str(), ec.message().c_str());
-    return exit_usage;
-  }
-  if (cache_dir.empty()) {
+  if (ec) return usage_error("cannot create --out " + a.out + ": " + ec.message());
+  if (a.cache_dir.empty()) {
     const char* home = std::getenv("HOME");
-    cache_dir = home && *home ? std::string(home) + "/.cache/grace-chaos" : (out_dir / "reference").string();
+    a.cache_dir = home && *home ? std::string(home) + "/.cache/grace-chaos" : (out_dir / "reference").string();
   }
-
   try {
     reference ref;
-    if (no_reference) {
+    if (a.no_reference) {
       ref.note = "--no-reference";
       ref.wanted = false;
+    } else {
+      ref = get_reference(a.cfg, a.cache_dir);
+      if (!ref.checksum) std::fprintf(stderr, "grace-chaos: %s\n", ref.note.c_str());
     }
-    else ref = get_reference(cfg, cache_dir);
-    if (!no_reference && !ref.checksum) std::fprintf(stderr, "grace-chaos: %s\n", ref.note.c_str());
-
-    if (soak == 0) {
-      auto schedule = schedule_for(seed);
-      std::cout << "schedule" << (schedule_file.empty() ? " (seed " + std::to_string(seed) + ")" : " (" + schedule_file + ")")
-                << ":\n";
-      for (auto& f : schedule) std::cout << "  " << to_json(f).dump() << "\n";
-      std::cout.flush();
-      nlohmann::json origin = schedule_file.empty() ? nlohmann::json{{"seed", seed}} : nlohmann::json{{"schedule_file", schedule_file}};
-      auto r = run_one(cfg, schedule, out_dir, ref, origin, true);
-      return r.passed ? exit_pass : exit_fail;
-    }
-
-    int failed = 0, total_faults = 0;
-    std::map<std::string, int> kind_count;
-    auto runs = nlohmann::json::array();
-    for (int i = 0; i < soak; ++i) {
-      uint64_t s = seed + static_cast<uint64_t>(i);
-      auto schedule = schedule_for(s);
-      std::string kinds_str;
-      for (auto& f : schedule) {
-        kinds_str += std::string(kinds_str.empty() ? "" : " ") + to_string(f.kind);
-        ++kind_count[to_string(f.kind)];
-      }
-      auto dir = out_dir / ("seed-" + std::to_string(s));
-      fs::create_directories(dir, ec);
-      auto r = run_one(cfg, schedule, dir, ref, {{"seed", s}}, false);
-      total_faults += r.injected;
-      failed += !r.passed;
-      std::printf("seed %-6llu %s  %d/%zu faults injected  [%s]\n", (unsigned long long)s, r.passed ? "PASS" : "FAIL",
-                  r.injected, schedule.size(), kinds_str.c_str());
-      for (auto& f : r.failures) std::printf("    %s\n", f.c_str());
-      std::fflush(stdout);
-      runs.push_back({{"seed", s}, {"passed", r.passed}, {"injected", r.injected}, {"failures", r.failures},
-                      {"schedule", schedule_to_json(schedule)}});
-    }
-    std::printf("soak: %d schedule(s), %d fault(s) injected, %d failed\n", soak, total_faults, failed);
-    std::ofstream(out_dir / "soak.json") << nlohmann::json{{"schedules", soak}, {"faults_injected", total_faults},
-                                                           {"failed", failed}, {"kinds", kind_count}, {"runs", runs}}
-                                                .dump(2)
-                                         << "\n";
-    return failed ? exit_fail : exit_pass;
+    if (a.soak == 0) return run_single(a, schedule_for(a.seed), out_dir, ref);
+    return run_soak(a, schedule_for, out_dir, ref);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "grace-chaos: %s\n", e.what());
     return exit_harness;
