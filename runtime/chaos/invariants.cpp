@@ -301,6 +301,90 @@ std::vector<int64_t> group_bounds(const run_result& res, int save_every) {
   return bound;
 }
 
+/// The newest checkpoint committed before a damage, other than the damaged
+/// one, when a full disk had swallowed periodic saves (-1: not needed).
+int64_t full_disk_fallback(const run_result& res, const fault_record& f) {
+  bool disk_was_full = std::any_of(res.faults.begin(), res.faults.end(), [&](const fault_record& g) {
+    return injected(g) && g.f.kind == fault_kind::fs_full && g.t_ns < f.t_ns;
+  });
+  int64_t fallback = -1;
+  if (loss_class_of(f.f.kind) != loss_class::periodic || !disk_was_full) return fallback;
+  for (auto& e : res.events)
+    if (e.name == "committed_local" && e.t_ns < f.corrupted_ns && e.j.value("path", "") != f.corrupted_path)
+      fallback = std::max(fallback, e.step());
+  return fallback;
+}
+
+/// The last step the faulted incarnation completed (from its exits, saves
+/// and restores), into l.reached. False when no worker of it said anything
+/// (the fault hit the group before any worker restored).
+bool reached_step(const run_result& res, const fault_record& f, fault_loss& l) {
+  bool worker_spoke = false;
+  for (auto& e : res.events) {
+    if (e.incarnation != f.incarnation || e.rank < 0) continue;
+    worker_spoke = true;
+    if (e.t_ns < f.t_ns - 5000000000LL) continue;
+    if (e.name == "exit" || e.name == "committed_local" || e.name == "restored") l.reached = std::max(l.reached, e.step());
+  }
+  if (worker_spoke && l.reached < 0) {
+    l.reached = f.est_step;
+    l.detail += "reached step estimated; ";
+  }
+  return worker_spoke;
+}
+
+/// The step the next incarnation resumed from, into l.restored; that
+/// incarnation, or -1 when none followed.
+int64_t restored_after(const run_result& res, const fault_record& f, fault_loss& l) {
+  int64_t next_inc = -1;
+  for (auto& e : res.events)
+    if (e.rank >= 0 && e.incarnation > f.incarnation && (next_inc < 0 || e.incarnation < next_inc))
+      next_inc = e.incarnation;
+  if (next_inc < 0) return next_inc;
+  l.restored = 0;
+  int64_t first = -1;
+  for (auto& e : res.events) {
+    if (e.incarnation != next_inc || e.rank < 0) continue;
+    if (e.name == "restored") l.restored = std::max(l.restored, e.step());
+    if (e.name == "first_step" && (first < 0 || e.step() < first)) first = e.step();
+  }
+  if (first > 0) l.restored = std::max(l.restored, first - 1);
+  return next_inc;
+}
+
+/// One fault's lost work against its bound (overlapping groups share the
+/// bound of their worst fault).
+fault_loss measure_loss(const run_result& res, const fault_record& f, int64_t bound, int save_every) {
+  fault_loss l;
+  l.index = f.index;
+  if (own_bound(f, save_every) < 0) return l;
+  l.applicable = true;
+  l.bound = bound;
+  if (l.bound != own_bound(f, save_every)) l.detail = "bound of its overlapping group; ";
+  if (!reached_step(res, f, l)) {
+    l.applicable = false;
+    l.detail = "hit its group before any worker restored: nothing to lose";
+    return l;
+  }
+  int64_t next_inc = restored_after(res, f, l);
+  if (next_inc < 0) {
+    l.applicable = false;
+    l.detail += "no restart followed (the job ended first)";
+    return l;
+  }
+  l.lost = std::max<int64_t>(0, l.reached - l.restored);
+  int64_t fallback = full_disk_fallback(res, f);
+  if (fallback >= 0 && l.reached - fallback > l.bound) {
+    l.bound = l.reached - fallback;
+    l.detail += "bound widened to the newest intact checkpoint (step " + std::to_string(fallback) +
+                ": a full disk swallowed periodic saves); ";
+  }
+  l.ok = l.lost <= l.bound;
+  l.detail += "reached " + std::to_string(l.reached) + ", restored " + std::to_string(l.restored) + " in incarnation " +
+              std::to_string(next_inc);
+  return l;
+}
+
 verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
   auto& res = *in.res;
   verdict v{"work_lost", verdict_status::skip, ""};
@@ -308,76 +392,9 @@ verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
   int measured = 0;
   auto bounds = group_bounds(res, in.cfg->save_every);
   for (auto& f : res.faults) {
-    fault_loss l;
-    l.index = f.index;
-    auto cls = loss_class_of(f.f.kind);
-    if (own_bound(f, in.cfg->save_every) < 0) {
-      losses.push_back(l);
-      continue;
-    }
-    l.applicable = true;
-    l.bound = bounds[f.index];
-    if (l.bound != own_bound(f, in.cfg->save_every)) l.detail = "bound of its overlapping group; ";
-    bool disk_was_full = std::any_of(res.faults.begin(), res.faults.end(), [&](const fault_record& g) {
-      return injected(g) && g.f.kind == fault_kind::fs_full && g.t_ns < f.t_ns;
-    });
-    int64_t fallback = -1; // newest checkpoint committed before the damage, other than the damaged one
-    if (cls == loss_class::periodic && disk_was_full) {
-      // A full disk swallowed periodic saves: the restore can only fall back
-      // to the newest intact checkpoint, which may be older than one interval.
-      for (auto& e : res.events)
-        if (e.name == "committed_local" && e.t_ns < f.corrupted_ns && e.j.value("path", "") != f.corrupted_path)
-          fallback = std::max(fallback, e.step());
-    }
-    bool worker_spoke = false;
-    for (auto& e : res.events) {
-      if (e.incarnation != f.incarnation || e.rank < 0) continue;
-      worker_spoke = true;
-      if (e.t_ns < f.t_ns - 5000000000LL) continue;
-      if (e.name == "exit" || e.name == "committed_local" || e.name == "restored")
-        l.reached = std::max(l.reached, e.step());
-    }
-    if (!worker_spoke) {
-      // The group was hit before any worker restored or stepped (a fault
-      // during the restart): it held nothing the previous one had not.
-      l.applicable = false;
-      l.detail = "hit its group before any worker restored: nothing to lose";
-      losses.push_back(l);
-      continue;
-    }
-    if (l.reached < 0) {
-      l.reached = f.est_step;
-      l.detail += "reached step estimated; ";
-    }
-    int64_t next_inc = -1;
-    for (auto& e : res.events)
-      if (e.rank >= 0 && e.incarnation > f.incarnation && (next_inc < 0 || e.incarnation < next_inc))
-        next_inc = e.incarnation;
-    if (next_inc < 0) {
-      l.applicable = false;
-      l.detail += "no restart followed (the job ended first)";
-      losses.push_back(l);
-      continue;
-    }
-    l.restored = 0;
-    int64_t first = -1;
-    for (auto& e : res.events) {
-      if (e.incarnation != next_inc || e.rank < 0) continue;
-      if (e.name == "restored") l.restored = std::max(l.restored, e.step());
-      if (e.name == "first_step" && (first < 0 || e.step() < first)) first = e.step();
-    }
-    if (first > 0) l.restored = std::max(l.restored, first - 1);
-    l.lost = std::max<int64_t>(0, l.reached - l.restored);
-    if (fallback >= 0 && l.reached - fallback > l.bound) {
-      l.bound = l.reached - fallback;
-      l.detail += "bound widened to the newest intact checkpoint (step " + std::to_string(fallback) +
-                  ": a full disk swallowed periodic saves); ";
-    }
-    l.ok = l.lost <= l.bound;
-    ++measured;
-    l.detail += "reached " + std::to_string(l.reached) + ", restored " + std::to_string(l.restored) + " in incarnation " +
-                std::to_string(next_inc);
-    if (!l.ok)
+    auto l = measure_loss(res, f, bounds[f.index], in.cfg->save_every);
+    if (l.applicable) ++measured;
+    if (l.applicable && !l.ok)
       bad.push_back("fault " + std::to_string(f.index) + " " + to_string(f.f.kind) + ": lost " +
                     std::to_string(l.lost) + " step(s) > bound " + std::to_string(l.bound) + " (" + l.detail + ")");
     losses.push_back(l);
@@ -387,14 +404,14 @@ verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
     return v;
   }
   v.status = bad.empty() ? verdict_status::pass : verdict_status::fail;
-  if (bad.empty()) {
-    for (auto& l : losses)
-      if (l.applicable)
-        v.detail += (v.detail.empty() ? "" : ", ") + std::string("f") + std::to_string(l.index) + ": " +
-                    std::to_string(l.lost) + "<=" + std::to_string(l.bound);
-  } else {
+  if (!bad.empty()) {
     for (auto& b : bad) v.detail += (v.detail.empty() ? "" : "; ") + b;
+    return v;
   }
+  for (auto& l : losses)
+    if (l.applicable)
+      v.detail += (v.detail.empty() ? "" : ", ") + std::string("f") + std::to_string(l.index) + ": " +
+                  std::to_string(l.lost) + "<=" + std::to_string(l.bound);
   return v;
 }
 

@@ -459,72 +459,96 @@ private:
     if (due) fire(*r, lr, kids, now);
   }
 
-  void fire(fault_record& rec, launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
-    auto* r = &rec;
+  int target_of(const fault& f, size_t i) const {
+    return f.targets.size() > i ? f.targets[i] : (cfg_.workers > 1 ? 1 : 0);
+  }
+
+  /// Signals one worker; its pid, or -1 (noted) when it is not there.
+  pid_t signal_rank(fault_record& r, int rank, int sig, const std::vector<pid_t>& kids) {
+    pid_t p = pid_of_rank(rank, kids);
+    if (p > 0 && ::kill(p, sig) == 0) {
+      r.ranks.push_back(rank);
+      return p;
+    }
+    r.detail += "rank " + std::to_string(rank) + " not found; ";
+    return -1;
+  }
+
+  /// The notices: SIGTERM to workers and/or the launcher, each with the
+  /// grace period it runs with, and the platform's kill after it.
+  void inject_notice(fault_record& r, active_fault& a, launch_record& lr, const std::vector<pid_t>& kids,
+                     int64_t now) {
+    auto& f = r.f;
+    bool launcher = f.kind == fault_kind::sigterm_launcher ||
+                    (f.kind == fault_kind::sigterm_multi && f.include_launcher);
+    bool workers = f.kind != fault_kind::sigterm_launcher;
+    std::vector<pid_t> ps;  // every pid first: the signals land within microseconds of each other
+    size_t n = !workers ? 0 : f.kind == fault_kind::sigterm_multi ? std::max<size_t>(1, f.targets.size()) : 1;
+    for (size_t i = 0; i < n; ++i) ps.push_back(pid_of_rank(target_of(f, i), kids));
+    if (launcher) ::kill(lr.pid, SIGTERM);
+    for (size_t i = 0; i < ps.size(); ++i)
+      if (ps[i] > 0 && ::kill(ps[i], SIGTERM) == 0) r.ranks.push_back(target_of(f, i));
+    r.effective_grace_ms = launcher ? (workers ? std::max(grace_launcher_, grace_worker_) : grace_launcher_)
+                                    : grace_worker_;
+    a.until = launcher ? active_fault::wait_for::launcher_exit : active_fault::wait_for::restart;
+    if (r.effective_grace_ms)
+      a.deadline_kill_ns = now + int64_t(r.effective_grace_ms + cfg_.grace_kill_slack_ms) * 1000000;
+  }
+
+  /// fs_full: fills the checkpoint file system for save_every + 3 steps.
+  bool fill_disk(fault_record& r, active_fault& a, int64_t now) {
+    if (!res_.fs_mounted) {
+      r.status = "skipped";
+      r.detail = "no small file system could be mounted (needs root and mount(2))";
+      return false;
+    }
+    a.filler = ckpt_ / ".chaos-filler";
+    int fd = ::open(a.filler.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<char> buf(16384, 0x5a);
+    uint64_t n = 0;
+    while (fd >= 0) {
+      ssize_t w = ::write(fd, buf.data(), buf.size());
+      if (w <= 0) break;
+      n += static_cast<uint64_t>(w);
+    }
+    if (fd >= 0) ::close(fd);
+    r.detail = "filled with " + std::to_string(n) + " bytes";
+    a.until = active_fault::wait_for::timer;
+    a.timer_ns = now + static_cast<int64_t>(double(cfg_.save_every + 3) * view_.step_ns);
+    return true;
+  }
+
+  /// Carries out one fault of the schedule; what to wait for before the
+  /// next one goes into `active_`.
+  void fire(fault_record& r, launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
     int64_t est = view_.estimate(now);
-    r->t_ns = now;
-    r->est_step = est;
-    r->launch = lr.index;
-    r->incarnation = view_.incarnation;
-    r->status = "injected";
+    r.t_ns = now;
+    r.est_step = est;
+    r.launch = lr.index;
+    r.incarnation = view_.incarnation;
+    r.status = "injected";
     active_fault a;
-    a.idx = r->index;
-    auto& f = r->f;
-    auto target = [&](size_t i) { return f.targets.size() > i ? f.targets[i] : (cfg_.workers > 1 ? 1 : 0); };
-    auto signal_rank = [&](int rank, int sig) -> pid_t {
-      pid_t p = pid_of_rank(rank, kids);
-      if (p > 0 && ::kill(p, sig) == 0) {
-        r->ranks.push_back(rank);
-        return p;
-      }
-      r->detail += "rank " + std::to_string(rank) + " not found; ";
-      return -1;
-    };
+    a.idx = r.index;
+    auto& f = r.f;
     switch (f.kind) {
       case fault_kind::sigterm_worker:
-        r->effective_grace_ms = grace_worker_;
-        signal_rank(target(0), SIGTERM);
-        a.until = active_fault::wait_for::restart;
-        if (grace_worker_) a.deadline_kill_ns = now + int64_t(grace_worker_ + cfg_.grace_kill_slack_ms) * 1000000;
-        break;
-      case fault_kind::sigterm_multi: {
-        std::vector<pid_t> ps;
-        for (size_t i = 0; i < std::max<size_t>(1, f.targets.size()); ++i) ps.push_back(pid_of_rank(target(i), kids));
-        if (f.include_launcher) ::kill(lr.pid, SIGTERM);
-        for (size_t i = 0; i < ps.size(); ++i)
-          if (ps[i] > 0 && ::kill(ps[i], SIGTERM) == 0) r->ranks.push_back(target(i));
-        r->effective_grace_ms = f.include_launcher ? std::max(grace_launcher_, grace_worker_) : grace_worker_;
-        a.until = f.include_launcher ? active_fault::wait_for::launcher_exit : active_fault::wait_for::restart;
-        if (r->effective_grace_ms)
-          a.deadline_kill_ns = now + int64_t(r->effective_grace_ms + cfg_.grace_kill_slack_ms) * 1000000;
-        break;
-      }
-      case fault_kind::sigterm_launcher:
-        r->effective_grace_ms = grace_launcher_;
-        ::kill(lr.pid, SIGTERM);
-        a.until = active_fault::wait_for::launcher_exit;
-        if (grace_launcher_) a.deadline_kill_ns = now + int64_t(grace_launcher_ + cfg_.grace_kill_slack_ms) * 1000000;
-        break;
+      case fault_kind::sigterm_multi:
+      case fault_kind::sigterm_launcher: inject_notice(r, a, lr, kids, now); break;
       case fault_kind::sigkill_worker:
-        signal_rank(target(0), SIGKILL);
+        signal_rank(r, target_of(f, 0), SIGKILL, kids);
         a.until = active_fault::wait_for::restart;
         break;
-      case fault_kind::sigstop_worker: {
-        pid_t p = signal_rank(target(0), SIGSTOP);
-        if (p > 0) a.stopped.push_back(p);
-        if (f.duration_ms > 0) {
-          a.until = active_fault::wait_for::timer;
-          a.timer_ns = now + int64_t(f.duration_ms) * 1000000;
-        } else {
-          a.until = active_fault::wait_for::restart; // for good: the launcher's kill ends it
-        }
+      case fault_kind::sigstop_worker:
+        if (pid_t p = signal_rank(r, target_of(f, 0), SIGSTOP, kids); p > 0) a.stopped.push_back(p);
+        // Short: SIGCONT at the timer. For good: the launcher's kill ends it.
+        a.until = f.duration_ms > 0 ? active_fault::wait_for::timer : active_fault::wait_for::restart;
+        a.timer_ns = now + int64_t(f.duration_ms) * 1000000;
         break;
-      }
       case fault_kind::sigkill_launcher:
         ::kill(lr.pid, SIGKILL);
         a.until = active_fault::wait_for::launcher_exit;
         break;
-      case fault_kind::step_error: break; // armed at launch (--fail-at-step): never fired from here
+      case fault_kind::step_error: break;  // armed at launch (--fail-at-step): never fired from here
       case fault_kind::flip_byte:
       case fault_kind::truncate_file:
       case fault_kind::delete_file:
@@ -535,40 +559,22 @@ private:
         a.until = active_fault::wait_for::launcher_exit;
         a.gap = true;
         break;
-      case fault_kind::fs_full: {
-        if (!res_.fs_mounted) {
-          r->status = "skipped";
-          r->detail = "no small file system could be mounted (needs root and mount(2))";
-          return;
-        }
-        a.filler = ckpt_ / ".chaos-filler";
-        int fd = ::open(a.filler.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        std::vector<char> buf(16384, 0x5a);
-        uint64_t n = 0;
-        while (fd >= 0) {
-          ssize_t w = ::write(fd, buf.data(), buf.size());
-          if (w <= 0) break;
-          n += static_cast<uint64_t>(w);
-        }
-        if (fd >= 0) ::close(fd);
-        r->detail = "filled with " + std::to_string(n) + " bytes";
-        a.until = active_fault::wait_for::timer;
-        a.timer_ns = now + static_cast<int64_t>(double(cfg_.save_every + 3) * view_.step_ns);
+      case fault_kind::fs_full:
+        if (!fill_disk(r, a, now)) return;
         break;
-      }
     }
     bool worker_fault = f.kind == fault_kind::sigterm_worker || f.kind == fault_kind::sigkill_worker ||
                         f.kind == fault_kind::sigstop_worker ||
                         (f.kind == fault_kind::sigterm_multi && !f.include_launcher);
-    if (worker_fault && r->ranks.empty()) {
+    if (worker_fault && r.ranks.empty()) {
       // Nothing was signalled: not covered, never counted as injected.
-      r->status = "skipped";
-      r->detail += "no target process to signal";
+      r.status = "skipped";
+      r.detail += "no target process to signal";
       return;
     }
-    note_event("fault", {{"fault", to_string(f.kind)}, {"index", r->index}, {"est_step", est}, {"ranks", r->ranks}});
+    note_event("fault", {{"fault", to_string(f.kind)}, {"index", r.index}, {"est_step", est}, {"ranks", r.ranks}});
     if (cfg_.verbose)
-      spdlog::info("fault {} {} at ~step {} (incarnation {})", r->index, to_string(f.kind), est, view_.incarnation);
+      spdlog::info("fault {} {} at ~step {} (incarnation {})", r.index, to_string(f.kind), est, view_.incarnation);
     active_.push_back(a);
   }
 
