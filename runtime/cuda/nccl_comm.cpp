@@ -218,65 +218,27 @@ void nccl_comm::abort() {
   if (had_device) cudaSetDevice(previous);
 }
 
-status nccl_comm::allreduce_sum(float* device_data, size_t n) {
-  const char* op = "nccl allreduce";
-  if (aborted()) return error{errc::disconnected, std::string(op) + ": communicator was aborted"};
-  if (failed_.load(std::memory_order_acquire))
-    return error{errc::disconnected,
-                 std::string(op) + ": communicator failed earlier; connect a new one"};
-  if (n == 0) return status::success();
-  if (!device_data) return error{errc::invalid_input, std::string(op) + ": null buffer"};
-
-  struct in_flight_guard {
-    std::atomic<bool>& f;
-    explicit in_flight_guard(std::atomic<bool>& x) : f(x) { f.store(true, std::memory_order_release); }
-    ~in_flight_guard() { f.store(false, std::memory_order_release); }
-  } guard(in_flight_);
-
-  auto fail = [&](errc code, std::string what) {
-    failed_.store(true, std::memory_order_release);
-    {
-      std::lock_guard<std::mutex> lock(impl_->mu);
-      impl_->abort_locked();
-    }
-    // Let the aborted kernels exit (bounded) so the buffer is not written
-    // after we return.
-    const auto drain_until = clock_type::now() + std::chrono::seconds(1);
-    backoff drain;
-    while (cudaStreamQuery(impl_->stream) == cudaErrorNotReady && clock_type::now() < drain_until)
-      drain.pause();
-    return status(error{code, std::string(op) + " of " + std::to_string(n) + " floats: " + what});
-  };
-
-  const auto start = clock_type::now();
-  const auto deadline = start + timeout_;
-  cudaError_t crc = cudaSetDevice(device_);
-  if (crc != cudaSuccess) return fail(errc::failed, cuda_detail::describe(crc));
+status nccl_comm::fail_collective(errc code, size_t n, const std::string& what) {
+  failed_.store(true, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    if (!impl_->comm)
-      return error{errc::disconnected, std::string(op) + ": communicator was aborted"};
-    const ncclResult_t rc = ncclAllReduce(device_data, device_data, n, ncclFloat, ncclSum,
-                                          impl_->comm, impl_->stream);
-    if (rc != ncclSuccess && rc != ncclInProgress) {
-      const std::string text = nccl_text(rc, impl_->comm);
-      impl_->abort_locked();
-      failed_.store(true, std::memory_order_release);
-      return error{nccl_errc(rc), std::string(op) + ": ncclAllReduce: " + text};
-    }
+    impl_->abort_locked();
   }
+  const auto drain_until = clock_type::now() + std::chrono::seconds(1);
+  backoff drain;
+  while (cudaStreamQuery(impl_->stream) == cudaErrorNotReady && clock_type::now() < drain_until) drain.pause();
+  return error{code, "nccl allreduce of " + std::to_string(n) + " floats: " + what};
+}
 
-  // Poll until the stream has run the collective, a peer fails, we are
-  // aborted, or the deadline passes.
+status nccl_comm::await_collective(size_t n, clock_type::time_point start, clock_type::time_point deadline) {
+  const char* op = "nccl allreduce";
   backoff wait;
   for (;;) {
     if (aborted()) {
       // The abort makes NCCL's kernels exit; give the stream the rest of the
       // deadline to drain so the buffer is no longer written when we return.
-      while (cudaStreamQuery(impl_->stream) == cudaErrorNotReady && clock_type::now() < deadline)
-        wait.pause();
-      return error{errc::disconnected, std::string(op) + ": aborted after " +
-                                           std::to_string(ms_since(start)) + " ms"};
+      while (cudaStreamQuery(impl_->stream) == cudaErrorNotReady && clock_type::now() < deadline) wait.pause();
+      return error{errc::disconnected, std::string(op) + ": aborted after " + std::to_string(ms_since(start)) + " ms"};
     }
     ncclResult_t state = ncclSuccess;
     {
@@ -293,15 +255,48 @@ status nccl_comm::allreduce_sum(float* device_data, size_t n) {
       }
     }
     if (state == ncclSuccess) {
-      crc = cudaStreamQuery(impl_->stream);
+      const cudaError_t crc = cudaStreamQuery(impl_->stream);
       if (crc == cudaSuccess) return status::success();
-      if (crc != cudaErrorNotReady) return fail(errc::failed, cuda_detail::describe(crc));
+      if (crc != cudaErrorNotReady) return fail_collective(errc::failed, n, cuda_detail::describe(crc));
     }
     if (clock_type::now() >= deadline)
-      return fail(errc::overloaded, "timed out after " + std::to_string(timeout_.count()) +
-                                        " ms (a peer is stalled or gone); communicator aborted");
+      return fail_collective(errc::overloaded, n,
+                             "timed out after " + std::to_string(timeout_.count()) +
+                                 " ms (a peer is stalled or gone); communicator aborted");
     wait.pause();
   }
+}
+
+status nccl_comm::allreduce_sum(float* device_data, size_t n) {
+  const char* op = "nccl allreduce";
+  if (aborted()) return error{errc::disconnected, std::string(op) + ": communicator was aborted"};
+  if (failed_.load(std::memory_order_acquire))
+    return error{errc::disconnected, std::string(op) + ": communicator failed earlier; connect a new one"};
+  if (n == 0) return status::success();
+  if (!device_data) return error{errc::invalid_input, std::string(op) + ": null buffer"};
+
+  struct in_flight_guard {
+    std::atomic<bool>& f;
+    explicit in_flight_guard(std::atomic<bool>& x) : f(x) { f.store(true, std::memory_order_release); }
+    ~in_flight_guard() { f.store(false, std::memory_order_release); }
+  } guard(in_flight_);
+
+  const auto start = clock_type::now();
+  const cudaError_t crc = cudaSetDevice(device_);
+  if (crc != cudaSuccess) return fail_collective(errc::failed, n, cuda_detail::describe(crc));
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (!impl_->comm) return error{errc::disconnected, std::string(op) + ": communicator was aborted"};
+    const ncclResult_t rc =
+        ncclAllReduce(device_data, device_data, n, ncclFloat, ncclSum, impl_->comm, impl_->stream);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      const std::string text = nccl_text(rc, impl_->comm);
+      impl_->abort_locked();
+      failed_.store(true, std::memory_order_release);
+      return error{nccl_errc(rc), std::string(op) + ": ncclAllReduce: " + text};
+    }
+  }
+  return await_collective(n, start, start + timeout_);
 }
 
 } // namespace grace

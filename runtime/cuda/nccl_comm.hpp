@@ -79,6 +79,13 @@ public:
 
 private:
   nccl_comm() = default;
+  /// Aborts after a failure in allreduce_sum, lets the aborted kernels exit
+  /// (bounded) so the buffer is not written after the return, and names it.
+  status fail_collective(errc code, size_t n, const std::string& what);
+  /// Polls until the enqueued collective ran, a peer fails, this comm is
+  /// aborted, or `deadline` passes.
+  status await_collective(size_t n, std::chrono::steady_clock::time_point start,
+                          std::chrono::steady_clock::time_point deadline);
   struct impl;
   std::unique_ptr<impl> impl_;
   int rank_ = 0;
