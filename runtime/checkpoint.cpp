@@ -30,6 +30,7 @@
 #include <xxhash.h>
 
 #include "runtime/device_copy.hpp"
+#include "runtime/posix_file.hpp"
 #include "runtime/safetensors.hpp"
 
 namespace grace {
@@ -67,20 +68,9 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
-std::string errno_str(int e) { return std::strerror(e); }
-
 error invalid(const fs::path& p, const std::string& what) {
   return error{errc::invalid_input, p.string() + ": " + what};
 }
-
-struct fd_guard {
-  int fd = -1;
-  fd_guard() = default;
-  explicit fd_guard(int f) : fd(f) {}
-  fd_guard(const fd_guard&) = delete;
-  fd_guard& operator=(const fd_guard&) = delete;
-  ~fd_guard() { if (fd >= 0) ::close(fd); }
-};
 
 status fsync_dir(const fs::path& d) {
   fd_guard f(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -664,12 +654,6 @@ result<checkpoint_manifest> quick_check(const checkpoint_store& store, const fs:
                             " (truncated or partially written)");
   }
   return m;
-}
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
-  return r + "]";
 }
 
 } // namespace
