@@ -75,7 +75,7 @@ checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_c
       record(*st.cfg.log, o);
       return o;
     },
-    [](prepare_atom, uint64_t state_bytes) { checkpoint_store::prepare_io_buffers(state_bytes); },
+    [self](prepare_atom, uint64_t state_bytes) { self->state.cfg.store->prepare_io(state_bytes); },
   };
 }
 

@@ -46,12 +46,6 @@ std::string human(uint64_t b) {
   return buf;
 }
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 /// True when `p` is one checkpoint rather than a directory of them.
 bool is_step_dir(const fs::path& p) {
   std::error_code ec;
@@ -225,7 +219,7 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
   std::printf("  %-*s %-5s %-20s %12s  %s\n", int(w), "NAME", "DTYPE", "SHAPE", "BYTES", "FILE");
   for (auto& x : *tensors)
     std::printf("  %-*s %-5s %-20s %12" PRIu64 "  %s\n", int(w), x.name.c_str(), dtype_name(x.type),
-                shape_str(x.shape).c_str(), x.bytes, x.file.c_str());
+                shape_str(x.shape, ", ").c_str(), x.bytes, x.file.c_str());
   return exit_ok;
 }
 

@@ -215,7 +215,7 @@ int mode_ckpt(const std::map<std::string, std::string>& a) {
   meta.kind = grace::checkpoint_kind::manual;
   // As a session does at attach (its writer thread): the I/O staging
   // resident before the first save. --cold-staging skips it.
-  if (!a.count("cold-staging")) grace::checkpoint_store::prepare_io_buffers(bytes);
+  if (!a.count("cold-staging")) store.prepare_io(bytes);
   auto t0 = clk::now();
   auto r = store.save(snap, meta);
   auto t1 = clk::now();

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,8 @@
 #include "runtime/tensor.hpp"
 
 namespace grace {
+
+class io_staging;
 
 /// Why a checkpoint was taken (restart policy and tooling read this).
 enum class checkpoint_kind : uint8_t { preempt, periodic, final, jit, manual };
@@ -123,6 +126,8 @@ struct stored_tensor {
 /// Saves, lists, verifies and restores checkpoints under one directory.
 /// Methods may be called from any thread but are not synchronised with each
 /// other: one writer (see `checkpoint_writer`) plus readers of other steps.
+/// `prepare_io` and `keep_io_warm` are the exception: safe alongside anything.
+/// Copies share the I/O staging.
 class checkpoint_store {
 public:
   static constexpr uint64_t default_shard_bytes = 1ull << 30;
@@ -147,18 +152,19 @@ public:
   /// removed.
   void break_temporary_cleanup_on_purpose() noexcept { clean_temporaries_ = false; }
 
-  /// Faults in the O_DIRECT staging pair (two 64 MiB buffers kept for the
-  /// life of the process, shared by saves and restores) as far as a state
-  /// of `state_bytes` will use it. A save or restore in a process that has
-  /// not used the pair yet otherwise touches fresh pages on its critical
-  /// path (0.3-1 GB/s here: 130-400 ms for 128 MiB). A session calls this
-  /// from its checkpoint writer thread at attach. Idempotent, thread-safe.
-  static void prepare_io_buffers(uint64_t state_bytes);
+  /// Faults in this store's O_DIRECT staging pair (two 64 MiB buffers kept
+  /// for the life of the store, shared by its saves and restores) as far as
+  /// a state of `state_bytes` will use it. A save or restore through a pair
+  /// not used yet otherwise touches fresh pages on its critical path
+  /// (0.3-1 GB/s here: 130-400 ms for 128 MiB). A session calls this from
+  /// its checkpoint writer thread at attach. Idempotent; thread-safe, also
+  /// against a save or restore in progress.
+  void prepare_io(uint64_t state_bytes);
   /// Reads one byte per page of the prepared staging while no save or
-  /// restore holds it, so a VM that hands idle memory back to its host does not
-  /// reclaim the idle pages (a
-  /// session's warmer thread calls it every 2 s with its snapshot buffers).
-  static void keep_io_buffers_warm();
+  /// restore holds it, so a VM that hands idle memory back to its host does
+  /// not reclaim the idle pages (a session's warmer thread calls it every
+  /// 2 s with its snapshot buffers). Thread-safe, as `prepare_io`.
+  void keep_io_warm();
 
   /// Writes and atomically commits `step-<meta.step>`, then prunes old ones.
   /// The tensors' bytes must not change until it returns.
@@ -218,6 +224,7 @@ private:
   bool direct_io_ = true;
   bool restore_checksums_ = true;
   bool clean_temporaries_ = true;
+  std::shared_ptr<io_staging> staging_; ///< O_DIRECT staging for saves and restores
 };
 
 } // namespace grace

@@ -1,6 +1,7 @@
 #include "runtime/ckpt_fetch.hpp"
 
 #include "runtime/checkpoint.hpp"
+#include "runtime/posix_file.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -27,11 +28,6 @@ constexpr size_t max_line = 512;
 constexpr const char* magic = "GRACE-CKPT";
 
 error failed(std::string m) { return error{errc::failed, std::move(m)}; }
-
-struct fd_guard {
-  int fd = -1;
-  ~fd_guard() { if (fd >= 0) ::close(fd); }
-};
 
 void set_io_timeout(int fd, std::chrono::milliseconds t) {
   timeval tv{static_cast<time_t>(t.count() / 1000), static_cast<suseconds_t>((t.count() % 1000) * 1000)};

@@ -99,7 +99,7 @@ struct session::impl {
       std::unique_lock<std::mutex> lk(warm_m);
       while (!warm_cv.wait_for(lk, std::chrono::seconds(2), [this] { return warm_stop; })) {
         buffers->keep_warm();
-        checkpoint_store::keep_io_buffers_warm();
+        store->keep_io_warm();
       }
     });
   }

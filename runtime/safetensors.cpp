@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/posix_file.hpp"
+
 namespace grace::safetensors {
 
 namespace {
@@ -37,17 +39,6 @@ bool checked_size(const std::vector<int64_t>& shape, dtype t, uint64_t& out) {
   out = n;
   return true;
 }
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
-struct fd_guard {
-  int fd = -1;
-  ~fd_guard() { if (fd >= 0) ::close(fd); }
-};
 
 /// pread until `n` bytes are read; false with errno set (0 on a short file).
 bool pread_all(int fd, void* dst, size_t n, uint64_t off) {

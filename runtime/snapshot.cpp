@@ -20,12 +20,6 @@ namespace grace {
 namespace {
 constexpr size_t page = 4096;
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
-  return r + "]";
-}
 } // namespace
 
 snapshot_buffers::snapshot_buffers(const std::vector<tensor_ref>& layout) {

@@ -29,4 +29,10 @@ bool parse_dtype(const std::string& name, dtype& out) noexcept {
   return false;
 }
 
+std::string shape_str(const std::vector<int64_t>& shape, const char* sep) {
+  std::string r = "[";
+  for (size_t i = 0; i < shape.size(); ++i) r += (i ? sep : "") + std::to_string(shape[i]);
+  return r + "]";
+}
+
 } // namespace grace

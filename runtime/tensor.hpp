@@ -17,6 +17,8 @@ const char* dtype_name(dtype t) noexcept;
 size_t dtype_size(dtype t) noexcept;
 /// Parses a safetensors dtype name; false when unknown.
 bool parse_dtype(const std::string& name, dtype& out) noexcept;
+/// A shape for messages: `[2,3]` (`sep` between the dimensions).
+std::string shape_str(const std::vector<int64_t>& shape, const char* sep = ",");
 
 /// Where a tensor's bytes live.
 enum class memory_kind : uint8_t { host, device };

@@ -725,20 +725,20 @@ TEST_CASE("I/O staging prepared and kept warm while saves and restores use it", 
   std::vector<uint8_t> w((72u << 20) + 1);
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
   std::vector<tensor_ref> refs{{"w", dtype::u8, {int64_t(w.size())}, w.data()}};
-  checkpoint_store::prepare_io_buffers(0);       // below the O_DIRECT size: nothing to do
-  checkpoint_store::keep_io_buffers_warm();      // nothing prepared yet: harmless
-  checkpoint_store::prepare_io_buffers(w.size());
-  checkpoint_store::prepare_io_buffers(w.size()); // idempotent
+  checkpoint_store store(td.path, 2);
+  store.prepare_io(0);        // below the O_DIRECT size: nothing to do
+  store.keep_io_warm();       // nothing prepared yet: harmless
+  store.prepare_io(w.size());
+  store.prepare_io(w.size()); // idempotent
   std::atomic<bool> stop{false};
   // A session's warmer and writer thread run these alongside saves and
   // restores on other threads; the bytes written and read must not change.
   std::thread toucher([&] {
     while (!stop) {
-      checkpoint_store::keep_io_buffers_warm();
-      checkpoint_store::prepare_io_buffers(w.size() * 2);
+      store.keep_io_warm();
+      store.prepare_io(w.size() * 2);
     }
   });
-  checkpoint_store store(td.path, 2);
   std::vector<uint8_t> back(w.size());
   std::vector<tensor_ref> into{{"w", dtype::u8, {int64_t(back.size())}, back.data()}};
   for (uint64_t step = 1; step <= 3; ++step) {
