@@ -1,5 +1,7 @@
 #include "runtime/ckpt_fetch.hpp"
 
+#include "runtime/tcp.hpp"
+
 #include "runtime/checkpoint.hpp"
 #include "runtime/posix_file.hpp"
 
@@ -29,54 +31,11 @@ constexpr const char* magic = "GRACE-CKPT";
 
 error failed(std::string m) { return error{errc::failed, std::move(m)}; }
 
-void set_io_timeout(int fd, std::chrono::milliseconds t) {
-  timeval tv{static_cast<time_t>(t.count() / 1000), static_cast<suseconds_t>((t.count() % 1000) * 1000)};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
+using tcp::connect_to;
+using tcp::parse_endpoint;
+using tcp::send_all;
+using tcp::set_io_timeout;
 
-bool parse_endpoint(const std::string& ep, sockaddr_in& out) {
-  auto colon = ep.rfind(':');
-  if (colon == std::string::npos) return false;
-  out = {};
-  out.sin_family = AF_INET;
-  int port = std::atoi(ep.c_str() + colon + 1);
-  if (port <= 0 || port > 65535) return false;
-  out.sin_port = htons(static_cast<uint16_t>(port));
-  return ::inet_pton(AF_INET, ep.substr(0, colon).c_str(), &out.sin_addr) == 1;
-}
-
-/// A connected socket within `timeout` (a lost host must not hang us).
-result<int> connect_to(const std::string& ep, std::chrono::milliseconds timeout) {
-  sockaddr_in to{};
-  if (!parse_endpoint(ep, to)) return error{errc::invalid_input, "not an IPv4 address:port: '" + ep + "'"};
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return failed(std::string("socket: ") + std::strerror(errno));
-  fd_guard g{fd};
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0 && errno != EINPROGRESS)
-    return error{errc::disconnected, "connect " + ep + ": " + std::strerror(errno)};
-  pollfd p{fd, POLLOUT, 0};
-  if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1)
-    return error{errc::disconnected, "connect " + ep + ": no answer within " + std::to_string(timeout.count()) + " ms"};
-  int err = 0;
-  socklen_t len = sizeof err;
-  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-  if (err) return error{errc::disconnected, "connect " + ep + ": " + std::strerror(err)};
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  set_io_timeout(fd, timeout);
-  g.fd = -1;
-  return fd;
-}
-
-bool send_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
 bool send_str(int fd, const std::string& s) { return send_all(fd, s.data(), s.size()); }
 
 /// One '\n'-terminated line (without it), at most max_line bytes.

@@ -1,0 +1,85 @@
+#include "runtime/tcp.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace grace::tcp {
+
+bool parse_endpoint(const std::string& ep, sockaddr_in& out) {
+  auto colon = ep.rfind(':');
+  if (colon == std::string::npos) return false;
+  out = {};
+  out.sin_family = AF_INET;
+  int port = std::atoi(ep.c_str() + colon + 1);
+  if (port <= 0 || port > 65535) return false;
+  out.sin_port = htons(static_cast<uint16_t>(port));
+  return ::inet_pton(AF_INET, ep.substr(0, colon).c_str(), &out.sin_addr) == 1;
+}
+
+void set_io_timeout(int fd, std::chrono::milliseconds t) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+result<int> connect_to(const std::string& ep, std::chrono::milliseconds timeout) {
+  sockaddr_in to{};
+  if (!parse_endpoint(ep, to)) return error{errc::invalid_input, "not an IPv4 address:port: '" + ep + "'"};
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return error{errc::failed, std::string("socket: ") + std::strerror(errno)};
+  auto fail = [&](const std::string& why) -> result<int> {
+    ::close(fd);
+    return error{errc::disconnected, "connect " + ep + ": " + why};
+  };
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0 && errno != EINPROGRESS)
+    return fail(std::strerror(errno));
+  pollfd p{fd, POLLOUT, 0};
+  if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1)
+    return fail("no answer within " + std::to_string(timeout.count()) + " ms");
+  int err = 0;
+  socklen_t len = sizeof err;
+  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (err) return fail(std::strerror(err));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  set_io_timeout(fd, timeout);
+  return fd;
+}
+
+bool send_all(int fd, const std::string& s) { return send_all(fd, s.data(), s.size()); }
+
+bool send_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+result<std::string> read_to_end(int fd, size_t max_bytes) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+    if (r == 0) return out;
+    if (r < 0)
+      return error{errc::disconnected, errno == EAGAIN || errno == EWOULDBLOCK ? std::string("read timed out")
+                                                                               : std::string("read: ") + std::strerror(errno)};
+    out.append(buf, static_cast<size_t>(r));
+    if (out.size() > max_bytes) return error{errc::invalid_input, "reply larger than " + std::to_string(max_bytes) + " bytes"};
+  }
+}
+
+} // namespace grace::tcp

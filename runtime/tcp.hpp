@@ -1,0 +1,32 @@
+#pragma once
+/// Blocking TCP for Grace's small side channels (checkpoint transfer between
+/// nodes, the etcd gateway): every call is bounded by a timeout, so a lost
+/// host or a partition never hangs the caller.
+
+#include "runtime/error.hpp"
+
+#include <chrono>
+#include <string>
+
+struct sockaddr_in;
+
+namespace grace::tcp {
+
+/// "a.b.c.d:port" as an IPv4 socket address; false when it is not one.
+bool parse_endpoint(const std::string& endpoint, sockaddr_in& out);
+
+/// Each later read or write on `fd` gives up after `t`.
+void set_io_timeout(int fd, std::chrono::milliseconds t);
+
+/// A socket connected to "a.b.c.d:port" within `timeout`, whose later reads
+/// and writes each time out after `timeout` too. The caller closes it.
+result<int> connect_to(const std::string& endpoint, std::chrono::milliseconds timeout);
+
+/// Sends all of `s` (or `n` bytes at `p`); false on an error or a timeout.
+bool send_all(int fd, const std::string& s);
+bool send_all(int fd, const char* p, size_t n);
+
+/// Reads until the peer closes, at most `max_bytes` (an error past that).
+result<std::string> read_to_end(int fd, size_t max_bytes);
+
+} // namespace grace::tcp
