@@ -1,6 +1,7 @@
 #include "actors/coordinator.hpp"
 
 #include "actors/peer_watcher.hpp"
+#include "messages/convert.hpp"
 #include "runtime/agreement.hpp"
 #include "runtime/deadline.hpp"
 #include "runtime/events.hpp"
@@ -78,15 +79,6 @@ msg<proto::Welcome> refuse(const std::string& reason, bool restartable = false) 
   });
 }
 
-proto::LossReason wire_reason(loss_reason r) {
-  switch (r) {
-    case loss_reason::dead: return proto::LossReason::DEAD;
-    case loss_reason::hung: return proto::LossReason::HUNG;
-    case loss_reason::left: return proto::LossReason::LEFT;
-  }
-  return proto::LossReason::DEAD;
-}
-
 /// How long a member may wait for this service's decision after a failure:
 /// a silent member is declared dead after dead_after (noticed at the next
 /// check), and this service's own loss shows within the connection timeout.
@@ -102,16 +94,6 @@ msg<proto::Welcome> refuse_for_now(const std::string& reason, uint32_t current) 
   return make<proto::Welcome>([&](auto b) {
     b.setAccepted(false); b.setReason(reason); b.setRestartable(true); b.setIncarnation(current);
   });
-}
-
-proto::CheckpointKind wire_kind(ckpt_kind k) {
-  switch (k) {
-    case ckpt_kind::initial: return proto::CheckpointKind::INITIAL;
-    case ckpt_kind::final: return proto::CheckpointKind::FINAL;
-    case ckpt_kind::jit: return proto::CheckpointKind::JIT;
-    case ckpt_kind::periodic: return proto::CheckpointKind::PERIODIC;
-  }
-  return proto::CheckpointKind::INITIAL;
 }
 
 void deliver(self_ptr self, const std::vector<rendezvous_table::reply>& replies);
@@ -169,7 +151,7 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
       case ty::agreed: {
         bool agreed = a.what == ty::agreed;
         to_all(make<proto::CheckpointAt>([&](auto b) {
-          b.setAgreementId(a.id); b.setStep(a.step); b.setKind(wire_kind(a.kind));
+          b.setAgreementId(a.id); b.setStep(a.step); b.setKind(to_wire(a.kind));
           b.setAgreed(agreed); b.setSaver(a.saver); b.setDeadlineNs(a.deadline_ns);
           b.setExitAfter(a.exit_after);
         }));
@@ -197,7 +179,7 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
         emit_event("peer_lost", {{"lost_rank", a.rank}, {"step", a.step}, {"why", a.message}});
         to_all(make<proto::PeerLost>([&](auto b) {
           b.setRank(a.rank); b.setLastStep(a.step); b.setDetail(a.message);
-          b.setReason(wire_reason(a.reason));
+          b.setReason(to_wire(a.reason));
         }));
         break;
       case ty::cluster_error:

@@ -1,5 +1,6 @@
 #include "actors/peer_watcher.hpp"
 
+#include "messages/convert.hpp"
 #include "runtime/control.hpp"
 #include "runtime/events.hpp"
 
@@ -29,29 +30,10 @@ struct peer_watcher_state {
 
 using self_ptr = peer_watcher_actor::stateful_pointer<peer_watcher_state>;
 
-ckpt_kind from_wire(proto::CheckpointKind k) {
-  switch (k) {
-    case proto::CheckpointKind::INITIAL: return ckpt_kind::initial;
-    case proto::CheckpointKind::FINAL: return ckpt_kind::final;
-    case proto::CheckpointKind::JIT: return ckpt_kind::jit;
-    case proto::CheckpointKind::PERIODIC: return ckpt_kind::periodic;
-  }
-  return ckpt_kind::initial;
-}
-
 void lose(self_ptr self, loss_info l) {
   auto& st = self->state;
   st.ctl->post_loss(l);
   st.ctl->abort();
-}
-
-loss_kind kind_of(proto::LossReason r) {
-  switch (r) {
-    case proto::LossReason::DEAD: return loss_kind::peer_dead;
-    case proto::LossReason::HUNG: return loss_kind::peer_hung;
-    case proto::LossReason::LEFT: return loss_kind::peer_left;
-  }
-  return loss_kind::peer_dead;
 }
 
 /// A checkpoint order: hand it to the trainer, then acknowledge what can be
@@ -60,7 +42,7 @@ void on_order(self_ptr self, const checkpoint_order& o) {
   auto& st = self->state;
   auto progress = st.ctl->post_order(o);
   if (o.agreed) return;
-  if (o.kind != ckpt_kind::jit) {
+  if (o.kind != checkpoint_kind::jit) {
     auto earliest = std::max(o.step, progress.started);
     self->send(st.coord, make<proto::Ack>([&](auto b) {
       b.setAgreementId(o.id); b.setRank(st.cfg.rank); b.setEarliestStep(earliest);
@@ -178,7 +160,7 @@ peer_watcher_actor::behavior_type peer_watcher(self_ptr self, coordinator_actor 
     },
     [self](msg<proto::PeerLost>& m) {
       if (auto r = decode(m))
-        lose(self, {kind_of(r->get().getReason()), r->get().getRank(), r->get().getLastStep(),
+        lose(self, {from_wire(r->get().getReason()), r->get().getRank(), r->get().getLastStep(),
                     str(r->get().getDetail())});
     },
     [self](msg<proto::ClusterError>& m) {

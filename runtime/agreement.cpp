@@ -2,16 +2,6 @@
 
 namespace grace {
 
-const char* to_string(ckpt_kind k) noexcept {
-  switch (k) {
-    case ckpt_kind::initial: return "initial";
-    case ckpt_kind::final: return "final";
-    case ckpt_kind::jit: return "jit";
-    case ckpt_kind::periodic: return "periodic";
-  }
-  return "?";
-}
-
 const char* to_string(agreement_phase p) noexcept {
   switch (p) {
     case agreement_phase::idle: return "idle";
@@ -87,7 +77,7 @@ actions agreement::on_join(uint32_t rank, uint64_t completed) {
   live_.insert(rank);
   restored_min_ = std::min(restored_min_.value_or(completed), completed);
   restored_max_ = std::max(restored_max_.value_or(completed), completed);
-  if (phase_ == agreement_phase::waiting && all_joined()) return propose(ckpt_kind::initial, claim_started_);
+  if (phase_ == agreement_phase::waiting && all_joined()) return propose(checkpoint_kind::initial, claim_started_);
   return {};
 }
 
@@ -102,7 +92,7 @@ actions agreement::on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns
     reply.holder = rank;
     reply.id = id_ + 1;
     actions out{reply};
-    if (all_joined()) append(out, propose(ckpt_kind::initial, started));
+    if (all_joined()) append(out, propose(checkpoint_kind::initial, started));
     else phase_ = agreement_phase::waiting;
     return out;
   }
@@ -114,7 +104,7 @@ actions agreement::on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns
   actions out{reply};
   bool running = phase_ == agreement_phase::waiting || phase_ == agreement_phase::proposing ||
                  phase_ == agreement_phase::saving || phase_ == agreement_phase::countdown;
-  if (running && kind_ != ckpt_kind::jit && deadline_ns_ != 0 && deadline_ns != 0 && deadline_ns < deadline_ns_) {
+  if (running && kind_ != checkpoint_kind::jit && deadline_ns_ != 0 && deadline_ns != 0 && deadline_ns < deadline_ns_) {
     deadline_ns_ = deadline_ns;
     agreement_action upd{ty::deadline_update};
     upd.rank = chief();
@@ -125,13 +115,13 @@ actions agreement::on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns
   return out;
 }
 
-actions agreement::propose(ckpt_kind kind, uint64_t lower_bound) {
+actions agreement::propose(checkpoint_kind kind, uint64_t lower_bound) {
   ++id_;
   not_awaited_.clear();  // a rescue sets it again right after
   kind_ = kind;
   lower_bound_ = lower_bound;
   acks_.clear();
-  phase_ = kind == ckpt_kind::jit ? agreement_phase::jit_collect : agreement_phase::proposing;
+  phase_ = kind == checkpoint_kind::jit ? agreement_phase::jit_collect : agreement_phase::proposing;
   agreement_action p{ty::propose};
   p.id = id_;
   p.step = lower_bound;
@@ -156,7 +146,7 @@ actions agreement::maybe_agree() {
     phase_ = agreement_phase::stopping;
     return {};
   }
-  if (kind_ == ckpt_kind::jit) return agree_jit();
+  if (kind_ == checkpoint_kind::jit) return agree_jit();
   agreement_action a{ty::agreed};
   a.id = id_;
   a.kind = kind_;
@@ -166,7 +156,7 @@ actions agreement::maybe_agree() {
     if (live_.count(r)) step = std::max(step, s);
   a.step = step;
   a.saver = chief();
-  a.exit_after = kind_ == ckpt_kind::final || deadline_ns_ == 0;
+  a.exit_after = kind_ == checkpoint_kind::final || deadline_ns_ == 0;
   agreed_step_ = a.step;
   saver_ = a.saver;
   exit_after_ = a.exit_after;
@@ -193,13 +183,13 @@ actions agreement::agree_jit() {
     agreement_action c{ty::committed};
     c.id = id_;
     c.step = durable_step();
-    c.kind = ckpt_kind::jit;
+    c.kind = checkpoint_kind::jit;
     c.exit_after = true;
     return {c};
   }
   agreement_action a{ty::agreed};
   a.id = id_;
-  a.kind = ckpt_kind::jit;
+  a.kind = checkpoint_kind::jit;
   a.deadline_ns = deadline_ns_;
   a.step = best;
   a.saver = saver;
@@ -237,7 +227,7 @@ actions agreement::on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, 
 
 actions agreement::on_propose_final(uint32_t rank, uint64_t started) {
   if (phase_ != agreement_phase::countdown || rank != chief()) return {};
-  return propose(ckpt_kind::final, started);
+  return propose(checkpoint_kind::final, started);
 }
 
 actions agreement::member_gone(uint32_t rank) {
@@ -254,7 +244,7 @@ actions agreement::member_gone(uint32_t rank) {
     case agreement_phase::saving:
       // A just-in-time saver needs nobody else: it stopped at a step
       // boundary and holds its state. Only its own loss moves the save.
-      if (kind_ == ckpt_kind::jit && rank != saver_) break;
+      if (kind_ == checkpoint_kind::jit && rank != saver_) break;
       [[fallthrough]];
     case agreement_phase::idle:
     case agreement_phase::waiting:
@@ -266,7 +256,7 @@ actions agreement::member_gone(uint32_t rank) {
       // that already holds the agreed step acknowledges it and saves it.
       if (!holder_) holder_ = rank;
       if (live_.empty()) phase_ = agreement_phase::stopping;
-      else append(out, propose(ckpt_kind::jit, 0));
+      else append(out, propose(checkpoint_kind::jit, 0));
       break;
   }
   return out;
@@ -311,7 +301,7 @@ actions agreement::on_leave(uint32_t rank, int exit_code) {
 
 bool agreement::needs_rescue() const noexcept {
   if (deadline_ns_ == 0 || settled(phase_)) return false;
-  if (phase_ == agreement_phase::saving && kind_ == ckpt_kind::jit) return false;  // already saving it
+  if (phase_ == agreement_phase::saving && kind_ == checkpoint_kind::jit) return false;  // already saving it
   return phase_ != agreement_phase::idle;
 }
 
@@ -321,7 +311,7 @@ actions agreement::on_rescue(const std::set<uint32_t>& silent) {
     phase_ = agreement_phase::stopping;
     return {};
   }
-  auto out = propose(ckpt_kind::jit, 0);
+  auto out = propose(checkpoint_kind::jit, 0);
   not_awaited_ = silent;
   if (phase_ == agreement_phase::jit_collect) append(out, maybe_agree());
   return out;

@@ -87,6 +87,8 @@
 /// acknowledgements it has (`on_cutoff`). The chief's own final-save margin
 /// is larger, so the rescue only acts when the normal path is stuck.
 ///
+#include "runtime/checkpoint_kind.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -97,8 +99,6 @@
 
 namespace grace {
 
-enum class ckpt_kind : uint8_t { initial = 0, final = 1, jit = 2, periodic = 3 };
-const char* to_string(ckpt_kind k) noexcept;
 
 enum class agreement_phase : uint8_t {
   idle, waiting, proposing, saving, countdown, jit_collect, stopping, failed, finishing,
@@ -132,7 +132,7 @@ struct agreement_action {
   uint32_t rank = 0;
   uint64_t id = 0;
   uint64_t step = 0;
-  ckpt_kind kind = ckpt_kind::initial;
+  checkpoint_kind kind = checkpoint_kind::initial;
   bool won = false;
   uint32_t holder = 0;
   uint32_t saver = 0;
@@ -203,7 +203,7 @@ public:
   std::string state_key() const;
 
 private:
-  actions propose(ckpt_kind kind, uint64_t lower_bound);
+  actions propose(checkpoint_kind kind, uint64_t lower_bound);
   actions maybe_agree();
   actions agree_jit();
   actions member_gone(uint32_t rank);
@@ -217,7 +217,7 @@ private:
   std::set<uint32_t> gone_;   ///< left on purpose
   std::optional<uint32_t> holder_;
   uint64_t id_ = 0;
-  ckpt_kind kind_ = ckpt_kind::initial;
+  checkpoint_kind kind_ = checkpoint_kind::initial;
   uint64_t lower_bound_ = 0;
   int64_t deadline_ns_ = 0;
   uint64_t claim_started_ = 0;

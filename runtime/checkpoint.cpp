@@ -99,24 +99,6 @@ result<checkpoint_manifest> quick_check(const checkpoint_store& store, const fs:
 
 } // namespace
 
-const char* to_string(checkpoint_kind k) noexcept {
-  switch (k) {
-    case checkpoint_kind::preempt: return "preempt";
-    case checkpoint_kind::periodic: return "periodic";
-    case checkpoint_kind::final: return "final";
-    case checkpoint_kind::jit: return "jit";
-    case checkpoint_kind::manual: return "manual";
-  }
-  return "unknown";
-}
-
-bool parse_checkpoint_kind(const std::string& s, checkpoint_kind& out) noexcept {
-  for (auto k : {checkpoint_kind::preempt, checkpoint_kind::periodic, checkpoint_kind::final,
-                 checkpoint_kind::jit, checkpoint_kind::manual})
-    if (s == to_string(k)) { out = k; return true; }
-  return false;
-}
-
 checkpoint_store::checkpoint_store(fs::path dir, int keep_last)
     : dir_(std::move(dir)), keep_last_(keep_last), staging_(std::make_shared<io_staging>()) {}
 

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/checkpoint_kind.hpp"
 #include "runtime/error.hpp"
 #include "runtime/snapshot.hpp"
 #include "runtime/tensor.hpp"
@@ -32,9 +33,6 @@ namespace grace {
 class io_staging;
 
 /// Why a checkpoint was taken (restart policy and tooling read this).
-enum class checkpoint_kind : uint8_t { preempt, periodic, final, jit, manual };
-const char* to_string(checkpoint_kind k) noexcept;
-bool parse_checkpoint_kind(const std::string& s, checkpoint_kind& out) noexcept;
 
 /// What the caller knows about a checkpoint besides the tensors.
 struct checkpoint_meta {

@@ -29,7 +29,7 @@ namespace grace {
 struct checkpoint_order {
   uint64_t id = 0;
   uint64_t step = 0;
-  ckpt_kind kind = ckpt_kind::initial;
+  checkpoint_kind kind = checkpoint_kind::initial;
   bool agreed = false;
   uint32_t saver = 0;
   bool exit_after = false;

@@ -41,15 +41,6 @@ namespace grace {
 
 namespace {
 
-checkpoint_kind to_checkpoint_kind(ckpt_kind k) {
-  switch (k) {
-    case ckpt_kind::initial: return checkpoint_kind::preempt;
-    case ckpt_kind::final: return checkpoint_kind::preempt;
-    case ckpt_kind::jit: return checkpoint_kind::jit;
-    case ckpt_kind::periodic: return checkpoint_kind::periodic;
-  }
-  return checkpoint_kind::manual;
-}
 
 
 } // namespace
@@ -324,7 +315,7 @@ struct session::impl {
           ack_jit(d);
           continue;
         case ty::reach:
-          if (d.save && d.kind == ckpt_kind::jit && opts.broken.no_just_in_time_save)
+          if (d.save && d.kind == checkpoint_kind::jit && opts.broken.no_just_in_time_save)
             return stop(opts.restart_exit_code, "just-in-time save disabled (broken on purpose)", may_throw);
           if (auto st = reach(d); !st)
             return stop(exit_code::fatal, "checkpoint save failed: " + st.err().message, may_throw);
@@ -369,9 +360,9 @@ struct session::impl {
     emit_event("reached_agreed_step", {{"step", d.step}, {"id", d.id}});
     policy->reached(d.id);
     if (!d.save) return {};
-    if (d.kind == ckpt_kind::jit)
+    if (d.kind == checkpoint_kind::jit)
       log->warn("saving a just-in-time checkpoint at step {} (the most advanced survivor)", d.step);
-    return save(d.step, to_checkpoint_kind(d.kind), d.id, d.sync);
+    return save(d.step, d.kind, d.id, d.sync);
   }
 
   void propose_final(const worker_decision& d) {
@@ -723,7 +714,7 @@ status session::finish() {
   if (d.signals) d.signals->stop();
   d.take_answers(true);
   if (d.cluster.is_chief()) {
-    auto s = d.save(d.completed, checkpoint_kind::final, 0, true);
+    auto s = d.save(d.completed, checkpoint_kind::end, 0, true);
     if (!s) {
       // An error (issue: nothing durable holds the last steps), said to the
       // group on the way out so this exit is not taken for a lost member.

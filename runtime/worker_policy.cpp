@@ -90,16 +90,16 @@ worker_decision worker_policy::next(const control_state& s, const boundary_input
   if (s.failure)
     return stop(cfg_.fatal_code, "cluster error: " + s.failure->message);
   if (s.order && s.committed && s.committed->id >= s.order->id &&
-      (s.order->exit_after || s.committed->exit_after || s.order->kind == ckpt_kind::jit)) {
+      (s.order->exit_after || s.committed->exit_after || s.order->kind == checkpoint_kind::jit)) {
     auto step = std::to_string(s.committed->step);
     // A just-in-time round without a lost peer is the coordinator's rescue
     // of a round its grace-period deadline would have cut off.
     const char* why = s.lost ? "peer lost" : s.coordinator_gone ? "coordination service lost" : "deadline near";
-    return stop(cfg_.restart_code, s.order->kind == ckpt_kind::jit
+    return stop(cfg_.restart_code, s.order->kind == checkpoint_kind::jit
                                        ? std::string(why) + "; just-in-time checkpoint at step " + step + " committed"
                                        : "preempted: checkpoint at step " + step + " committed, restart to resume");
   }
-  if (s.order && s.order->kind == ckpt_kind::jit) return follow_jit(s, in);
+  if (s.order && s.order->kind == checkpoint_kind::jit) return follow_jit(s, in);
   if (s.coordinator_gone) return coordinator_lost(in);
   if (s.lost) {
     auto& l = *s.lost;
@@ -139,7 +139,7 @@ worker_decision worker_policy::follow_jit(const control_state& s, const boundary
     auto d = make(ty::reach);
     d.id = o.id;
     d.step = in.completed;
-    d.kind = ckpt_kind::jit;
+    d.kind = checkpoint_kind::jit;
     d.save = true;
     d.sync = true;
     return d;
@@ -191,7 +191,7 @@ worker_decision worker_policy::coordinator_lost(const boundary_input& in) {
   if (cfg_.is_chief && c > last_saved_) {
     auto d = make(ty::save_own);
     d.step = c;
-    d.kind = ckpt_kind::jit;
+    d.kind = checkpoint_kind::jit;
     return d;
   }
   return stop(cfg_.restart_code, "coordination service lost");

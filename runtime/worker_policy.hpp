@@ -76,7 +76,7 @@ struct worker_decision {
   type what = type::run;
   uint64_t id = 0;
   uint64_t step = 0;
-  ckpt_kind kind = ckpt_kind::initial;
+  checkpoint_kind kind = checkpoint_kind::initial;
   bool save = false;
   bool sync = false;
   wait_reason reason = wait_reason::agreement;

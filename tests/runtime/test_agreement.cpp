@@ -81,7 +81,7 @@ struct explorer {
           }
           REQUIRE(a.step == max_ack);
           REQUIRE(a.step <= max_started + 1);
-          if (a.kind == ckpt_kind::jit) {
+          if (a.kind == checkpoint_kind::jit) {
             // Saver: the live member with the most completed steps, ties lowest rank.
             uint64_t best = 0;
             uint32_t who = 99;
@@ -133,7 +133,7 @@ struct explorer {
         branch([&, r, id](world& n) {
           n.acked.insert({r, id});
           // jit: the completed step; otherwise max(lower bound, started).
-          uint64_t v = p.kind == ckpt_kind::jit ? n.started[r] - (r == 2 ? 1 : 0)
+          uint64_t v = p.kind == checkpoint_kind::jit ? n.started[r] - (r == 2 ? 1 : 0)
                                                 : std::max(p.step, n.started[r]);
           n.ack_values[{r, id}] = v;
           apply(n, n.machine.on_ack(r, id, v));
@@ -144,7 +144,7 @@ struct explorer {
     if (w.agreed && !w.saved_ids.count(w.agreed->id) && !w.dead.count(w.agreed->saver))
       branch([&](world& n) {
         n.saved_ids.insert(n.agreed->id);
-        if (n.agreed->kind == ckpt_kind::jit) ++jit_saves; else ++initial_saves;
+        if (n.agreed->kind == checkpoint_kind::jit) ++jit_saves; else ++initial_saves;
         apply(n, n.machine.on_saved(n.agreed->saver, n.agreed->id, n.agreed->step, true, ""));
       });
     // One death, anywhere.
@@ -246,7 +246,7 @@ TEST_CASE("agreement: a member dying mid-agreement turns into a just-in-time sav
   REQUIRE(find(lost, ty::peer_lost));
   auto jit = find(lost, ty::propose);
   REQUIRE(jit);
-  REQUIRE(jit->kind == ckpt_kind::jit);
+  REQUIRE(jit->kind == checkpoint_kind::jit);
   REQUIRE(a.on_ack(0, jit->id, 8).empty());
   auto ag = find(a.on_ack(2, jit->id, 9), ty::agreed);
   REQUIRE(ag);
@@ -275,7 +275,7 @@ TEST_CASE("agreement: any death before the commit moves the save to the most adv
   auto other = a.on_member_lost(1, 4, loss_reason::dead, "dead");
   auto jit = find(other, ty::propose);
   REQUIRE(jit);
-  REQUIRE(jit->kind == ckpt_kind::jit);
+  REQUIRE(jit->kind == checkpoint_kind::jit);
   // The old agreement's report is late now and changes nothing.
   REQUIRE(a.on_saved(0, id, 4, true, "").empty());
   a.on_ack(2, jit->id, 3);
@@ -297,7 +297,7 @@ TEST_CASE("agreement: the saver dying during the save moves the save to a surviv
   auto lost = a.on_member_lost(0, 4, loss_reason::dead, "dead");
   auto jit = find(lost, ty::propose);
   REQUIRE(jit);
-  REQUIRE(jit->kind == ckpt_kind::jit);
+  REQUIRE(jit->kind == checkpoint_kind::jit);
   a.on_ack(1, jit->id, 4);
   auto ag = find(a.on_ack(2, jit->id, 4), ty::agreed);
   REQUIRE(ag->saver == 1);
@@ -325,7 +325,7 @@ TEST_CASE("agreement: grace period keeps training, then a final save", "[agreeme
   // Only the chief proposes the final save.
   REQUIRE(a.on_propose_final(1, 20).empty());
   auto fin = find(a.on_propose_final(0, 20), ty::propose);
-  REQUIRE(fin->kind == ckpt_kind::final);
+  REQUIRE(fin->kind == checkpoint_kind::final);
   a.on_ack(0, fin->id, 20);
   auto fag = find(a.on_ack(1, fin->id, 21), ty::agreed);
   REQUIRE(fag->step == 21);
@@ -344,7 +344,7 @@ TEST_CASE("agreement: a death during the final agreement saves just in time", "[
   a.on_ack(1, fin->id, 7);
   auto lost = a.on_member_lost(0, 6, loss_reason::dead, "dead");
   auto jit = find(lost, ty::propose);
-  REQUIRE(jit->kind == ckpt_kind::jit);
+  REQUIRE(jit->kind == checkpoint_kind::jit);
   auto ag = find(a.on_ack(1, jit->id, 7), ty::agreed);
   REQUIRE(ag->saver == 1);
   REQUIRE(ag->exit_after);
@@ -405,7 +405,7 @@ TEST_CASE("agreement: a round a frozen member holds is rescued before its deadli
   REQUIRE(a.on_cutoff().empty());  // nothing collected yet: no cutoff
   auto r = find(a.on_rescue(), ty::propose);
   REQUIRE(r);
-  CHECK(r->kind == ckpt_kind::jit);
+  CHECK(r->kind == checkpoint_kind::jit);
   CHECK(a.on_rescue().empty());  // once
   a.on_ack(0, r->id, 7);
   a.on_ack(1, r->id, 7);

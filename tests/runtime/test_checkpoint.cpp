@@ -197,7 +197,7 @@ TEST_CASE("checkpoint round trip is bit-identical", "[checkpoint]") {
   temp_dir td;
   checkpoint_store store(td.path / "ckpts");
   model m(7);
-  auto r = store.save(snap(m.refs()), meta_for(120, checkpoint_kind::preempt));
+  auto r = store.save(snap(m.refs()), meta_for(120, checkpoint_kind::initial));
   REQUIRE(r.ok());
   CHECK(r->step == 120);
   CHECK(r->path == td.path / "ckpts" / "step-0000000120");
@@ -225,7 +225,7 @@ TEST_CASE("checkpoint round trip is bit-identical", "[checkpoint]") {
   CHECK(man.world_size == 4);
   CHECK(man.run_id == "run-abc");
   CHECK(man.incarnation == 2);
-  CHECK(man.kind == checkpoint_kind::preempt);
+  CHECK(man.kind == checkpoint_kind::initial);
   CHECK(man.wall_time > 1.6e9);
   CHECK(man.counters == meta_for(120).counters);
   CHECK(man.metadata == meta_for(120).metadata);
@@ -233,7 +233,7 @@ TEST_CASE("checkpoint round trip is bit-identical", "[checkpoint]") {
   auto list = store.list();
   REQUIRE(list.size() == 1);
   CHECK(list[0].valid);
-  CHECK(list[0].kind == "preempt");
+  CHECK(list[0].kind == "initial");
   CHECK(list[0].step == 120);
 
   auto tensors = store.read_tensors(r->path);

@@ -500,7 +500,7 @@ private:
         if (o.deadline_ns) y.ctl.deadline_ns = o.deadline_ns;
         raise(y, false);
         if (o.agreed) break;
-        if (o.kind != ckpt_kind::jit) {
+        if (o.kind != checkpoint_kind::jit) {
           send(w, y, {to_coord::ack, o.id, std::max(o.step, y.started), true, 0});
           break;
         }

@@ -32,7 +32,7 @@ boundary_input at(uint64_t completed, int64_t now = 0, boundary_mode mode = boun
   return in;
 }
 
-checkpoint_order order(uint64_t id, uint64_t step, ckpt_kind kind, bool agreed, uint32_t saver = 0,
+checkpoint_order order(uint64_t id, uint64_t step, checkpoint_kind kind, bool agreed, uint32_t saver = 0,
                        bool exit_after = true) {
   checkpoint_order o;
   o.id = id;
@@ -56,7 +56,7 @@ TEST_CASE("worker_policy: a cluster error stops with the fatal code naming it", 
   worker_policy p(cfg(), 0);
   control_state s;
   s.failure = cluster_failure{2, 40, "rank 2 at step 40: boom"};
-  s.order = order(1, 9, ckpt_kind::jit, false);  // the error wins over anything else
+  s.order = order(1, 9, checkpoint_kind::jit, false);  // the error wins over anything else
   auto d = p.next(s, at(5));
   REQUIRE(d.what == ty::stop);
   CHECK(d.code == 3);
@@ -66,7 +66,7 @@ TEST_CASE("worker_policy: a cluster error stops with the fatal code naming it", 
 TEST_CASE("worker_policy: a proposal above the completed step runs on at it waits", "[policy]") {
   worker_policy p(cfg(), 0);
   control_state s;
-  s.order = order(1, 10, ckpt_kind::initial, false);
+  s.order = order(1, 10, checkpoint_kind::initial, false);
   CHECK(p.next(s, at(8)).what == ty::run);  // the flag stays up
   auto d = p.next(s, at(10, 5 * ms));
   REQUIRE(d.what == ty::wait);
@@ -88,14 +88,14 @@ TEST_CASE("worker_policy: the agreed step is reached once: the saver saves exit 
           "[policy]") {
   worker_policy saver(cfg(0, true), 0), other(cfg(1), 0);
   control_state s;
-  s.order = order(3, 12, ckpt_kind::initial, true, 0, true);
+  s.order = order(3, 12, checkpoint_kind::initial, true, 0, true);
   CHECK(saver.next(s, at(11)).what == ty::run);
   auto d = saver.next(s, at(12));
   REQUIRE(d.what == ty::reach);
   CHECK(d.save);
   CHECK(d.sync);
   CHECK(d.step == 12);
-  CHECK(d.kind == ckpt_kind::initial);
+  CHECK(d.kind == checkpoint_kind::initial);
   saver.reached(3);
   auto o = other.next(s, at(12));
   REQUIRE(o.what == ty::reach);
@@ -113,7 +113,7 @@ TEST_CASE("worker_policy: the agreed step is reached once: the saver saves exit 
 TEST_CASE("worker_policy: past the agreed step is a protocol violation", "[policy]") {
   worker_policy p(cfg(), 0);
   control_state s;
-  s.order = order(3, 12, ckpt_kind::initial, true);
+  s.order = order(3, 12, checkpoint_kind::initial, true);
   auto d = p.next(s, at(13));
   REQUIRE(d.what == ty::stop);
   CHECK(d.code == 3);
@@ -124,7 +124,7 @@ TEST_CASE("worker_policy: a grace-period save hands off and training continues: 
   worker_policy chief(cfg(0, true), 0);
   control_state s;
   s.deadline_ns = 1000 * ms;
-  s.order = order(1, 5, ckpt_kind::initial, true, 0, false);
+  s.order = order(1, 5, checkpoint_kind::initial, true, 0, false);
   auto d = chief.next(s, at(5, 0));
   REQUIRE(d.what == ty::reach);
   CHECK_FALSE(d.sync);  // the writer persists it while training continues
@@ -157,19 +157,19 @@ TEST_CASE("worker_policy: a just-in-time round: acknowledge once then the saver 
   worker_policy p(cfg(1), 0);
   control_state s;
   s.lost = loss_info{loss_kind::peer_dead, 2, 7, "dead"};
-  s.order = order(4, 0, ckpt_kind::jit, false);
+  s.order = order(4, 0, checkpoint_kind::jit, false);
   auto a = p.next(s, at(9, 0, boundary_mode::collective_failed));
   REQUIRE(a.what == ty::ack_jit);
   CHECK(a.id == 4);
   CHECK(a.step == 9);
   p.acked(4);
   CHECK(p.next(s, at(9, 0, boundary_mode::collective_failed)).reason == wait_reason::agreement);
-  s.order = order(4, 9, ckpt_kind::jit, true, 1, true);
+  s.order = order(4, 9, checkpoint_kind::jit, true, 1, true);
   auto r = p.next(s, at(9, 0, boundary_mode::collective_failed));
   REQUIRE(r.what == ty::reach);
   CHECK(r.save);
   CHECK(r.sync);
-  CHECK(r.kind == ckpt_kind::jit);
+  CHECK(r.kind == checkpoint_kind::jit);
   p.reached(4);
   p.saved(9);
   CHECK(p.next(s, at(9)).reason == wait_reason::commit);
@@ -183,7 +183,7 @@ TEST_CASE("worker_policy: a just-in-time round: acknowledge once then the saver 
 TEST_CASE("worker_policy: the peer watcher's acknowledgement for an idle trainer is not repeated", "[policy]") {
   worker_policy p(cfg(1), 0);
   control_state s;
-  s.order = order(4, 0, ckpt_kind::jit, false);
+  s.order = order(4, 0, checkpoint_kind::jit, false);
   s.acked_for_trainer = 4;
   CHECK(p.next(s, at(9)).what == ty::wait);
   s.acked_for_trainer = 3;  // an older round: ours is still due
@@ -194,7 +194,7 @@ TEST_CASE("worker_policy: a commit without a save (state already durable) stops 
   worker_policy p(cfg(1), 20);
   control_state s;
   s.lost = loss_info{loss_kind::peer_dead, 2, 20, "dead"};
-  s.order = order(2, 0, ckpt_kind::jit, false);
+  s.order = order(2, 0, checkpoint_kind::jit, false);
   s.acked_for_trainer = 2;
   s.committed = commit_info{2, 20, true};
   auto d = p.next(s, at(20));
@@ -207,7 +207,7 @@ TEST_CASE("worker_policy: a lost peer waits for the verdict not for a fixed time
   worker_policy p(cfg(1), 0);
   control_state s;
   s.lost = loss_info{loss_kind::peer_dead, 3, 7, "dead: connection lost"};
-  s.order = order(1, 8, ckpt_kind::initial, true);  // superseded soon by the jit round
+  s.order = order(1, 8, checkpoint_kind::initial, true);  // superseded soon by the jit round
   auto d = p.next(s, at(7, 0));
   REQUIRE(d.what == ty::wait);
   CHECK(d.reason == wait_reason::verdict);
@@ -221,7 +221,7 @@ TEST_CASE("worker_policy: a lost peer waits for the verdict not for a fixed time
 TEST_CASE("worker_policy: a failed collective never runs the step again", "[policy]") {
   worker_policy p(cfg(1), 0);
   control_state s;
-  s.order = order(1, 20, ckpt_kind::initial, false);  // would say "run" at a normal boundary
+  s.order = order(1, 20, checkpoint_kind::initial, false);  // would say "run" at a normal boundary
   auto d = p.next(s, at(7, 0, boundary_mode::collective_failed));
   REQUIRE(d.what == ty::wait);
   CHECK(d.reason == wait_reason::verdict);
@@ -252,7 +252,7 @@ TEST_CASE("worker_policy: the coordinator lost: the chief saves a newer step the
 TEST_CASE("worker_policy: the coordinator lost during a just-in-time round: the saver's save comes first",
           "[policy]") {
   control_state s;
-  s.order = order(5, 14, ckpt_kind::jit, true, 0, true);
+  s.order = order(5, 14, checkpoint_kind::jit, true, 0, true);
   s.coordinator_gone = true;
   worker_policy chief(cfg(0, true), 10);
   chief.acked(5);
@@ -266,7 +266,7 @@ TEST_CASE("worker_policy: the coordinator lost during a just-in-time round: the 
   CHECK(stop.message == "coordination service lost");
   // Unagreed round and coordinator gone: the chief saves its own step.
   control_state u;
-  u.order = order(6, 0, ckpt_kind::jit, false);
+  u.order = order(6, 0, checkpoint_kind::jit, false);
   u.coordinator_gone = true;
   worker_policy c2(cfg(0, true), 10);
   c2.acked(6);
@@ -300,7 +300,7 @@ TEST_CASE("worker_policy: an error of the step's own waits for its broadcast the
 TEST_CASE("worker_policy: a commit wait is bounded by the save timeout", "[policy]") {
   worker_policy p(cfg(1), 0);
   control_state s;
-  s.order = order(3, 12, ckpt_kind::initial, true, 0, true);
+  s.order = order(3, 12, checkpoint_kind::initial, true, 0, true);
   p.reached(3);
   auto d = p.next(s, at(12, 0));
   REQUIRE(d.reason == wait_reason::commit);
@@ -314,9 +314,9 @@ TEST_CASE("worker_policy: a commit wait is bounded by the save timeout", "[polic
 TEST_CASE("worker_policy: a new wait gets a new deadline", "[policy]") {
   worker_policy p(cfg(1), 0);
   control_state s;
-  s.order = order(1, 10, ckpt_kind::initial, false);
+  s.order = order(1, 10, checkpoint_kind::initial, false);
   CHECK(p.next(s, at(10, 0)).deadline_ns == 100 * ms);
-  s.order = order(1, 10, ckpt_kind::initial, true, 0, true);
+  s.order = order(1, 10, checkpoint_kind::initial, true, 0, true);
   p.reached(1);
   auto d = p.next(s, at(10, 90 * ms));
   REQUIRE(d.reason == wait_reason::commit);
@@ -328,11 +328,11 @@ TEST_CASE("worker_policy: a just-in-time round without a lost peer is the deadli
   worker_policy p(cfg(1), 0);
   control_state s;
   s.deadline_ns = 1000 * ms;
-  s.order = order(4, 0, ckpt_kind::jit, false);
+  s.order = order(4, 0, checkpoint_kind::jit, false);
   auto a = p.next(s, at(9, 0, boundary_mode::collective_failed));
   REQUIRE(a.what == ty::ack_jit);
   p.acked(4);
-  s.order = order(4, 9, ckpt_kind::jit, true, 0, true);
+  s.order = order(4, 9, checkpoint_kind::jit, true, 0, true);
   s.committed = commit_info{4, 9, true};
   auto stop = p.next(s, at(9));
   REQUIRE(stop.what == ty::stop);

@@ -1,0 +1,19 @@
+#pragma once
+/// Conversions between the protocol's enums (generated, camelCase) and
+/// Grace's own: the only place they meet.
+
+#include "messages/grace.capnp.h"
+#include "runtime/agreement.hpp"
+#include "runtime/checkpoint_kind.hpp"
+#include "runtime/control.hpp"
+
+namespace grace {
+
+/// Only agreement kinds travel (initial, final, jit, periodic).
+proto::CheckpointKind to_wire(checkpoint_kind k) noexcept;
+checkpoint_kind from_wire(proto::CheckpointKind k) noexcept;
+proto::LossReason to_wire(loss_reason r) noexcept;
+/// A lost peer as the worker's control block records it.
+loss_kind from_wire(proto::LossReason r) noexcept;
+
+} // namespace grace
