@@ -36,8 +36,10 @@ save_outcome write(checkpoint_store& store, const save_request& req) {
   try {
     auto r = store.save(req.buffers->view(), req.meta);
     o.ok = static_cast<bool>(r);
-    if (r) o.stats = std::move(r.value());
-    else o.error = r.err().message;
+    if (r)
+      o.stats = std::move(r.value());
+    else
+      o.error = r.err().message;
   } catch (const std::exception& e) {
     o.error = std::string("checkpoint save raised: ") + e.what();
   }
@@ -56,30 +58,29 @@ void record(spdlog::logger& log, const save_outcome& o) {
   log.info("checkpoint step {} ({}) committed: {:.1f} MiB in {:.0f} ms (snapshot {:.1f} ms){}", o.step,
            to_string(o.kind), o.stats.total_bytes / 1048576.0, o.write_ns / 1e6, o.snap_ns / 1e6,
            o.stats.already_existed ? " [already on disk]" : "");
-  emit_event("committed_local", {{"step", o.step},
-                                 {"bytes", o.stats.total_bytes},
-                                 {"write_ns", o.write_ns},
-                                 {"path", o.stats.path.string()}});
+  emit_event(
+      "committed_local",
+      {{"step", o.step}, {"bytes", o.stats.total_bytes}, {"write_ns", o.write_ns}, {"path", o.stats.path.string()}});
 }
 
 checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_config cfg) {
   self->state.cfg = std::move(cfg);
   if (!self->state.cfg.log) self->state.cfg.log = spdlog::default_logger();
   return {
-    [self](save_atom, const save_request& req) -> save_outcome {
-      auto& st = self->state;
-      auto o = write(*st.cfg.store, req);
-      // Reported before the trainer hears of it: a commit waits for this.
-      if (o.agreement_id && st.cfg.coord) self->send(st.cfg.coord, saved_report(st.cfg.rank, o));
-      if (o.ok && st.cfg.ctl) st.cfg.ctl->last_save_ns.store(o.snap_ns + o.write_ns, std::memory_order_relaxed);
-      record(*st.cfg.log, o);
-      return o;
-    },
-    [self](prepare_atom, uint64_t state_bytes) { self->state.cfg.store->prepare_io(state_bytes); },
+      [self](save_atom, const save_request& req) -> save_outcome {
+        auto& st = self->state;
+        auto o = write(*st.cfg.store, req);
+        // Reported before the trainer hears of it: a commit waits for this.
+        if (o.agreement_id && st.cfg.coord) self->send(st.cfg.coord, saved_report(st.cfg.rank, o));
+        if (o.ok && st.cfg.ctl) st.cfg.ctl->last_save_ns.store(o.snap_ns + o.write_ns, std::memory_order_relaxed);
+        record(*st.cfg.log, o);
+        return o;
+      },
+      [self](prepare_atom, uint64_t state_bytes) { self->state.cfg.store->prepare_io(state_bytes); },
   };
 }
 
-} // namespace
+}  // namespace
 
 checkpoint_writer_actor spawn_checkpoint_writer(caf::actor_system& sys, checkpoint_writer_config cfg) {
   return sys.spawn<caf::detached>(writer, std::move(cfg));
@@ -98,4 +99,4 @@ msg<proto::CheckpointSaved> saved_report(uint32_t rank, const save_outcome& o) {
   });
 }
 
-} // namespace grace
+}  // namespace grace

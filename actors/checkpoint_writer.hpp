@@ -55,11 +55,11 @@ struct save_outcome {
 using save_atom = caf::atom_constant<caf::atom("g_save")>;
 using prepare_atom = caf::atom_constant<caf::atom("g_prepare")>;
 
-using checkpoint_writer_actor = caf::typed_actor<
-  caf::replies_to<save_atom, save_request>::with<save_outcome>,
-  /// Fault in the direct-I/O staging for a state of this many bytes before
-  /// the first save (off the training thread; see checkpoint_store).
-  caf::reacts_to<prepare_atom, uint64_t>>;
+using checkpoint_writer_actor =
+    caf::typed_actor<caf::replies_to<save_atom, save_request>::with<save_outcome>,
+                     /// Fault in the direct-I/O staging for a state of this many bytes before
+                     /// the first save (off the training thread; see checkpoint_store).
+                     caf::reacts_to<prepare_atom, uint64_t>>;
 
 struct checkpoint_writer_config {
   checkpoint_store* store = nullptr;  ///< outlives the actor
@@ -78,7 +78,7 @@ checkpoint_writer_actor spawn_checkpoint_writer(caf::actor_system& sys, checkpoi
 /// trainer's when an agreement names a step already on disk).
 msg<proto::CheckpointSaved> saved_report(uint32_t rank, const save_outcome& o);
 
-} // namespace grace
+}  // namespace grace
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(grace::save_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(grace::save_outcome)

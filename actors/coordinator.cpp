@@ -40,12 +40,12 @@ struct coordinator_state {
   std::map<caf::actor_addr, uint32_t> ranks;
   std::map<int32_t, std::string> ckpt_servers;  ///< node -> its launcher's checkpoint server
   std::set<uint32_t> left;
-  std::set<uint32_t> lost;  ///< declared lost in this incarnation
-  std::set<uint32_t> refused;  ///< refused (restartable) in this incarnation: their exit is expected
+  std::set<uint32_t> lost;       ///< declared lost in this incarnation
+  std::set<uint32_t> refused;    ///< refused (restartable) in this incarnation: their exit is expected
   int64_t rescue_armed_for = 0;  ///< the deadline (wall ns) the rescue timer is armed for
   uint64_t rescue_gen = 0;       ///< tags the armed timers; older ones are ignored
   int64_t rescue_cutoff_ns = 0;
-  int64_t last_saved_ns = 0;     ///< snapshot + write of the newest agreement save reported
+  int64_t last_saved_ns = 0;                   ///< snapshot + write of the newest agreement save reported
   rendezvous_table table;                      ///< keys and barriers (runtime/rendezvous_table)
   std::map<uint64_t, kv_promise> get_waiters;  ///< table waiter id -> the get's promise
   std::map<uint64_t, barrier_promise> barrier_waiters;
@@ -70,12 +70,17 @@ msg<proto::KvReply> kv_reply(bool ok, const std::vector<uint8_t>* value, const s
 }
 
 msg<proto::BarrierReply> barrier_reply(bool ok, const std::string& err) {
-  return make<proto::BarrierReply>([&](auto b) { b.setOk(ok); b.setError(err); });
+  return make<proto::BarrierReply>([&](auto b) {
+    b.setOk(ok);
+    b.setError(err);
+  });
 }
 
 msg<proto::Welcome> refuse(const std::string& reason, bool restartable = false) {
   return make<proto::Welcome>([&](auto b) {
-    b.setAccepted(false); b.setReason(reason); b.setRestartable(restartable);
+    b.setAccepted(false);
+    b.setReason(reason);
+    b.setRestartable(restartable);
   });
 }
 
@@ -92,7 +97,10 @@ uint32_t verdict_wait_ms(const coordinator_config& c) {
 /// a join for current + 1 waits for the old group instead.
 msg<proto::Welcome> refuse_for_now(const std::string& reason, uint32_t current) {
   return make<proto::Welcome>([&](auto b) {
-    b.setAccepted(false); b.setReason(reason); b.setRestartable(true); b.setIncarnation(current);
+    b.setAccepted(false);
+    b.setReason(reason);
+    b.setRestartable(true);
+    b.setIncarnation(current);
   });
 }
 
@@ -144,22 +152,27 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
     switch (a.what) {
       case ty::claim_reply:
         reply = make<proto::ClaimReply>([&](auto b) {
-          b.setWon(a.won); b.setHolder(a.holder); b.setAgreementId(a.id);
+          b.setWon(a.won);
+          b.setHolder(a.holder);
+          b.setAgreementId(a.id);
         });
         break;
       case ty::propose:
       case ty::agreed: {
         bool agreed = a.what == ty::agreed;
         to_all(make<proto::CheckpointAt>([&](auto b) {
-          b.setAgreementId(a.id); b.setStep(a.step); b.setKind(to_wire(a.kind));
-          b.setAgreed(agreed); b.setSaver(a.saver); b.setDeadlineNs(a.deadline_ns);
+          b.setAgreementId(a.id);
+          b.setStep(a.step);
+          b.setKind(to_wire(a.kind));
+          b.setAgreed(agreed);
+          b.setSaver(a.saver);
+          b.setDeadlineNs(a.deadline_ns);
           b.setExitAfter(a.exit_after);
         }));
-        st.log->info("{} {} checkpoint #{} at step {}{}", agreed ? "agreed" : "proposing",
-                     to_string(a.kind), a.id, a.step,
-                     agreed ? fmt::format(" (saver rank {}, {})", a.saver,
-                                          a.exit_after ? "then exit" : "then keep training")
-                            : std::string(" or later"));
+        st.log->info(
+            "{} {} checkpoint #{} at step {}{}", agreed ? "agreed" : "proposing", to_string(a.kind), a.id, a.step,
+            agreed ? fmt::format(" (saver rank {}, {})", a.saver, a.exit_after ? "then exit" : "then keep training")
+                   : std::string(" or later"));
         emit_event(agreed ? "agreed" : "proposed",
                    {{"id", a.id}, {"step", a.step}, {"kind", to_string(a.kind)}, {"saver", a.saver}});
         break;
@@ -171,14 +184,18 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
                      a.exit_after ? ": workers exit for restart" : ": training continues");
         emit_event("committed", {{"id", a.id}, {"step", a.step}});
         to_all(make<proto::Committed>([&](auto b) {
-          b.setAgreementId(a.id); b.setStep(a.step); b.setExitAfter(a.exit_after);
+          b.setAgreementId(a.id);
+          b.setStep(a.step);
+          b.setExitAfter(a.exit_after);
         }));
         break;
       case ty::peer_lost:
         st.log->warn("rank {} lost at step {}: {}", a.rank, a.step, a.message);
         emit_event("peer_lost", {{"lost_rank", a.rank}, {"step", a.step}, {"why", a.message}});
         to_all(make<proto::PeerLost>([&](auto b) {
-          b.setRank(a.rank); b.setLastStep(a.step); b.setDetail(a.message);
+          b.setRank(a.rank);
+          b.setLastStep(a.step);
+          b.setDetail(a.message);
           b.setReason(to_wire(a.reason));
         }));
         break;
@@ -186,15 +203,18 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
         st.log->error("cluster error from rank {} at step {}: {}", a.rank, a.step, a.message);
         emit_event("cluster_error", {{"origin", a.rank}, {"step", a.step}, {"message", a.message}});
         to_all(make<proto::ClusterError>([&](auto b) {
-          b.setOriginRank(a.rank); b.setStep(a.step); b.setMessage(a.message);
+          b.setOriginRank(a.rank);
+          b.setStep(a.step);
+          b.setMessage(a.message);
         }));
         break;
       case ty::deadline_update: {
         auto it = st.workers.find(a.rank);
         if (it != st.workers.end())
           self->send(it->second, make<proto::DeadlineUpdate>([&](auto b) {
-            b.setAgreementId(a.id); b.setDeadlineNs(a.deadline_ns);
-          }));
+                       b.setAgreementId(a.id);
+                       b.setDeadlineNs(a.deadline_ns);
+                     }));
         break;
       }
     }
@@ -213,8 +233,7 @@ void arm_rescue(self_ptr self) {
   const int64_t deadline = st.agree->deadline_ns();
   if (st.rescue_armed_for == deadline) return;
   st.rescue_armed_for = deadline;
-  auto t = rescue_margins(st.members->slowest_step_ns(),
-                          std::max(st.members->slowest_save_ns(), st.last_saved_ns));
+  auto t = rescue_margins(st.members->slowest_step_ns(), std::max(st.members->slowest_save_ns(), st.last_saved_ns));
   st.rescue_cutoff_ns = t.cutoff_ns;
   const int64_t delay = std::max<int64_t>(0, deadline - t.rescue_ns - wall_ns());
   st.log->info("deadline in {} ms: a round still open {} ms before it is rescued (cutoff {} ms later)",
@@ -277,8 +296,7 @@ std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Read
                   std::to_string(proto::PROTOCOL_VERSION));
   if (str(j.getToken()) != st.cfg.token) return refuse("wrong job token");
   if (j.getWorldSize() != st.cfg.world_size)
-    return refuse("world size " + std::to_string(j.getWorldSize()) + " != job's " +
-                  std::to_string(st.cfg.world_size));
+    return refuse("world size " + std::to_string(j.getWorldSize()) + " != job's " + std::to_string(st.cfg.world_size));
   if (j.getRank() >= st.cfg.world_size) return refuse("rank " + std::to_string(j.getRank()) + " out of range");
   if (str(j.getRunId()) != st.cfg.run_id)
     return refuse("run id '" + str(j.getRunId()) + "' != job's '" + st.cfg.run_id + "'");
@@ -289,14 +307,14 @@ std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Read
     reset_incarnation(self, j.getIncarnation());
   }
   if (j.getIncarnation() != st.cfg.incarnation)
-    return refuse_for_now("incarnation " + std::to_string(j.getIncarnation()) + " != current " +
-                              std::to_string(st.cfg.incarnation),
-                          st.cfg.incarnation);
+    return refuse_for_now(
+        "incarnation " + std::to_string(j.getIncarnation()) + " != current " + std::to_string(st.cfg.incarnation),
+        st.cfg.incarnation);
   auto rank = j.getRank();
   if (st.workers.count(rank) || st.left.count(rank))
-    return refuse_for_now("duplicate rank " + std::to_string(rank) + " in incarnation " +
-                              std::to_string(st.cfg.incarnation),
-                          st.cfg.incarnation);
+    return refuse_for_now(
+        "duplicate rank " + std::to_string(rank) + " in incarnation " + std::to_string(st.cfg.incarnation),
+        st.cfg.incarnation);
   if (auto why = st.agree->join_refusal(rank, j.getCompletedStep())) {
     st.log->warn("rank {} refused: {}", rank, *why);
     st.refused.insert(rank);
@@ -323,9 +341,13 @@ msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {
                j.getCompletedStep(), st.workers.size(), st.cfg.world_size);
   auto prefix = st.cfg.run_id + "/" + std::to_string(st.cfg.incarnation) + "/";
   auto welcome = make<proto::Welcome>([&](auto b) {
-    b.setAccepted(true); b.setRank(rank); b.setWorldSize(st.cfg.world_size);
-    b.setRunId(st.cfg.run_id); b.setIncarnation(st.cfg.incarnation);
-    b.setRendezvousPrefix(prefix); b.setVerdictWaitMs(verdict_wait_ms(st.cfg));
+    b.setAccepted(true);
+    b.setRank(rank);
+    b.setWorldSize(st.cfg.world_size);
+    b.setRunId(st.cfg.run_id);
+    b.setIncarnation(st.cfg.incarnation);
+    b.setRendezvousPrefix(prefix);
+    b.setVerdictWaitMs(verdict_wait_ms(st.cfg));
   });
   dispatch(self, st.agree->on_join(rank, j.getCompletedStep()));
   return welcome;
@@ -334,10 +356,16 @@ msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {
 msg<proto::ClaimReply> on_claim(self_ptr self, msg<proto::Claim>& m) {
   auto& st = self->state;
   auto r = decode(m);
-  if (!r) return make<proto::ClaimReply>([&](auto b) { b.setWon(false); b.setHolder(launcher_rank); });
+  if (!r)
+    return make<proto::ClaimReply>([&](auto b) {
+      b.setWon(false);
+      b.setHolder(launcher_rank);
+    });
   auto n = r->get().getNotice();
-  emit_event("claim", {{"by", n.getRank()}, {"source", static_cast<int>(n.getSource())},
-                       {"deadline_ns", n.getDeadlineNs()}, {"detail", str(n.getDetail())}});
+  emit_event("claim", {{"by", n.getRank()},
+                       {"source", static_cast<int>(n.getSource())},
+                       {"deadline_ns", n.getDeadlineNs()},
+                       {"detail", str(n.getDetail())}});
   auto reply = *dispatch(self, st.agree->on_claim(n.getRank(), r->get().getStartedStep(), n.getDeadlineNs()));
   auto rr = decode(reply);
   if (rr && rr->get().getWon())
@@ -392,11 +420,15 @@ void on_saved(self_ptr self, msg<proto::CheckpointSaved>& m) {
   auto r = decode(m);
   if (!r) return;
   auto s = r->get();
-  emit_event("saved", {{"by", s.getRank()}, {"step", s.getStep()}, {"ok", s.getOk()}, {"bytes", s.getBytes()},
-                       {"snapshot_ns", s.getSnapshotNs()}, {"write_ns", s.getWriteNs()}});
+  emit_event("saved", {{"by", s.getRank()},
+                       {"step", s.getStep()},
+                       {"ok", s.getOk()},
+                       {"bytes", s.getBytes()},
+                       {"snapshot_ns", s.getSnapshotNs()},
+                       {"write_ns", s.getWriteNs()}});
   if (s.getOk()) self->state.last_saved_ns = s.getSnapshotNs() + s.getWriteNs();
-  dispatch(self, self->state.agree->on_saved(s.getRank(), s.getAgreementId(), s.getStep(), s.getOk(),
-                                             str(s.getError())));
+  dispatch(self,
+           self->state.agree->on_saved(s.getRank(), s.getAgreementId(), s.getStep(), s.getOk(), str(s.getError())));
 }
 
 void on_error_report(self_ptr self, msg<proto::ErrorReport>& m) {
@@ -441,8 +473,8 @@ void on_rescue(self_ptr self, uint64_t gen) {
   if (gen != st.rescue_gen) return;
   // Members silent for a third of dead-after are most likely frozen: the
   // rescue does not wait for them (the cutoff would, briefly).
-  auto silent = st.members->silent(
-      now_ns(self), std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.dead_after).count() / 3);
+  auto silent = st.members->silent(now_ns(self),
+                                   std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.dead_after).count() / 3);
   auto acts = st.agree->on_rescue(silent);
   if (!acts.empty()) {
     st.log->warn("deadline near and the round is not committed: rescuing it with a just-in-time save");
@@ -511,49 +543,49 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
   self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
   self->send(self, tick_atom::value);
   return {
-    [self](msg<proto::Join>& m) { return on_join(self, m); },
-    [self](msg<proto::Claim>& m) { return on_claim(self, m); },
-    [self](msg<proto::KvSet>& m) { return on_kv_set(self, m); },
-    [self](msg<proto::KvGet>& m) { return on_kv_get(self, m); },
-    [self](kv_timeout_atom, uint64_t id) {
-      if (auto r = self->state.table.expire(id)) deliver(self, {*r});
-    },
-    [self](msg<proto::Barrier>& m) { return on_barrier(self, m); },
-    [self](msg<proto::Ack>& m) {
-      if (auto r = decode(m))
-        dispatch(self, self->state.agree->on_ack(r->get().getRank(), r->get().getAgreementId(),
-                                                 r->get().getEarliestStep()));
-    },
-    [self](msg<proto::Heartbeat>& m) {
-      auto r = decode(m);
-      if (!r || r->get().getIncarnation() != self->state.cfg.incarnation) return;
-      auto h = r->get();
-      self->state.members->heartbeat(h.getRank(), now_ns(self), h.getCompletedStep(), h.getLastStepNs(),
-                                     h.getLastSaveNs());
-    },
-    [self](msg<proto::CheckpointSaved>& m) { on_saved(self, m); },
-    [self](msg<proto::ProposeFinal>& m) {
-      if (auto r = decode(m))
-        dispatch(self, self->state.agree->on_propose_final(r->get().getRank(), r->get().getStartedStep()));
-    },
-    [self](msg<proto::ErrorReport>& m) { on_error_report(self, m); },
-    [self](msg<proto::Leave>& m) { return on_leave(self, m); },
-    [self](exited_atom, uint32_t rank, uint32_t inc, int32_t code) { on_exited(self, rank, inc, code); },
-    [self](rescue_atom, uint64_t gen) { on_rescue(self, gen); },
-    [self](cutoff_atom, uint64_t gen) { on_cutoff(self, gen); },
-    [self](incarnation_atom, uint32_t inc) { return on_incarnation(self, inc); },
-    [self](current_atom) { return self->state.cfg.incarnation; },
-    [self](ckpt_peer_atom, int32_t node, const std::string& ep) { return on_ckpt_peer(self, node, ep); },
-    [self](status_atom) {
-      auto& st = self->state;
-      return fmt::format("incarnation {}, {} members, phase {}", st.cfg.incarnation, st.workers.size(),
-                         to_string(st.agree->phase()));
-    },
-    [self](tick_atom) { on_tick(self); },
+      [self](msg<proto::Join>& m) { return on_join(self, m); },
+      [self](msg<proto::Claim>& m) { return on_claim(self, m); },
+      [self](msg<proto::KvSet>& m) { return on_kv_set(self, m); },
+      [self](msg<proto::KvGet>& m) { return on_kv_get(self, m); },
+      [self](kv_timeout_atom, uint64_t id) {
+        if (auto r = self->state.table.expire(id)) deliver(self, {*r});
+      },
+      [self](msg<proto::Barrier>& m) { return on_barrier(self, m); },
+      [self](msg<proto::Ack>& m) {
+        if (auto r = decode(m))
+          dispatch(self, self->state.agree->on_ack(r->get().getRank(), r->get().getAgreementId(),
+                                                   r->get().getEarliestStep()));
+      },
+      [self](msg<proto::Heartbeat>& m) {
+        auto r = decode(m);
+        if (!r || r->get().getIncarnation() != self->state.cfg.incarnation) return;
+        auto h = r->get();
+        self->state.members->heartbeat(h.getRank(), now_ns(self), h.getCompletedStep(), h.getLastStepNs(),
+                                       h.getLastSaveNs());
+      },
+      [self](msg<proto::CheckpointSaved>& m) { on_saved(self, m); },
+      [self](msg<proto::ProposeFinal>& m) {
+        if (auto r = decode(m))
+          dispatch(self, self->state.agree->on_propose_final(r->get().getRank(), r->get().getStartedStep()));
+      },
+      [self](msg<proto::ErrorReport>& m) { on_error_report(self, m); },
+      [self](msg<proto::Leave>& m) { return on_leave(self, m); },
+      [self](exited_atom, uint32_t rank, uint32_t inc, int32_t code) { on_exited(self, rank, inc, code); },
+      [self](rescue_atom, uint64_t gen) { on_rescue(self, gen); },
+      [self](cutoff_atom, uint64_t gen) { on_cutoff(self, gen); },
+      [self](incarnation_atom, uint32_t inc) { return on_incarnation(self, inc); },
+      [self](current_atom) { return self->state.cfg.incarnation; },
+      [self](ckpt_peer_atom, int32_t node, const std::string& ep) { return on_ckpt_peer(self, node, ep); },
+      [self](status_atom) {
+        auto& st = self->state;
+        return fmt::format("incarnation {}, {} members, phase {}", st.cfg.incarnation, st.workers.size(),
+                           to_string(st.agree->phase()));
+      },
+      [self](tick_atom) { on_tick(self); },
   };
 }
 
-} // namespace
+}  // namespace
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg) {
   return sys.spawn(coordinator, std::move(cfg));
@@ -566,10 +598,10 @@ result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const std:
     auto h = sys.middleman().remote_actor<coordinator_actor>(host, port);
     if (h) return *h;
     if (std::chrono::steady_clock::now() > deadline)
-      return error{errc::disconnected, "cannot reach the coordination service at " + host + ":" +
-                                           std::to_string(port) + ": " + sys.render(h.error())};
+      return error{errc::disconnected, "cannot reach the coordination service at " + host + ":" + std::to_string(port) +
+                                           ": " + sys.render(h.error())};
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 
-} // namespace grace
+}  // namespace grace

@@ -16,31 +16,25 @@
 #include <memory>
 #include <string>
 
-namespace spdlog { class logger; }
+namespace spdlog {
+class logger;
+}
 
 namespace grace {
 
 using coordinator_actor = caf::typed_actor<
-  caf::replies_to<msg<proto::Join>>::with<msg<proto::Welcome>>,
-  caf::replies_to<msg<proto::Claim>>::with<msg<proto::ClaimReply>>,
-  caf::replies_to<msg<proto::KvSet>>::with<msg<proto::KvReply>>,
-  caf::replies_to<msg<proto::KvGet>>::with<msg<proto::KvReply>>,
-  caf::replies_to<msg<proto::Barrier>>::with<msg<proto::BarrierReply>>,
-  caf::reacts_to<msg<proto::Ack>>,
-  caf::reacts_to<msg<proto::Heartbeat>>,
-  caf::reacts_to<msg<proto::CheckpointSaved>>,
-  caf::reacts_to<msg<proto::ProposeFinal>>,
-  caf::reacts_to<msg<proto::ErrorReport>>,
-  caf::replies_to<msg<proto::Leave>>::with<bool>,
-  caf::replies_to<incarnation_atom, uint32_t>::with<uint32_t>,
-  caf::replies_to<status_atom>::with<std::string>,
-  caf::replies_to<current_atom>::with<uint32_t>,
-  caf::replies_to<ckpt_peer_atom, int32_t, std::string>::with<std::string>,
-  caf::reacts_to<exited_atom, uint32_t, uint32_t, int32_t>,
-  caf::reacts_to<rescue_atom, uint64_t>,
-  caf::reacts_to<cutoff_atom, uint64_t>,
-  caf::reacts_to<tick_atom>,
-  caf::reacts_to<kv_timeout_atom, uint64_t>>;
+    caf::replies_to<msg<proto::Join>>::with<msg<proto::Welcome>>,
+    caf::replies_to<msg<proto::Claim>>::with<msg<proto::ClaimReply>>,
+    caf::replies_to<msg<proto::KvSet>>::with<msg<proto::KvReply>>,
+    caf::replies_to<msg<proto::KvGet>>::with<msg<proto::KvReply>>,
+    caf::replies_to<msg<proto::Barrier>>::with<msg<proto::BarrierReply>>, caf::reacts_to<msg<proto::Ack>>,
+    caf::reacts_to<msg<proto::Heartbeat>>, caf::reacts_to<msg<proto::CheckpointSaved>>,
+    caf::reacts_to<msg<proto::ProposeFinal>>, caf::reacts_to<msg<proto::ErrorReport>>,
+    caf::replies_to<msg<proto::Leave>>::with<bool>, caf::replies_to<incarnation_atom, uint32_t>::with<uint32_t>,
+    caf::replies_to<status_atom>::with<std::string>, caf::replies_to<current_atom>::with<uint32_t>,
+    caf::replies_to<ckpt_peer_atom, int32_t, std::string>::with<std::string>,
+    caf::reacts_to<exited_atom, uint32_t, uint32_t, int32_t>, caf::reacts_to<rescue_atom, uint64_t>,
+    caf::reacts_to<cutoff_atom, uint64_t>, caf::reacts_to<tick_atom>, caf::reacts_to<kv_timeout_atom, uint64_t>>;
 
 struct coordinator_config {
   uint32_t world_size = 1;
@@ -71,4 +65,4 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
 result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
                                               std::chrono::milliseconds timeout);
 
-} // namespace grace
+}  // namespace grace

@@ -7,8 +7,7 @@
 
 namespace grace {
 
-coordinator_store::coordinator_store(caf::actor_system& sys, coordinator_actor coord,
-                                     std::chrono::milliseconds timeout)
+coordinator_store::coordinator_store(caf::actor_system& sys, coordinator_actor coord, std::chrono::milliseconds timeout)
     : sys_(sys), coord_(std::move(coord)), timeout_(timeout) {}
 
 namespace {
@@ -19,12 +18,11 @@ msg<proto::KvReply> ask(caf::actor_system& sys, const coordinator_actor& coord, 
   msg<proto::KvReply> out;
   std::string failure;
   self->request(coord, timeout + std::chrono::seconds(2), std::move(request))
-    .receive([&](msg<proto::KvReply>& r) { out = std::move(r); },
-             [&](caf::error& e) { failure = sys.render(e); });
+      .receive([&](msg<proto::KvReply>& r) { out = std::move(r); }, [&](caf::error& e) { failure = sys.render(e); });
   if (!failure.empty()) throw gloo::IoException("coordination store: " + failure);
   return out;
 }
-} // namespace
+}  // namespace
 
 void coordinator_store::set(const std::string& key, const std::vector<char>& data) {
   auto m = make<proto::KvSet>([&](auto b) {
@@ -73,4 +71,4 @@ void coordinator_store::wait(const std::vector<std::string>& keys, const std::ch
   }
 }
 
-} // namespace grace
+}  // namespace grace

@@ -27,4 +27,4 @@ private:
   std::chrono::milliseconds timeout_;
 };
 
-} // namespace grace
+}  // namespace grace

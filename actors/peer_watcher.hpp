@@ -15,15 +15,12 @@ namespace grace {
 
 class control_block;
 
-using peer_watcher_actor = caf::typed_actor<
-  caf::reacts_to<msg<proto::CheckpointAt>>,
-  caf::reacts_to<msg<proto::Committed>>,
-  caf::reacts_to<msg<proto::PeerLost>>,
-  caf::reacts_to<msg<proto::ClusterError>>,
-  caf::reacts_to<msg<proto::DeadlineUpdate>>,
-  caf::reacts_to<msg<proto::Notice>>,
-  caf::replies_to<join_atom, msg<proto::Join>>::with<msg<proto::Welcome>>,
-  caf::reacts_to<tick_atom>>;
+using peer_watcher_actor =
+    caf::typed_actor<caf::reacts_to<msg<proto::CheckpointAt>>, caf::reacts_to<msg<proto::Committed>>,
+                     caf::reacts_to<msg<proto::PeerLost>>, caf::reacts_to<msg<proto::ClusterError>>,
+                     caf::reacts_to<msg<proto::DeadlineUpdate>>, caf::reacts_to<msg<proto::Notice>>,
+                     caf::replies_to<join_atom, msg<proto::Join>>::with<msg<proto::Welcome>>,
+                     caf::reacts_to<tick_atom>>;
 
 struct peer_watcher_config {
   uint32_t rank = 0;
@@ -36,4 +33,4 @@ struct peer_watcher_config {
 peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor coord,
                                       std::shared_ptr<control_block> control, peer_watcher_config cfg);
 
-} // namespace grace
+}  // namespace grace

@@ -75,7 +75,7 @@ bool run_notice_command(const std::string& command) {
   }
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
-} // namespace
+}  // namespace
 
 void block_termination_signals() {
   sigset_t set;
@@ -85,11 +85,11 @@ void block_termination_signals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-signal_watcher::signal_watcher(signal_watcher_config cfg, sink out)
-    : cfg_(std::move(cfg)), out_(std::move(out)) {
+signal_watcher::signal_watcher(signal_watcher_config cfg, sink out) : cfg_(std::move(cfg)), out_(std::move(out)) {
   block_termination_signals();
   handlers_ = install_handlers();
-  if (!handlers_) spdlog::warn("no signal pipe or handler ({}): SIGTERM/SIGINT are polled every 50 ms", std::strerror(errno));
+  if (!handlers_)
+    spdlog::warn("no signal pipe or handler ({}): SIGTERM/SIGINT are polled every 50 ms", std::strerror(errno));
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -132,7 +132,7 @@ void signal_watcher::loop() {
     pollfd pfd{signal_pipe[0], POLLIN, 0};
     int sig = 0;
     int ready = ::poll(&pfd, 1, 50);
-    if (ready > 0 || (ready < 0 && errno == EINTR)) { // EINTR: the handler ran on this thread
+    if (ready > 0 || (ready < 0 && errno == EINTR)) {  // EINTR: the handler ran on this thread
       unsigned char b = 0;
       if (::read(signal_pipe[0], &b, 1) == 1) sig = b;
     }
@@ -174,4 +174,4 @@ void signal_watcher::loop() {
   }
 }
 
-} // namespace grace
+}  // namespace grace

@@ -22,7 +22,7 @@ struct notice_info {
   notice_source source;
   std::string detail;
   int64_t received_ns = 0;
-  int64_t deadline_ns = 0; ///< 0: no grace period
+  int64_t deadline_ns = 0;  ///< 0: no grace period
 };
 
 struct signal_watcher_config {
@@ -30,7 +30,7 @@ struct signal_watcher_config {
   std::string notice_command;
   std::function<bool()> callback;
   std::chrono::milliseconds poll_interval{1000};
-  std::chrono::milliseconds grace_period{0}; ///< deadline = notice + grace period (0: none)
+  std::chrono::milliseconds grace_period{0};  ///< deadline = notice + grace period (0: none)
 };
 
 /// Blocks SIGTERM and SIGINT in the calling thread (and threads it starts
@@ -51,8 +51,8 @@ private:
   signal_watcher_config cfg_;
   sink out_;
   std::atomic<bool> stop_{false};
-  bool handlers_ = false; ///< pipe and handlers installed: the thread may unblock the signals
+  bool handlers_ = false;  ///< pipe and handlers installed: the thread may unblock the signals
   std::thread thread_;
 };
 
-} // namespace grace
+}  // namespace grace

@@ -53,7 +53,10 @@ std::string sibling(const char* env, const std::string& name) {
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) { h ^= c; h *= 0x100000001b3ull; }
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
   return h;
 }
 
@@ -71,9 +74,14 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
   std::error_code ec;
   struct stat st {};
   ::stat(base.trainer.c_str(), &st);
-  nlohmann::json key = {{"workers", base.workers}, {"steps", base.steps}, {"save_every", base.save_every},
-                        {"trainer_args", base.trainer_args}, {"trainer", fs::absolute(base.trainer, ec).string()},
-                        {"trainer_size", st.st_size}, {"trainer_mtime", st.st_mtime}, {"device", base.device}};
+  nlohmann::json key = {{"workers", base.workers},
+                        {"steps", base.steps},
+                        {"save_every", base.save_every},
+                        {"trainer_args", base.trainer_args},
+                        {"trainer", fs::absolute(base.trainer, ec).string()},
+                        {"trainer_size", st.st_size},
+                        {"trainer_mtime", st.st_mtime},
+                        {"device", base.device}};
   // A script after an interpreter determines the weights as much as a binary.
   for (auto& a : base.trainer_prefix) {
     struct stat ps {};
@@ -96,8 +104,7 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
         ref.note = "cached " + file.string();
         return ref;
       }
-    } catch (...) {
-    }
+    } catch (...) {}
   }
   run_config rc = base;
   rc.mutant_args.clear();  // the reference is the correct trainer's run
@@ -113,8 +120,12 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
   }
   ref.checksum = res.out["weights_checksum"].get<std::string>();
   ref.step_ns = res.step_ns;
-  std::ofstream(file) << nlohmann::json{{"key", key}, {"weights_checksum", *ref.checksum}, {"step_ns", ref.step_ns},
-                                        {"out", res.out}}.dump(2) << "\n";
+  std::ofstream(file) << nlohmann::json{{"key", key},
+                                        {"weights_checksum", *ref.checksum},
+                                        {"step_ns", ref.step_ns},
+                                        {"out", res.out}}
+                             .dump(2)
+                      << "\n";
   ref.note = "fresh run, cached " + file.string();
   return ref;
 }
@@ -174,30 +185,33 @@ void add_job_options(CLI::App& app, chaos_args& a) {
   auto& cfg = a.cfg;
   app.add_option("--workers", cfg.workers, "workers (grace-launch --nproc)")->check(CLI::Range(1, 64));
   app.add_option("--steps", cfg.steps, "training steps")->check(CLI::Range(uint64_t(10), uint64_t(1) << 30));
-  app.add_option("--save-every", cfg.save_every, "periodic checkpoint interval (bounds work lost to a damaged checkpoint)")
-    ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--save-every", cfg.save_every,
+                 "periodic checkpoint interval (bounds work lost to a damaged checkpoint)")
+      ->check(CLI::Range(1, 1 << 30));
   app.add_option("--device", cfg.device, "trainer --device (auto, cpu or cuda)")
-    ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--step-delay-ms", cfg.step_delay_ms, "trainer --step-delay-ms: slows steps so 'at step X' is precise")
-    ->check(CLI::Range(0, 60000));
+      ->check(CLI::Range(0, 60000));
   app.add_option("--trainer", cfg.trainer, "trainer program (default $GRACE_TRAIN or grace-train next to this binary)");
   app.add_option("--launcher", cfg.launcher, "launcher (default $GRACE_LAUNCH or grace-launch next to this binary)");
-  app.add_option("--ckpt-tool", cfg.ckpt_tool, "checkpoint tool (default $GRACE_CKPT or grace-ckpt next to this binary)");
+  app.add_option("--ckpt-tool", cfg.ckpt_tool,
+                 "checkpoint tool (default $GRACE_CKPT or grace-ckpt next to this binary)");
   app.add_option("--mutant-arg", cfg.mutant_args,
                  "a broken-on-purpose trainer flag (e.g. --mutant-arg=--broken-repeat-step): given to the "
                  "faulted runs, not to the reference")
-    ->allow_extra_args(false);
+      ->allow_extra_args(false);
   app.add_option("--trainer-arg", a.trainer_args, "extra trainer argument (repeat; use --trainer-arg=--flag for flags)")
-    ->allow_extra_args(false);
+      ->allow_extra_args(false);
   app.add_option("--max-restarts", cfg.max_relaunches, "scheduler relaunches of grace-launch before giving up")
-    ->check(CLI::Range(0, 10000));
+      ->check(CLI::Range(0, 10000));
   app.add_option("--timeout-s", a.timeout_s, "give up on one job after this long")->check(CLI::Range(10, 86400));
   app.add_option("--fs-size-mb", cfg.fs_size_mb,
                  "fs_full: size of the tmpfs on the checkpoint directory (room for the kept checkpoints)")
-    ->check(CLI::Range(1, 65536));
+      ->check(CLI::Range(1, 65536));
   app.add_flag("-v,--verbose", cfg.verbose, "log each launch and fault");
-  app.add_option("command", a.command, "trainer command after --, instead of --trainer (e.g. an interpreter "
-                                       "and its script); it gets grace-train's flags appended");
+  app.add_option("command", a.command,
+                 "trainer command after --, instead of --trainer (e.g. an interpreter "
+                 "and its script); it gets grace-train's flags appended");
 }
 
 void add_schedule_options(CLI::App& app, chaos_args& a) {
@@ -208,7 +222,7 @@ void add_schedule_options(CLI::App& app, chaos_args& a) {
                  "chance (0..1) that a random fault brings overlapping companions: a second notice, a SIGKILL or "
                  "SIGSTOP ms later or during the agreement, the save or the restart, the launcher's SIGKILL "
                  "during the agreement")
-    ->check(CLI::Range(0.0, 1.0));
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--schedule", a.schedule_file, "scripted schedule (JSON array) instead of --seed/--faults");
   app.add_option("--soak", a.soak, "run N random schedules (seeds seed..seed+N-1)")->check(CLI::Range(0, 1000000));
   app.add_option("--out", a.out, "output directory (run/, report.json, timeline.png)");
@@ -256,7 +270,9 @@ grace::result<std::vector<fault_kind>> parse_kinds(const std::string& arg) {
 
 /// A scripted schedule, checked against the job (targets in range).
 grace::result<std::vector<fault>> load_schedule(const chaos_args& a) {
-  if (a.soak) return grace::error{grace::errc::invalid_input, "--soak generates schedules; it cannot be combined with --schedule"};
+  if (a.soak)
+    return grace::error{grace::errc::invalid_input,
+                        "--soak generates schedules; it cannot be combined with --schedule"};
   std::ifstream f(a.schedule_file);
   if (!f) return grace::error{grace::errc::invalid_input, "cannot read --schedule " + a.schedule_file};
   std::vector<fault> scripted;
@@ -271,7 +287,7 @@ grace::result<std::vector<fault>> load_schedule(const chaos_args& a) {
     for (int t : s.targets)
       if (t >= a.cfg.workers)
         return grace::error{grace::errc::invalid_input, "--schedule: target rank " + std::to_string(t) + " but only " +
-                                              std::to_string(a.cfg.workers) + " workers"};
+                                                            std::to_string(a.cfg.workers) + " workers"};
   return scripted;
 }
 
@@ -311,12 +327,18 @@ int run_soak(const chaos_args& a, const std::function<std::vector<fault>(uint64_
                 r.injected, schedule.size(), kinds_str.c_str());
     for (auto& f : r.failures) std::printf("    %s\n", f.c_str());
     std::fflush(stdout);
-    runs.push_back({{"seed", s}, {"passed", r.passed}, {"injected", r.injected}, {"failures", r.failures},
+    runs.push_back({{"seed", s},
+                    {"passed", r.passed},
+                    {"injected", r.injected},
+                    {"failures", r.failures},
                     {"schedule", schedule_to_json(schedule)}});
   }
   std::printf("soak: %d schedule(s), %d fault(s) injected, %d failed\n", a.soak, total_faults, failed);
-  std::ofstream(out_dir / "soak.json") << nlohmann::json{{"schedules", a.soak}, {"faults_injected", total_faults},
-                                                         {"failed", failed}, {"kinds", kind_count}, {"runs", runs}}
+  std::ofstream(out_dir / "soak.json") << nlohmann::json{{"schedules", a.soak},
+                                                         {"faults_injected", total_faults},
+                                                         {"failed", failed},
+                                                         {"kinds", kind_count},
+                                                         {"runs", runs}}
                                               .dump(2)
                                        << "\n";
   return failed ? exit_fail : exit_pass;
@@ -327,16 +349,17 @@ int usage_error(const std::string& what) {
   return exit_usage;
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"grace-chaos: run a Grace job under injected faults (kills, freezes, notices, damaged "
-               "checkpoints, a full disk) and prove nothing was lost.\n"
-               "  grace-chaos --seed 7 --faults 4 --out /tmp/chaos\n"
-               "  grace-chaos --schedule faults.json --out /tmp/chaos\n"
-               "  grace-chaos --soak 50 --seed 1000 --out /tmp/soak\n"
-               "  grace-chaos --soak 200 --seed 1 --overlap 0.7 --out /tmp/soak   # faults on top of faults\n"
-               "  grace-chaos --seed 7 --out /tmp/chaos -- /usr/bin/python3 examples/pytorch_train.py"};
+  CLI::App app{
+      "grace-chaos: run a Grace job under injected faults (kills, freezes, notices, damaged "
+      "checkpoints, a full disk) and prove nothing was lost.\n"
+      "  grace-chaos --seed 7 --faults 4 --out /tmp/chaos\n"
+      "  grace-chaos --schedule faults.json --out /tmp/chaos\n"
+      "  grace-chaos --soak 50 --seed 1000 --out /tmp/soak\n"
+      "  grace-chaos --soak 200 --seed 1 --overlap 0.7 --out /tmp/soak   # faults on top of faults\n"
+      "  grace-chaos --seed 7 --out /tmp/chaos -- /usr/bin/python3 examples/pytorch_train.py"};
   chaos_args a;
   add_job_options(app, a);
   add_schedule_options(app, a);

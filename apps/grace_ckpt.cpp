@@ -39,10 +39,15 @@ std::string human(uint64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(b);
   int u = 0;
-  while (v >= 1024 && u < 4) { v /= 1024; ++u; }
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
   char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%" PRIu64 " B", b);
-  else std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%" PRIu64 " B", b);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
   return buf;
 }
 
@@ -64,9 +69,8 @@ std::optional<std::string> check_dir(const fs::path& dir) {
 }
 
 json info_json(const checkpoint_info& c) {
-  return {{"step", c.step},           {"path", c.path.string()}, {"kind", c.kind},
-          {"total_bytes", c.total_bytes}, {"valid", c.valid},     {"reason", c.reason},
-          {"temporary", c.temporary}, {"set_aside", c.set_aside}};
+  return {{"step", c.step},   {"path", c.path.string()}, {"kind", c.kind},           {"total_bytes", c.total_bytes},
+          {"valid", c.valid}, {"reason", c.reason},      {"temporary", c.temporary}, {"set_aside", c.set_aside}};
 }
 
 int cmd_list(const fs::path& dir, bool as_json) {
@@ -87,10 +91,14 @@ int cmd_list(const fs::path& dir, bool as_json) {
   std::printf("%-12s %-9s %12s  %s\n", "STEP", "KIND", "SIZE", "STATUS");
   for (auto& c : *all) {
     std::string st;
-    if (c.temporary) st = "temporary: " + c.reason;
-    else if (c.set_aside) st = "set aside: " + c.path.filename().string();
-    else if (c.valid) st = "valid";
-    else st = "INVALID: " + c.reason;
+    if (c.temporary)
+      st = "temporary: " + c.reason;
+    else if (c.set_aside)
+      st = "set aside: " + c.path.filename().string();
+    else if (c.valid)
+      st = "valid";
+    else
+      st = "INVALID: " + c.reason;
     std::printf("%-12" PRIu64 " %-9s %12s  %s\n", c.step, c.kind.empty() ? "-" : c.kind.c_str(),
                 human(c.total_bytes).c_str(), st.c_str());
   }
@@ -103,16 +111,20 @@ int cmd_verify(const fs::path& dir, std::optional<uint64_t> step) {
   if (!step && is_step_dir(dir)) {
     // A single step directory.
     auto v = store.verify(dir);
-    if (v) std::cout << dir.string() << ": OK\n";
-    else std::cout << dir.string() << ": INVALID: " << v.err().message << "\n";
+    if (v)
+      std::cout << dir.string() << ": OK\n";
+    else
+      std::cout << dir.string() << ": INVALID: " << v.err().message << "\n";
     return v ? exit_ok : exit_invalid;
   }
   if (step) {
     auto p = store.step_path(*step);
     if (!fs::exists(p)) return fail(exit_invalid, p.string() + ": no checkpoint for step " + std::to_string(*step));
     auto v = store.verify(p);
-    if (v) std::cout << "step " << *step << ": OK\n";
-    else std::cout << "step " << *step << ": INVALID: " << v.err().message << "\n";
+    if (v)
+      std::cout << "step " << *step << ": OK\n";
+    else
+      std::cout << "step " << *step << ": INVALID: " << v.err().message << "\n";
     return v ? exit_ok : exit_invalid;
   }
   auto all = store.try_list();
@@ -148,14 +160,18 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
   fs::path target;
   if (step) {
     target = store.step_path(*step);
-    if (!fs::exists(target)) return fail(exit_invalid, target.string() + ": no checkpoint for step " + std::to_string(*step));
+    if (!fs::exists(target))
+      return fail(exit_invalid, target.string() + ": no checkpoint for step " + std::to_string(*step));
   } else if (is_step_dir(dir)) {
     target = dir;
   } else {
     auto all = store.try_list();
     if (!all) return fail(exit_usage, all.err().message);
     for (auto it = all->rbegin(); it != all->rend(); ++it)
-      if (!it->temporary && !it->set_aside) { target = it->path; break; }
+      if (!it->temporary && !it->set_aside) {
+        target = it->path;
+        break;
+      }
     if (target.empty()) return fail(exit_invalid, "no checkpoints in " + dir.string());
   }
   auto m = store.read_manifest(target);
@@ -180,8 +196,11 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
     if (tensors) {
       json ts = json::array();
       for (auto& t : *tensors)
-        ts.push_back({{"name", t.name}, {"dtype", dtype_name(t.type)}, {"shape", t.shape},
-                      {"bytes", t.bytes}, {"file", t.file}});
+        ts.push_back({{"name", t.name},
+                      {"dtype", dtype_name(t.type)},
+                      {"shape", t.shape},
+                      {"bytes", t.bytes},
+                      {"file", t.file}});
       out["tensors"] = ts;
     } else {
       out["tensors_error"] = tensors.err().message;
@@ -211,7 +230,8 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
     for (auto& [k, v] : m->metadata) std::cout << "  " << k << " = " << v << "\n";
   }
   std::cout << "files:\n";
-  for (auto& f : m->files) std::printf("  %-40s %12s  xxh3 %s\n", f.name.c_str(), human(f.size).c_str(), f.xxh3.c_str());
+  for (auto& f : m->files)
+    std::printf("  %-40s %12s  xxh3 %s\n", f.name.c_str(), human(f.size).c_str(), f.xxh3.c_str());
   if (!tensors) return fail(exit_invalid, tensors.err().message);
   size_t w = 4;
   for (auto& x : *tensors) w = std::max(w, x.name.size());
@@ -223,10 +243,10 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
   return exit_ok;
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
-  spdlog::set_level(spdlog::level::err); // the tool prints its own findings
+  spdlog::set_level(spdlog::level::err);  // the tool prints its own findings
   CLI::App app{"Inspect and verify Grace checkpoint directories"};
   app.require_subcommand(1);
 

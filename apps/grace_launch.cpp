@@ -47,40 +47,47 @@ bool apply_scheduler_environment(const CLI::App& app, grace::launch_options& o) 
   return true;
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   grace::block_termination_signals();
-  CLI::App app{"grace-launch: start N workers with a coordination service; restart them on the "
-               "restart code; forward SIGTERM/SIGINT as a preemption notice.\n"
-               "  grace-launch --nproc 4 -- grace-train --steps 1000"};
+  CLI::App app{
+      "grace-launch: start N workers with a coordination service; restart them on the "
+      "restart code; forward SIGTERM/SIGINT as a preemption notice.\n"
+      "  grace-launch --nproc 4 -- grace-train --steps 1000"};
   grace::launch_options o;
   int grace_ms = 0, exit_timeout_ms = 15000, dead_ms = 3000, hang_ms = 0;
   app.add_option("--nproc", o.nproc, "workers on this node")->check(CLI::Range(1, 4096));
   app.add_option("--nnodes", o.nnodes, "nodes in the job")->check(CLI::Range(1, 4096));
   app.add_option("--node-rank", o.node_rank, "this node's index (0 hosts the coordinator)");
-  app.add_option("--coordinator", o.coordinator, "host:port of the coordination service, a name or an "
-                                                 "address (default 127.0.0.1 and a free port)");
+  app.add_option("--coordinator", o.coordinator,
+                 "host:port of the coordination service, a name or an "
+                 "address (default 127.0.0.1 and a free port)");
   app.add_option("--max-restarts", o.max_restarts, "group restarts before giving up")->check(CLI::Range(0, 1000000));
   app.add_option("--restart-code", o.restart_code, "worker exit code that means 'restart me'");
   app.add_option("--run-id", o.run_id, "job id (same on every node)");
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "exported as GRACE_CHECKPOINT_DIR; the reason "
-                                                       "file grace-exit.json is written there");
-  app.add_option("--grace-period-ms", grace_ms, "grace period carried by a forwarded notice")->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "exported as GRACE_CHECKPOINT_DIR; the reason "
+                 "file grace-exit.json is written there");
+  app.add_option("--grace-period-ms", grace_ms, "grace period carried by a forwarded notice")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--exit-timeout-ms", exit_timeout_ms, "wait this long for the rest of the group to exit");
   app.add_option("--dead-after-ms", dead_ms, "declare a silent worker dead after this long");
-  app.add_option("--hang-timeout-ms", hang_ms, "declare a worker hung (and treat it as dead) when its "
-                                               "completed step does not move for this long (0: off)");
-  app.add_option("--host", o.host, "the address this node advertises to its peers (default: GRACE_HOST, "
-                                   "GRACE_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, else the interface that "
-                                   "routes to the coordinator)");
+  app.add_option("--hang-timeout-ms", hang_ms,
+                 "declare a worker hung (and treat it as dead) when its "
+                 "completed step does not move for this long (0: off)");
+  app.add_option("--host", o.host,
+                 "the address this node advertises to its peers (default: GRACE_HOST, "
+                 "GRACE_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, else the interface that "
+                 "routes to the coordinator)");
   app.add_option("--iface", o.iface, "advertise the IPv4 address of this interface");
   app.add_option("--max-rendezvous-failures", o.max_rendezvous_failures,
                  "groups in a row that fail to rendezvous before giving up with exit 44 (0: never)")
       ->check(CLI::Range(0, 1000000));
   bool ignore_env = false;
-  app.add_flag("--no-scheduler-env", ignore_env, "do not read torchrun (MASTER_ADDR, ...) or SLURM (SLURM_JOB_ID, "
-                                                "...) variables for the flags not given");
+  app.add_flag("--no-scheduler-env", ignore_env,
+               "do not read torchrun (MASTER_ADDR, ...) or SLURM (SLURM_JOB_ID, "
+               "...) variables for the flags not given");
   app.add_flag("--quiet", o.quiet, "no progress lines");
   app.add_option("command", o.command, "the worker program and its arguments (after --)");
   try {

@@ -47,8 +47,7 @@ struct trainer_backend {
   std::function<uint64_t()> weights_checksum;
   /// Joins the collective of `world` > 1 ranks, registers its abort with the
   /// session, and returns the in-place gradient allreduce.
-  std::function<grace::result<std::function<grace::status()>>(grace::session&, int rank, int world)>
-      connect;
+  std::function<grace::result<std::function<grace::status()>>(grace::session&, int rank, int world)> connect;
 };
 
 /// Bounds each rendezvous and collective (--collective-timeout-ms); set once
@@ -64,8 +63,7 @@ trainer_backend cpu_backend(const grace::mlp_config& mc) {
   };
   b.apply_gradients = [model] { model->apply_gradients(); };
   b.weights_checksum = [model] { return model->weights_checksum(); };
-  b.connect = [model](grace::session& g, int rank,
-                      int world) -> grace::result<std::function<grace::status()>> {
+  b.connect = [model](grace::session& g, int rank, int world) -> grace::result<std::function<grace::status()>> {
     // A peer lost during the rendezvous ends it at once (see cancel_token).
     auto rendezvous = std::make_shared<grace::cancel_token>();
     g.set_abort_handler([rendezvous] { rendezvous->cancel(); });
@@ -96,8 +94,7 @@ grace::result<trainer_backend> cuda_backend(const grace::mlp_config& mc, int dev
   };
   b.apply_gradients = [model] { model->apply_gradients(); };
   b.weights_checksum = [model] { return model->weights_checksum(); };
-  b.connect = [model](grace::session& g, int rank,
-                      int world) -> grace::result<std::function<grace::status()>> {
+  b.connect = [model](grace::session& g, int rank, int world) -> grace::result<std::function<grace::status()>> {
     // NCCL picks its bootstrap and socket interface from NCCL_SOCKET_IFNAME
     // (grace-launch sets it); otherwise the one Grace advertises. Set before
     // NCCL's first call, which reads it.
@@ -148,8 +145,8 @@ struct mutants {
 struct train_args {
   grace::mlp_config mc;
   uint64_t steps = 200;
-  std::string checkpoint_dir = std::getenv("GRACE_CHECKPOINT_DIR") ? std::getenv("GRACE_CHECKPOINT_DIR")
-                                                                   : "grace-checkpoints";
+  std::string checkpoint_dir =
+      std::getenv("GRACE_CHECKPOINT_DIR") ? std::getenv("GRACE_CHECKPOINT_DIR") : "grace-checkpoints";
   std::string workers, output, device = "auto", notice_file, notice_command;
   int index = -1, keep = 3, restart_code = 42, step_delay_ms = 0, grace_ms = 0;
   uint64_t save_every = 0, fail_at = 0;
@@ -272,9 +269,9 @@ grace::result<trainer_backend> make_backend(const train_args& a, const std::stri
   (void)cpu_reason;
   const int local_rank = local_rank_from_environment();
   if (local_rank < 0)
-    return grace::error{grace::errc::invalid_input,
-                        std::string("GRACE_LOCAL_RANK='") + std::getenv("GRACE_LOCAL_RANK") +
-                            "': expected a non-negative integer (grace-launch sets it)"};
+    return grace::error{grace::errc::invalid_input, std::string("GRACE_LOCAL_RANK='") +
+                                                        std::getenv("GRACE_LOCAL_RANK") +
+                                                        "': expected a non-negative integer (grace-launch sets it)"};
   auto choice = grace::choose_backend(a.device, local_rank);
   if (!choice) return choice.err();
   spdlog::info("{}", choice->explanation);
@@ -398,17 +395,22 @@ void write_output(const train_args& a, const tally& t, const std::string& checks
   spdlog::info("finished {} steps; weights checksum {}", a.steps, checksum);
   if (a.output.empty()) return;
   std::ofstream f(a.output);
-  f << nlohmann::json{{"steps", a.steps}, {"steps_done", t.steps_done}, {"step_index_sum", t.step_index_sum},
-                      {"weights_checksum", checksum}, {"world_size", world}, {"loss", t.loss * world}}
+  f << nlohmann::json{{"steps", a.steps},
+                      {"steps_done", t.steps_done},
+                      {"step_index_sum", t.step_index_sum},
+                      {"weights_checksum", checksum},
+                      {"world_size", world},
+                      {"loss", t.loss * world}}
            .dump(2)
     << "\n";
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"grace-train: data-parallel MLP training that survives preemption.\n"
-               "  grace-launch --nproc 4 -- grace-train --steps 400"};
+  CLI::App app{
+      "grace-train: data-parallel MLP training that survives preemption.\n"
+      "  grace-launch --nproc 4 -- grace-train --steps 400"};
   train_args a;
   if (const char* rc = std::getenv("GRACE_RESTART_CODE")) a.restart_code = std::atoi(rc);
   add_training_options(app, a);

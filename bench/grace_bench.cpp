@@ -65,8 +65,10 @@ std::map<std::string, std::string> parse(int argc, char** argv, int first) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0) continue;
     k = k.substr(2);
-    if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) m[k] = argv[++i];
-    else m[k] = "1";
+    if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0)
+      m[k] = argv[++i];
+    else
+      m[k] = "1";
   }
   return m;
 }
@@ -110,7 +112,8 @@ int mode_rtt(const std::map<std::string, std::string>& a) {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = 0;
-  if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(lfd, 1) != 0) die("rtt: bind/listen failed");
+  if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(lfd, 1) != 0)
+    die("rtt: bind/listen failed");
   socklen_t len = sizeof addr;
   ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
   pid_t echo = ::fork();
@@ -147,8 +150,8 @@ int mode_rtt(const std::map<std::string, std::string>& a) {
   ::close(fd);
   ::waitpid(echo, nullptr, 0);
   std::sort(us.begin(), us.end());
-  std::printf("{\"row\":\"rtt\",\"busy\":%d,\"median_us\":%.2f,\"p10_us\":%.2f,\"p90_us\":%.2f,\"n\":%zu}\n", busy ? 1 : 0,
-              median(us), us[us.size() / 10], us[us.size() * 9 / 10], us.size());
+  std::printf("{\"row\":\"rtt\",\"busy\":%d,\"median_us\":%.2f,\"p10_us\":%.2f,\"p90_us\":%.2f,\"n\":%zu}\n",
+              busy ? 1 : 0, median(us), us[us.size() / 10], us[us.size() * 9 / 10], us.size());
   return 0;
 }
 
@@ -236,10 +239,11 @@ int mode_ckpt(const std::map<std::string, std::string>& a) {
     if (data[i][per / sizeof(float) - 1] != static_cast<float>((per / sizeof(float) - 1) % 1021) * 0.5f + i)
       die("ckpt: restored bytes differ");
   const double restore_s = secs(t2, t3);
-  std::printf("{\"row\":\"ckpt\",\"bytes\":%llu,\"save_s\":%.4f,\"write_s\":%.4f,\"fsync_s\":%.4f,"
-              "\"save_gbps\":%.4f,\"restore_s\":%.4f,\"restore_gbps\":%.4f}\n",
-              (unsigned long long)bytes, save_s, r->write_seconds, r->fsync_seconds, bytes / save_s / 1e9,
-              restore_s, bytes / restore_s / 1e9);
+  std::printf(
+      "{\"row\":\"ckpt\",\"bytes\":%llu,\"save_s\":%.4f,\"write_s\":%.4f,\"fsync_s\":%.4f,"
+      "\"save_gbps\":%.4f,\"restore_s\":%.4f,\"restore_gbps\":%.4f}\n",
+      (unsigned long long)bytes, save_s, r->write_seconds, r->fsync_seconds, bytes / save_s / 1e9, restore_s,
+      bytes / restore_s / 1e9);
   if (!a.count("keep")) std::filesystem::remove_all(dir, ec);
   return 0;
 }
@@ -283,7 +287,11 @@ int mode_odirect(const std::map<std::string, std::string>& a) {
         size_t done = 0;
         while (done < n) {
           ssize_t r = ::pwrite(fd, base + off + done, n - done, static_cast<off_t>(off + done));
-          if (r <= 0) { if (r < 0 && errno == EINTR) continue; failed = true; return; }
+          if (r <= 0) {
+            if (r < 0 && errno == EINTR) continue;
+            failed = true;
+            return;
+          }
           done += static_cast<size_t>(r);
         }
       }
@@ -376,13 +384,12 @@ int mode_allreduce(const std::map<std::string, std::string>& a) {
       if (r >= 2) t.push_back(secs(t0, t1));
     }
     if (rank == 0)
-      std::printf("{\"row\":\"allreduce\",\"impl\":\"grace\",\"floats\":%zu,\"median_ms\":%.3f}\n", n,
-                  median(t) * 1e3);
+      std::printf("{\"row\":\"allreduce\",\"impl\":\"grace\",\"floats\":%zu,\"median_ms\":%.3f}\n", n, median(t) * 1e3);
   }
   return 0;
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);

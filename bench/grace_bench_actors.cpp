@@ -90,10 +90,10 @@ int mode_step(int argc, char** argv) {
     }
     std::vector<double> diff;
     for (size_t i = 0; i < run_ns.size(); ++i) diff.push_back(run_ns[i] - direct_ns[i]);
-    std::printf("{\"row\":\"step\",\"iters\":%llu,\"reps\":%llu,\"direct_ns\":%.2f,\"run_ns\":%.2f,"
-                "\"overhead_ns\":%.2f}\n",
-                (unsigned long long)iters, (unsigned long long)reps, median(direct_ns), median(run_ns),
-                median(diff));
+    std::printf(
+        "{\"row\":\"step\",\"iters\":%llu,\"reps\":%llu,\"direct_ns\":%.2f,\"run_ns\":%.2f,"
+        "\"overhead_ns\":%.2f}\n",
+        (unsigned long long)iters, (unsigned long long)reps, median(direct_ns), median(run_ns), median(diff));
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
@@ -122,37 +122,45 @@ int mode_coordinator(int argc, char** argv) {
     const auto wait = std::chrono::seconds(30);
     for (uint32_t r = 0; r < members; ++r) {
       auto join = make<proto::Join>([&](auto b) {
-        b.setRank(r); b.setWorldSize(members); b.setRunId("bench"); b.setToken("tok");
-        b.setProtocolVersion(proto::PROTOCOL_VERSION); b.setIncarnation(0); b.setCompletedStep(100);
+        b.setRank(r);
+        b.setWorldSize(members);
+        b.setRunId("bench");
+        b.setToken("tok");
+        b.setProtocolVersion(proto::PROTOCOL_VERSION);
+        b.setIncarnation(0);
+        b.setCompletedStep(100);
       });
       bool ok = false;
-      (*w[r])->request(coord, wait, std::move(join))
-        .receive([&](msg<proto::Welcome>& m) { ok = decode(m)->get().getAccepted(); },
-                 [&](caf::error&) {});
+      (*w[r])
+          ->request(coord, wait, std::move(join))
+          .receive([&](msg<proto::Welcome>& m) { ok = decode(m)->get().getAccepted(); }, [&](caf::error&) {});
       if (!ok) die("coordinator: join refused");
     }
     auto t0 = clk::now();
     (*w[1])->send(coord, make<proto::Claim>([&](auto b) {
-      auto n = b.initNotice();
-      n.setRank(1); n.setSource(proto::NoticeSource::TEST); n.setDetail("bench");
-      b.setStartedStep(105);
-    }));
+                    auto n = b.initNotice();
+                    n.setRank(1);
+                    n.setSource(proto::NoticeSource::TEST);
+                    n.setDetail("bench");
+                    b.setStartedStep(105);
+                  }));
     // Every member answers the proposal as its peer watcher would.
     for (uint32_t r = 0; r < members; ++r) {
       bool got = false;
       while (!got) {
         (*w[r])->receive(
-          [&](msg<proto::CheckpointAt>& m) {
-            auto d = decode(m);
-            if (d->get().getAgreed()) die("coordinator: agreed before every ack");
-            auto id = d->get().getAgreementId();
-            (*w[r])->send(coord, make<proto::Ack>([&](auto b) {
-              b.setAgreementId(id); b.setRank(r); b.setEarliestStep(105 + (r & 1));
-            }));
-            got = true;
-          },
-          [&](msg<proto::ClaimReply>&) {},
-          caf::after(wait) >> [&] { die("coordinator: no proposal"); });
+            [&](msg<proto::CheckpointAt>& m) {
+              auto d = decode(m);
+              if (d->get().getAgreed()) die("coordinator: agreed before every ack");
+              auto id = d->get().getAgreementId();
+              (*w[r])->send(coord, make<proto::Ack>([&](auto b) {
+                              b.setAgreementId(id);
+                              b.setRank(r);
+                              b.setEarliestStep(105 + (r & 1));
+                            }));
+              got = true;
+            },
+            [&](msg<proto::ClaimReply>&) {}, caf::after(wait) >> [&] { die("coordinator: no proposal"); });
       }
     }
     for (uint32_t r = 0; r < members; ++r) {
@@ -172,7 +180,7 @@ int mode_coordinator(int argc, char** argv) {
   return 0;
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);

@@ -9,9 +9,13 @@
 
 namespace grace {
 
-template <class S> struct wire_name;
-#define GRACE_WIRE_NAME(T) \
-  template <> struct wire_name<proto::T> { static constexpr const char* value = "grace." #T; };
+template <class S>
+struct wire_name;
+#define GRACE_WIRE_NAME(T)                            \
+  template <>                                         \
+  struct wire_name<proto::T> {                        \
+    static constexpr const char* value = "grace." #T; \
+  };
 GRACE_MESSAGE_TYPES(GRACE_WIRE_NAME)
 #undef GRACE_WIRE_NAME
 
@@ -41,11 +45,13 @@ using exited_atom = caf::atom_constant<caf::atom("g_exited")>;
 using rescue_atom = caf::atom_constant<caf::atom("g_rescue")>;
 using cutoff_atom = caf::atom_constant<caf::atom("g_cutoff")>;
 
-} // namespace grace
+}  // namespace grace
 
-namespace caf { class actor_system_config; }
+namespace caf {
+class actor_system_config;
+}
 
 namespace grace {
 /// Registers every protocol type with CAF under its wire name.
 void register_message_types(caf::actor_system_config& cfg);
-} // namespace grace
+}  // namespace grace

@@ -39,4 +39,4 @@ loss_kind from_wire(proto::LossReason r) noexcept {
   return loss_kind::peer_dead;
 }
 
-} // namespace grace
+}  // namespace grace

@@ -16,4 +16,4 @@ proto::LossReason to_wire(loss_reason r) noexcept;
 /// A lost peer as the worker's control block records it.
 loss_kind from_wire(proto::LossReason r) noexcept;
 
-} // namespace grace
+}  // namespace grace

@@ -31,11 +31,11 @@ constexpr size_t frame_header_bytes = 16;
 
 /// Every message type of the protocol, once (X-macro): registration with
 /// CAF, tests and tools iterate over it.
-#define GRACE_MESSAGE_TYPES(X)                                                  \
-  X(Join) X(Welcome) X(Heartbeat) X(PeerLost) X(Leave) X(Notice) X(Claim)     \
-  X(ClaimReply) X(CheckpointAt) X(Ack) X(CheckpointSaved) X(ProposeFinal)     \
-  X(DeadlineUpdate) X(Committed) X(ErrorReport) X(ClusterError) X(Shutdown)   \
-  X(KvSet) X(KvGet) X(KvReply) X(Barrier) X(BarrierReply)
+#define GRACE_MESSAGE_TYPES(X)                                                                                     \
+  X(Join)                                                                                                          \
+  X(Welcome) X(Heartbeat) X(PeerLost) X(Leave) X(Notice) X(Claim) X(ClaimReply) X(CheckpointAt) X(Ack)             \
+      X(CheckpointSaved) X(ProposeFinal) X(DeadlineUpdate) X(Committed) X(ErrorReport) X(ClusterError) X(Shutdown) \
+          X(KvSet) X(KvGet) X(KvReply) X(Barrier) X(BarrierReply)
 
 /// A Cap'n Proto message of schema `S`, framed, as bytes.
 template <class S>
@@ -46,14 +46,13 @@ struct msg {
 namespace detail {
 std::vector<uint8_t> frame(capnp::MessageBuilder& b, uint64_t type_id);
 /// Checks the frame and returns the aligned words, or an error.
-result<kj::Array<capnp::word>> unframe(const std::vector<uint8_t>& bytes, uint64_t type_id,
-                                       const char* type_name);
+result<kj::Array<capnp::word>> unframe(const std::vector<uint8_t>& bytes, uint64_t type_id, const char* type_name);
 error decode_error(const char* type_name, const char* what);
 /// Reads every field of a message (recursively): totalSize() checks the
 /// pointers, but a Text without its terminating NUL only throws when read,
 /// which must happen here and not in an actor's handler. Throws kj::Exception.
 void read_every_field(capnp::AnyStruct::Reader root, capnp::StructSchema schema);
-} // namespace detail
+}  // namespace detail
 
 /// Builds a message: `auto m = make<proto::Ack>([&](auto b) { b.setRank(1); });`
 template <class S, class F>
@@ -79,6 +78,7 @@ public:
     o.nestingLimit = 16;
     return o;
   }
+
 private:
   kj::Array<capnp::word> words_;
   std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
@@ -110,4 +110,4 @@ inline std::vector<uint8_t> bytes(capnp::Data::Reader d) { return {d.begin(), d.
 /// A Cap'n Proto Data view of bytes (no copy).
 inline capnp::Data::Reader as_data(const std::vector<uint8_t>& v) { return {v.data(), v.size()}; }
 
-} // namespace grace
+}  // namespace grace

@@ -55,7 +55,10 @@ void flush_python_stdio() {
     PyObject* f = PySys_GetObject(name);  // borrowed
     if (!f || f == Py_None) continue;
     PyObject* r = PyObject_CallMethod(f, "flush", nullptr);
-    if (r) Py_DECREF(r); else PyErr_Clear();
+    if (r)
+      Py_DECREF(r);
+    else
+      PyErr_Clear();
   }
 }
 
@@ -65,7 +68,8 @@ void flush_python_stdio() {
 struct signal_state {
   pthread_t thread = pthread_self();
   sigset_t mask;
-  struct sigaction on_int {}, on_term {};
+  struct sigaction on_int {
+  }, on_term{};
   void save() {
     thread = pthread_self();
     pthread_sigmask(SIG_BLOCK, nullptr, &mask);
@@ -162,8 +166,8 @@ public:
   }
   ~py_session() { close(); }
 
-  void register_memory(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
-                       uintptr_t ptr, py::object owner) {
+  void register_memory(const std::string& name, const std::string& dtype, std::vector<int64_t> shape, uintptr_t ptr,
+                       py::object owner) {
     check_registration(name);
     for (auto d : shape)
       if (d < 0) throw py::value_error("'" + name + "': negative dimension");
@@ -184,8 +188,9 @@ public:
     std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> release(&view, PyBuffer_Release);
     if (view.readonly) throw py::value_error("'" + name + "' is read-only: Grace restores into it");
     if (!PyBuffer_IsContiguous(&view, 'C'))
-      throw py::value_error("'" + name + "' is not C-contiguous: register a contiguous array "
-                                        "(numpy.ascontiguousarray) and train on that one");
+      throw py::value_error("'" + name +
+                            "' is not C-contiguous: register a contiguous array "
+                            "(numpy.ascontiguousarray) and train on that one");
     grace::dtype t = dtype_from_format(view.format ? view.format : "B", view.itemsize, name);
     std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
     add(grace::tensor_ref{name, t, std::move(shape), view.buf}, std::move(obj));
@@ -481,7 +486,6 @@ public:
   }
 
 private:
-
   std::unique_ptr<grace::session> s_;
   bool exit_on_stop_ = true;
   std::chrono::milliseconds collective_timeout_;
@@ -515,20 +519,34 @@ grace::options make_options(const py::kwargs& kw) {
   for (auto [k, v] : kw) {
     auto key = k.cast<std::string>();
     if (v.is_none()) continue;
-    if (key == "checkpoint_dir") o.checkpoint_dir = v.cast<std::string>();
-    else if (key == "keep_last") o.keep_last = v.cast<int>();
-    else if (key == "restart_exit_code") o.restart_exit_code = v.cast<int>();
-    else if (key == "save_every_steps") o.save_every_steps = v.cast<uint64_t>();
-    else if (key == "save_every_seconds") o.save_every_seconds = v.cast<double>();
-    else if (key == "keep_checkpoints_on_success") o.keep_checkpoints_on_success = v.cast<bool>();
-    else if (key == "notice_file") o.notice_file = v.cast<std::string>();
-    else if (key == "notice_command") o.notice_command = v.cast<std::string>();
-    else if (key == "poll_interval_ms") o.poll_interval = ms(v);
-    else if (key == "grace_period_ms") o.grace_period = ms(v);
-    else if (key == "wait_timeout_ms") o.wait_timeout = ms(v);
-    else if (key == "heartbeat_ms") o.heartbeat = ms(v);
-    else if (key == "dead_after_ms") o.dead_after = ms(v);
-    else throw py::type_error("unknown session option '" + key + "'");
+    if (key == "checkpoint_dir")
+      o.checkpoint_dir = v.cast<std::string>();
+    else if (key == "keep_last")
+      o.keep_last = v.cast<int>();
+    else if (key == "restart_exit_code")
+      o.restart_exit_code = v.cast<int>();
+    else if (key == "save_every_steps")
+      o.save_every_steps = v.cast<uint64_t>();
+    else if (key == "save_every_seconds")
+      o.save_every_seconds = v.cast<double>();
+    else if (key == "keep_checkpoints_on_success")
+      o.keep_checkpoints_on_success = v.cast<bool>();
+    else if (key == "notice_file")
+      o.notice_file = v.cast<std::string>();
+    else if (key == "notice_command")
+      o.notice_command = v.cast<std::string>();
+    else if (key == "poll_interval_ms")
+      o.poll_interval = ms(v);
+    else if (key == "grace_period_ms")
+      o.grace_period = ms(v);
+    else if (key == "wait_timeout_ms")
+      o.wait_timeout = ms(v);
+    else if (key == "heartbeat_ms")
+      o.heartbeat = ms(v);
+    else if (key == "dead_after_ms")
+      o.dead_after = ms(v);
+    else
+      throw py::type_error("unknown session option '" + key + "'");
   }
   return o;
 }
@@ -562,7 +580,7 @@ void verify(const std::string& step_dir) {
   if (!st) throw grace_error(st.err().what());
 }
 
-} // namespace
+}  // namespace
 
 PYBIND11_MODULE(_grace, m) {
   m.doc() = "Grace's embedding API (the C++ grace::session); use the `grace` package, not this module.";
@@ -574,66 +592,75 @@ PYBIND11_MODULE(_grace, m) {
   m.attr("MAX_BLOB_BYTES") = grace::max_blob_bytes;
 
   py::class_<py_counter>(m, "Counter")
-    .def_property("value", [](const py_counter& c) { return *c.value; },
-                  [](py_counter& c, int64_t v) { *c.value = v; })
-    .def("__int__", [](const py_counter& c) { return *c.value; })
-    .def("__index__", [](const py_counter& c) { return *c.value; })
-    .def("__repr__", [](const py_counter& c) { return "Counter(" + std::to_string(*c.value) + ")"; });
+      .def_property(
+          "value", [](const py_counter& c) { return *c.value; }, [](py_counter& c, int64_t v) { *c.value = v; })
+      .def("__int__", [](const py_counter& c) { return *c.value; })
+      .def("__index__", [](const py_counter& c) { return *c.value; })
+      .def("__repr__", [](const py_counter& c) { return "Counter(" + std::to_string(*c.value) + ")"; });
 
   py::class_<py_steps>(m, "Steps")
-    .def("__iter__", [](py::object self) { return self; })
-    .def("__next__", [](py_steps& it) {
-      uint64_t k = it.s->next_step(it.total);
-      if (k == 0) throw py::stop_iteration();
-      return k;
-    });
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", [](py_steps& it) {
+        uint64_t k = it.s->next_step(it.total);
+        if (k == 0) throw py::stop_iteration();
+        return k;
+      });
 
   py::class_<py_session>(m, "Session")
-    .def(py::init([](bool exit_on_stop, int collective_timeout_ms, py::kwargs kw) {
-           return std::make_unique<py_session>(make_options(kw), exit_on_stop, collective_timeout_ms);
-         }),
-         py::arg("exit_on_stop") = true, py::arg("collective_timeout_ms") = 30000)
-    .def("register_memory", &py_session::register_memory, py::arg("name"), py::arg("dtype"), py::arg("shape"),
-         py::arg("ptr"), py::arg("owner"))
-    .def("register_buffer", &py_session::register_buffer, py::arg("name"), py::arg("array"))
-    .def("counter", [](py::object self, const std::string& name, int64_t initial) {
-           return py_counter{self.cast<py_session&>().counter(name, initial), self};
-         }, py::arg("name"), py::arg("initial") = 0)
-    .def("register_blob", &py_session::register_blob, py::arg("name"), py::arg("snapshot"), py::arg("encode"),
-         py::arg("restore"))
-    .def("attach", &py_session::attach)
-    .def("steps", [](py::object self, uint64_t total) {
-           return py_steps{&self.cast<py_session&>(), self, total};
-         }, py::arg("total"))
-    .def("begin_step", &py_session::begin_step)
-    .def("end_step", &py_session::end_step)
-    .def("fail_step", &py_session::fail_step, py::arg("what"), py::arg("collective") = false)
-    .def("finish", &py_session::finish)
-    .def("quick_exit", &py_session::quick_exit, py::arg("code"))
-    .def("all_reduce", &py_session::all_reduce, py::arg("ptr"), py::arg("n"))
-    .def("add_abort_sockets", &py_session::add_abort_sockets, py::arg("fds"), py::arg("skip_port") = -1)
-    .def("notify", &py_session::notify, py::arg("detail") = "notify() from Python")
-    .def("close", &py_session::close)
-    .def_property_readonly("attached", &py_session::attached)
-    .def_property_readonly("in_step", &py_session::in_step)
-    .def_property_readonly("stopped", &py_session::stopped)
-    .def_property_readonly("finished", &py_session::finished)
-    .def_property_readonly("closed", &py_session::closed)
-    .def_property_readonly("exit_code", [](py_session& s) { return s.status().exit_code; })
-    .def_property_readonly("stop_reason", [](py_session& s) { return s.status().stop_reason; })
-    .def_property_readonly("rank", [](py_session& s) { return s.status().rank; })
-    .def_property_readonly("world_size", [](py_session& s) { return s.status().world_size; })
-    .def_property_readonly("is_chief", &py_session::is_chief)
-    .def_property_readonly("completed_steps", [](py_session& s) { return s.status().completed_steps; });
+      .def(py::init([](bool exit_on_stop, int collective_timeout_ms, py::kwargs kw) {
+             return std::make_unique<py_session>(make_options(kw), exit_on_stop, collective_timeout_ms);
+           }),
+           py::arg("exit_on_stop") = true, py::arg("collective_timeout_ms") = 30000)
+      .def("register_memory", &py_session::register_memory, py::arg("name"), py::arg("dtype"), py::arg("shape"),
+           py::arg("ptr"), py::arg("owner"))
+      .def("register_buffer", &py_session::register_buffer, py::arg("name"), py::arg("array"))
+      .def(
+          "counter",
+          [](py::object self, const std::string& name, int64_t initial) {
+            return py_counter{self.cast<py_session&>().counter(name, initial), self};
+          },
+          py::arg("name"), py::arg("initial") = 0)
+      .def("register_blob", &py_session::register_blob, py::arg("name"), py::arg("snapshot"), py::arg("encode"),
+           py::arg("restore"))
+      .def("attach", &py_session::attach)
+      .def(
+          "steps",
+          [](py::object self, uint64_t total) {
+            return py_steps{&self.cast<py_session&>(), self, total};
+          },
+          py::arg("total"))
+      .def("begin_step", &py_session::begin_step)
+      .def("end_step", &py_session::end_step)
+      .def("fail_step", &py_session::fail_step, py::arg("what"), py::arg("collective") = false)
+      .def("finish", &py_session::finish)
+      .def("quick_exit", &py_session::quick_exit, py::arg("code"))
+      .def("all_reduce", &py_session::all_reduce, py::arg("ptr"), py::arg("n"))
+      .def("add_abort_sockets", &py_session::add_abort_sockets, py::arg("fds"), py::arg("skip_port") = -1)
+      .def("notify", &py_session::notify, py::arg("detail") = "notify() from Python")
+      .def("close", &py_session::close)
+      .def_property_readonly("attached", &py_session::attached)
+      .def_property_readonly("in_step", &py_session::in_step)
+      .def_property_readonly("stopped", &py_session::stopped)
+      .def_property_readonly("finished", &py_session::finished)
+      .def_property_readonly("closed", &py_session::closed)
+      .def_property_readonly("exit_code", [](py_session& s) { return s.status().exit_code; })
+      .def_property_readonly("stop_reason", [](py_session& s) { return s.status().stop_reason; })
+      .def_property_readonly("rank", [](py_session& s) { return s.status().rank; })
+      .def_property_readonly("world_size", [](py_session& s) { return s.status().world_size; })
+      .def_property_readonly("is_chief", &py_session::is_chief)
+      .def_property_readonly("completed_steps", [](py_session& s) { return s.status().completed_steps; });
 
   m.def("list_checkpoints", &list_checkpoints, py::arg("dir"),
         "Every step-* and leftover .tmp-* directory under `dir`, oldest first (quick check, no checksums).");
-  m.def("set_log_level", [](const std::string& level) {
-          auto l = spdlog::level::from_str(level);
-          if (l == spdlog::level::off && level != "off")
-            throw py::value_error("log level '" + level + "': trace, debug, info, warn, error, critical or off");
-          spdlog::set_level(l);
-        }, py::arg("level"), "Level of Grace's log lines (default info).");
+  m.def(
+      "set_log_level",
+      [](const std::string& level) {
+        auto l = spdlog::level::from_str(level);
+        if (l == spdlog::level::off && level != "off")
+          throw py::value_error("log level '" + level + "': trace, debug, info, warn, error, critical or off");
+        spdlog::set_level(l);
+      },
+      py::arg("level"), "Level of Grace's log lines (default info).");
   m.def("verify", &verify, py::arg("step_dir"),
         "Verifies one checkpoint directory (every file's size and xxh3 checksum); raises GraceError if bad.");
 }

@@ -50,7 +50,7 @@ bool settled(agreement_phase p) {
 
 void append(actions& out, actions more) { out.insert(out.end(), more.begin(), more.end()); }
 
-} // namespace
+}  // namespace
 
 agreement::agreement(uint32_t world_size) : world_size_(world_size) {}
 
@@ -92,8 +92,10 @@ actions agreement::on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns
     reply.holder = rank;
     reply.id = id_ + 1;
     actions out{reply};
-    if (all_joined()) append(out, propose(checkpoint_kind::initial, started));
-    else phase_ = agreement_phase::waiting;
+    if (all_joined())
+      append(out, propose(checkpoint_kind::initial, started));
+    else
+      phase_ = agreement_phase::waiting;
     return out;
   }
   // The claim is taken: the second notice defers to the holder. A later
@@ -138,8 +140,10 @@ actions agreement::maybe_agree() {
   if (acks_.size() + not_awaited_.size() < live_.size()) return {};
   bool any = false;
   for (auto r : live_) {
-    if (acks_.count(r)) any = true;
-    else if (!not_awaited_.count(r)) return {};
+    if (acks_.count(r))
+      any = true;
+    else if (!not_awaited_.count(r))
+      return {};
   }
   if (!any && !live_.empty()) return {};  // nobody answered yet
   if (live_.empty()) {
@@ -172,7 +176,11 @@ actions agreement::agree_jit() {
   bool first = true;
   for (auto& [r, s] : acks_) {
     if (!live_.count(r)) continue;
-    if (first || s > best) { best = s; saver = r; first = false; }
+    if (first || s > best) {
+      best = s;
+      saver = r;
+      first = false;
+    }
   }
   agreed_step_ = best;
   saver_ = saver;
@@ -235,8 +243,7 @@ actions agreement::member_gone(uint32_t rank) {
   switch (phase_) {
     case agreement_phase::stopping:
     case agreement_phase::failed:
-    case agreement_phase::finishing:
-      break;
+    case agreement_phase::finishing: break;
     case agreement_phase::jit_collect:
       acks_.erase(rank);
       append(out, maybe_agree());
@@ -255,8 +262,10 @@ actions agreement::member_gone(uint32_t rank) {
       // member): the survivors save their own most advanced state. A saver
       // that already holds the agreed step acknowledges it and saves it.
       if (!holder_) holder_ = rank;
-      if (live_.empty()) phase_ = agreement_phase::stopping;
-      else append(out, propose(checkpoint_kind::jit, 0));
+      if (live_.empty())
+        phase_ = agreement_phase::stopping;
+      else
+        append(out, propose(checkpoint_kind::jit, 0));
       break;
   }
   return out;
@@ -346,4 +355,4 @@ std::string agreement::state_key() const {
   return k;
 }
 
-} // namespace grace
+}  // namespace grace

@@ -99,9 +99,16 @@
 
 namespace grace {
 
-
 enum class agreement_phase : uint8_t {
-  idle, waiting, proposing, saving, countdown, jit_collect, stopping, failed, finishing,
+  idle,
+  waiting,
+  proposing,
+  saving,
+  countdown,
+  jit_collect,
+  stopping,
+  failed,
+  finishing,
 };
 const char* to_string(agreement_phase p) noexcept;
 
@@ -110,21 +117,21 @@ constexpr uint32_t launcher_rank = 0xffffffffu;
 
 /// Why a member was lost (the wire's LossReason): a typed value, never text.
 enum class loss_reason : uint8_t {
-  dead,   ///< connection lost, heartbeats silent, or the process exited
-  hung,   ///< alive but no progress for longer than the hang timeout
-  left,   ///< left on purpose with a non-zero exit code while others trained
+  dead,  ///< connection lost, heartbeats silent, or the process exited
+  hung,  ///< alive but no progress for longer than the hang timeout
+  left,  ///< left on purpose with a non-zero exit code while others trained
 };
 const char* to_string(loss_reason r) noexcept;
 
 struct agreement_action {
   enum class type : uint8_t {
-    claim_reply,     ///< to `rank`: won, holder, id
-    propose,         ///< to every live member: lower bound `step`, `kind`
-    agreed,          ///< to every live member: `step`, `kind`, `saver`, `exit_after`
-    committed,       ///< to every live member: `step`, `exit_after`
-    peer_lost,       ///< to every live member: `rank` was lost (`reason`, `message` says why)
-    cluster_error,   ///< to every live member: origin `rank`, `step`, `message`
-    deadline_update, ///< to the chief: `deadline_ns`
+    claim_reply,      ///< to `rank`: won, holder, id
+    propose,          ///< to every live member: lower bound `step`, `kind`
+    agreed,           ///< to every live member: `step`, `kind`, `saver`, `exit_after`
+    committed,        ///< to every live member: `step`, `exit_after`
+    peer_lost,        ///< to every live member: `rank` was lost (`reason`, `message` says why)
+    cluster_error,    ///< to every live member: origin `rank`, `step`, `message`
+    deadline_update,  ///< to the chief: `deadline_ns`
   };
   agreement_action() = default;
   explicit agreement_action(type t) : what(t) {}
@@ -213,8 +220,8 @@ private:
   agreement_phase phase_ = agreement_phase::idle;
   std::set<uint32_t> joined_;
   std::set<uint32_t> live_;
-  std::set<uint32_t> lost_;   ///< declared lost (dead or hung)
-  std::set<uint32_t> gone_;   ///< left on purpose
+  std::set<uint32_t> lost_;  ///< declared lost (dead or hung)
+  std::set<uint32_t> gone_;  ///< left on purpose
   std::optional<uint32_t> holder_;
   uint64_t id_ = 0;
   checkpoint_kind kind_ = checkpoint_kind::initial;
@@ -231,4 +238,4 @@ private:
   uint64_t committed_step_ = 0;           ///< newest step an agreement committed
 };
 
-} // namespace grace
+}  // namespace grace

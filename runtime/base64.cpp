@@ -15,7 +15,7 @@ int value_of(char c) {
   if (c == '/') return 63;
   return -1;
 }
-} // namespace
+}  // namespace
 
 std::string base64_encode(const std::string& bytes) {
   std::string out;
@@ -59,4 +59,4 @@ std::optional<std::string> base64_decode(const std::string& text) {
   return out;
 }
 
-} // namespace grace
+}  // namespace grace

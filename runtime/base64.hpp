@@ -11,4 +11,4 @@ std::string base64_encode(const std::string& bytes);
 /// nullopt when `text` is not canonical padded base64.
 std::optional<std::string> base64_decode(const std::string& text);
 
-} // namespace grace
+}  // namespace grace

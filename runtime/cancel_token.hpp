@@ -49,4 +49,4 @@ private:
   bool cancelled_ = false;
 };
 
-} // namespace grace
+}  // namespace grace

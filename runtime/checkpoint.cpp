@@ -35,9 +35,7 @@ using json = nlohmann::json;
 
 namespace {
 
-double now_unix() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double now_unix() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 /// Runs `step`, adding the seconds it took to `seconds`.
 template <class F>
@@ -56,9 +54,7 @@ std::string hex64(uint64_t v) {
 }
 
 /// The manifest entry of a written file.
-checkpoint_file file_entry(const hashed_file& f) {
-  return {f.path().filename().string(), f.size(), hex64(f.digest())};
-}
+checkpoint_file file_entry(const hashed_file& f) { return {f.path().filename().string(), f.size(), hex64(f.digest())}; }
 
 /// Checks one listed file's size and checksum, handing its bytes to `sink`.
 /// `compare`: false only for the broken-on-purpose restore mutant.
@@ -68,8 +64,7 @@ status check_file(const fs::path& step_dir, const checkpoint_file& f, io_staging
   auto h = stream_file(p, f.size, sink, io);
   if (!h) return h.err();
   if (compare && hex64(*h) != f.xxh3)
-    return invalid_file(p, "checksum mismatch: xxh3 " + hex64(*h) + ", manifest says " + f.xxh3 +
-                               " (file corrupted)");
+    return invalid_file(p, "checksum mismatch: xxh3 " + hex64(*h) + ", manifest says " + f.xxh3 + " (file corrupted)");
   return {};
 }
 
@@ -97,7 +92,7 @@ result<checkpoint_manifest> quick_check(const checkpoint_store& store, const fs:
   return m;
 }
 
-} // namespace
+}  // namespace
 
 checkpoint_store::checkpoint_store(fs::path dir, int keep_last)
     : dir_(std::move(dir)), keep_last_(keep_last), staging_(std::make_shared<io_staging>()) {}
@@ -115,7 +110,7 @@ namespace {
 /// Where each tensor of a save goes: whole tensors, in order, at most
 /// `shard_bytes` per shard (a larger tensor gets a shard of its own).
 struct shard_plan {
-  std::vector<std::vector<size_t>> shards; ///< indices into the tensors, per shard
+  std::vector<std::vector<size_t>> shards;  ///< indices into the tensors, per shard
   std::vector<safetensors::encoded_header> headers;
   std::vector<std::string> names;
 };
@@ -140,7 +135,7 @@ result<shard_plan> plan_shards(const std::vector<snapshot_tensor>& tensors, uint
     plan.shards.back().push_back(i);
     cur += tensors[i].bytes;
   }
-  if (plan.shards.empty()) plan.shards.emplace_back(); // an empty checkpoint still has one (empty) shard
+  if (plan.shards.empty()) plan.shards.emplace_back();  // an empty checkpoint still has one (empty) shard
   for (size_t s = 0; s < plan.shards.size(); ++s) {
     std::vector<safetensors::tensor_desc> sd;
     for (auto i : plan.shards[s]) sd.push_back(descs[i]);
@@ -239,8 +234,7 @@ status write_shards(const shard_plan& plan, const std::vector<snapshot_tensor>& 
   };
   for (size_t s = 0; s < plan.shards.size(); ++s) {
     auto& f = unsynced.emplace_back();
-    if (auto st = timed(stats.write_seconds, [&] { return write_shard(f, plan, s, tensors, tmp, io); }); !st)
-      return st;
+    if (auto st = timed(stats.write_seconds, [&] { return write_shard(f, plan, s, tensors, tmp, io); }); !st) return st;
     stats.files.push_back(file_entry(f));
     if (unsynced.size() >= max_unsynced)
       if (auto st = sync_oldest(); !st) return st;
@@ -313,8 +307,8 @@ status commit(const checkpoint_store& store, tmp_step_dir& tmp, uint64_t step, s
   if (!existed) return existed.err();
   if (*existed) return {};
   if (::rename(tmp.path().c_str(), final_path.c_str()) != 0)
-    return error{errc::failed, tmp.path().string() + ": cannot rename to " + final_path.string() + ": " +
-                                   errno_str(errno)};
+    return error{errc::failed,
+                 tmp.path().string() + ": cannot rename to " + final_path.string() + ": " + errno_str(errno)};
   tmp.keep();
   if (auto st = timed(stats.fsync_seconds, [&] { return fsync_dir(store.dir()); }); !st) return st;
   stats.path = final_path;
@@ -324,10 +318,9 @@ status commit(const checkpoint_store& store, tmp_step_dir& tmp, uint64_t step, s
   return {};
 }
 
-} // namespace
+}  // namespace
 
-result<save_stats> checkpoint_store::save(const std::vector<snapshot_tensor>& tensors,
-                                          const checkpoint_meta& meta) {
+result<save_stats> checkpoint_store::save(const std::vector<snapshot_tensor>& tensors, const checkpoint_meta& meta) {
   auto plan = plan_shards(tensors, shard_bytes_);
   if (!plan) return plan.err();
   std::error_code ec;
@@ -359,8 +352,7 @@ void checkpoint_store::prune(uint64_t committed_step) {
     if (c.valid) {
       valid.push_back(&c);
     } else if (c.step < committed_step) {
-      spdlog::warn("checkpoint {}: invalid ({}); leaving it in place for inspection", c.path.string(),
-                   c.reason);
+      spdlog::warn("checkpoint {}: invalid ({}); leaving it in place for inspection", c.path.string(), c.reason);
     }
   }
   std::sort(valid.begin(), valid.end(),
@@ -442,7 +434,7 @@ std::optional<checkpoint_info> describe_entry(const checkpoint_store& store, con
   return info;
 }
 
-} // namespace
+}  // namespace
 
 result<std::vector<checkpoint_info>> checkpoint_store::try_list() const {
   std::vector<checkpoint_info> out;
@@ -500,7 +492,7 @@ result<std::vector<stored_tensor>> checkpoint_store::read_tensors(const fs::path
 namespace {
 
 struct shard_layout {
-  const checkpoint_file* file; ///< its manifest entry
+  const checkpoint_file* file;  ///< its manifest entry
   safetensors::header h;
 };
 
@@ -524,8 +516,8 @@ status check_index(const fs::path& ip, const std::vector<shard_layout>& shards) 
     if (!file.is_string()) return invalid_file(ip, "weight_map entry '" + name + "' is not a string");
     auto it = where.find(name);
     if (it == where.end() || it->second != file.get<std::string>())
-      return invalid_file(ip, "weight_map says '" + name + "' is in " + file.get<std::string>() +
-                                  ", which does not hold it");
+      return invalid_file(
+          ip, "weight_map says '" + name + "' is in " + file.get<std::string>() + ", which does not hold it");
   }
   return {};
 }
@@ -566,7 +558,7 @@ result<step_contents> check_structure(const checkpoint_store& store, const fs::p
   return out;
 }
 
-} // namespace
+}  // namespace
 
 status checkpoint_store::verify(uint64_t step) const { return verify(step_path(step)); }
 
@@ -638,15 +630,15 @@ status check_request(const fs::path& step_dir, const step_contents& c, const ten
 
 /// A registered tensor's bytes within one shard file.
 struct target {
-  uint64_t begin, end; ///< absolute file offsets
+  uint64_t begin, end;  ///< absolute file offsets
   unsigned char* dst;
 };
 
 /// Where the registered tensors' bytes land while the files are read.
 struct read_plan {
-  std::unique_ptr<unsigned char[]> own;     ///< when the caller passed no staging
-  std::vector<unsigned char*> dst;          ///< per tensor of `into`
-  std::vector<std::vector<target>> targets; ///< per shard, by file offset
+  std::unique_ptr<unsigned char[]> own;      ///< when the caller passed no staging
+  std::vector<unsigned char*> dst;           ///< per tensor of `into`
+  std::vector<std::vector<target>> targets;  ///< per shard, by file offset
 };
 
 read_plan plan_reads(const step_contents& c, const tensor_index& by_name, const std::vector<tensor_ref>& into,
@@ -745,7 +737,7 @@ result<restored_checkpoint> copy_out(const fs::path& step_dir, step_contents& c,
   return out;
 }
 
-} // namespace
+}  // namespace
 
 result<restored_checkpoint> checkpoint_store::load(const fs::path& step_dir, const std::vector<tensor_ref>& into,
                                                    const std::vector<void*>& staging, bool& corrupt) const {
@@ -778,13 +770,12 @@ result<restored_checkpoint> checkpoint_store::restore_latest(const std::vector<t
     }
     r->skipped = std::move(skipped);
     spdlog::info("restored checkpoint step {} from {} ({} tensors, {} unregistered ignored, {} newer skipped)",
-                 r->manifest.step, r->path.string(), r->loaded.size(), r->unregistered.size(),
-                 r->skipped.size());
+                 r->manifest.step, r->path.string(), r->loaded.size(), r->unregistered.size(), r->skipped.size());
     return r;
   }
   if (!skipped.empty())
-    spdlog::error("checkpoint directory {}: {} checkpoint(s) present but none verifies; starting fresh",
-                  dir_.string(), skipped.size());
+    spdlog::error("checkpoint directory {}: {} checkpoint(s) present but none verifies; starting fresh", dir_.string(),
+                  skipped.size());
   restored_checkpoint none;
   none.skipped = std::move(skipped);
   return none;
@@ -828,4 +819,4 @@ void checkpoint_store::remove_stale_temporaries() {
   }
 }
 
-} // namespace grace
+}  // namespace grace

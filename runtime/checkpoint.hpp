@@ -41,15 +41,15 @@ struct checkpoint_meta {
   std::string run_id;
   uint64_t incarnation = 0;
   checkpoint_kind kind = checkpoint_kind::periodic;
-  std::map<std::string, int64_t> counters;    ///< e.g. samples seen, rng offset
-  std::map<std::string, std::string> metadata; ///< free-form user metadata
+  std::map<std::string, int64_t> counters;      ///< e.g. samples seen, rng offset
+  std::map<std::string, std::string> metadata;  ///< free-form user metadata
 };
 
 /// One file of a checkpoint as recorded in the manifest.
 struct checkpoint_file {
   std::string name;
   uint64_t size = 0;
-  std::string xxh3; ///< xxh3-64 of the full contents, 16 lowercase hex digits
+  std::string xxh3;  ///< xxh3-64 of the full contents, 16 lowercase hex digits
 };
 
 /// The contents of `grace-manifest.json`.
@@ -61,7 +61,7 @@ struct checkpoint_manifest {
   std::string run_id;
   uint64_t incarnation = 0;
   checkpoint_kind kind = checkpoint_kind::periodic;
-  double wall_time = 0; ///< seconds since the Unix epoch at commit
+  double wall_time = 0;  ///< seconds since the Unix epoch at commit
   std::map<std::string, int64_t> counters;
   std::map<std::string, std::string> metadata;
   std::vector<checkpoint_file> files;
@@ -76,18 +76,18 @@ struct checkpoint_manifest {
 struct save_stats {
   uint64_t step = 0;
   std::filesystem::path path;
-  std::vector<checkpoint_file> files; ///< with checksums
+  std::vector<checkpoint_file> files;  ///< with checksums
   uint64_t total_bytes = 0;
-  double write_seconds = 0; ///< writing and checksumming
-  double fsync_seconds = 0; ///< fsync of files and directories
-  bool already_existed = false; ///< a valid step-N was there; ours was discarded
+  double write_seconds = 0;      ///< writing and checksumming
+  double fsync_seconds = 0;      ///< fsync of files and directories
+  bool already_existed = false;  ///< a valid step-N was there; ours was discarded
 };
 
 /// One entry of `checkpoint_store::list`.
 struct checkpoint_info {
   uint64_t step = 0;
   std::filesystem::path path;
-  std::string kind;        ///< from the manifest; empty when unreadable
+  std::string kind;  ///< from the manifest; empty when unreadable
   uint64_t total_bytes = 0;
   bool valid = false;      ///< quick check: manifest parses, files present with right sizes
   std::string reason;      ///< why not valid
@@ -104,12 +104,12 @@ struct skipped_checkpoint {
 
 /// The outcome of a restore.
 struct restored_checkpoint {
-  bool found = false; ///< false: no usable checkpoint (fresh start), not an error
+  bool found = false;  ///< false: no usable checkpoint (fresh start), not an error
   std::filesystem::path path;
   checkpoint_manifest manifest;
-  std::vector<std::string> loaded;     ///< registered tensors filled in
-  std::vector<std::string> unregistered; ///< in the checkpoint but not registered: ignored
-  std::vector<skipped_checkpoint> skipped; ///< newer checkpoints that failed verification
+  std::vector<std::string> loaded;          ///< registered tensors filled in
+  std::vector<std::string> unregistered;    ///< in the checkpoint but not registered: ignored
+  std::vector<skipped_checkpoint> skipped;  ///< newer checkpoints that failed verification
 };
 
 /// A tensor as stored in a checkpoint (for tools).
@@ -222,7 +222,7 @@ private:
   bool direct_io_ = true;
   bool restore_checksums_ = true;
   bool clean_temporaries_ = true;
-  std::shared_ptr<io_staging> staging_; ///< O_DIRECT staging for saves and restores
+  std::shared_ptr<io_staging> staging_;  ///< O_DIRECT staging for saves and restores
 };
 
-} // namespace grace
+}  // namespace grace

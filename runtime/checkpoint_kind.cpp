@@ -28,4 +28,4 @@ bool parse_checkpoint_kind(const std::string& s, checkpoint_kind& out) noexcept 
   return false;
 }
 
-} // namespace grace
+}  // namespace grace

@@ -24,4 +24,4 @@ const char* to_string(checkpoint_kind k) noexcept;
 /// vocabulary: a save after a notice, now `initial`).
 bool parse_checkpoint_kind(const std::string& s, checkpoint_kind& out) noexcept;
 
-} // namespace grace
+}  // namespace grace

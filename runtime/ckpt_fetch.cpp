@@ -55,7 +55,8 @@ result<std::string> read_line(int fd) {
 result<uint64_t> read_ok(int fd, const std::string& what) {
   auto l = read_line(fd);
   if (!l) return failed(what + ": " + l.err().message);
-  if (l->rfind("OK ", 0) != 0) return failed(what + ": " + (l->rfind("ERR ", 0) == 0 ? l->substr(4) : "bad reply '" + *l + "'"));
+  if (l->rfind("OK ", 0) != 0)
+    return failed(what + ": " + (l->rfind("ERR ", 0) == 0 ? l->substr(4) : "bad reply '" + *l + "'"));
   char* end = nullptr;
   auto n = std::strtoull(l->c_str() + 3, &end, 10);
   if (*end != '\0') return failed(what + ": bad reply '" + *l + "'");
@@ -90,7 +91,7 @@ result<int> request(const std::string& ep, const std::string& token, const std::
   return fd;
 }
 
-} // namespace
+}  // namespace
 
 // ------------------------------------------------------------------ server
 
@@ -231,8 +232,8 @@ result<uint64_t> get_file(const std::string& ep, const std::string& token, uint6
   fd_guard g{*fd};
   auto size = read_ok(*fd, "GET " + name + " from " + ep);
   if (!size) return size.err();
-  if (*size != expected) return failed(name + " from " + ep + ": size " + std::to_string(*size) + " != listed " +
-                                       std::to_string(expected));
+  if (*size != expected)
+    return failed(name + " from " + ep + ": size " + std::to_string(*size) + " != listed " + std::to_string(expected));
   int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out < 0) return failed("cannot create " + to.string() + ": " + std::strerror(errno));
   fd_guard o{out};
@@ -240,8 +241,9 @@ result<uint64_t> get_file(const std::string& ep, const std::string& token, uint6
   uint64_t left = *size;
   while (left > 0) {
     ssize_t r = ::recv(*fd, buf.data(), std::min<uint64_t>(left, buf.size()), 0);
-    if (r <= 0) return error{errc::disconnected, name + " from " + ep + ": transfer cut after " +
-                                                    std::to_string(*size - left) + " of " + std::to_string(*size) + " bytes"};
+    if (r <= 0)
+      return error{errc::disconnected, name + " from " + ep + ": transfer cut after " + std::to_string(*size - left) +
+                                           " of " + std::to_string(*size) + " bytes"};
     if (::write(out, buf.data(), static_cast<size_t>(r)) != r)
       return failed("write " + to.string() + ": " + std::strerror(errno));
     left -= static_cast<uint64_t>(r);
@@ -252,7 +254,10 @@ result<uint64_t> get_file(const std::string& ep, const std::string& token, uint6
 
 void fsync_dir(const fs::path& d) {
   int f = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (f >= 0) { ::fsync(f); ::close(f); }
+  if (f >= 0) {
+    ::fsync(f);
+    ::close(f);
+  }
 }
 
 /// Lists the step's files and copies each into `tmp`. Returns total bytes.
@@ -284,7 +289,7 @@ result<uint64_t> copy_step(const std::string& ep, const std::string& token, uint
   return total;
 }
 
-} // namespace
+}  // namespace
 
 result<uint64_t> fetch_remote(const std::string& ep, const std::string& token, uint64_t step, const fs::path& dir,
                               std::chrono::milliseconds timeout) {
@@ -316,4 +321,4 @@ result<uint64_t> fetch_remote(const std::string& ep, const std::string& token, u
   return *bytes;
 }
 
-} // namespace grace
+}  // namespace grace

@@ -35,9 +35,9 @@ namespace grace {
 /// from its own thread until destroyed.
 class checkpoint_server {
 public:
-  static result<std::unique_ptr<checkpoint_server>> start(std::filesystem::path dir, std::string address,
-                                                          std::string token,
-                                                          std::chrono::milliseconds io_timeout = std::chrono::seconds(10));
+  static result<std::unique_ptr<checkpoint_server>> start(
+      std::filesystem::path dir, std::string address, std::string token,
+      std::chrono::milliseconds io_timeout = std::chrono::seconds(10));
   ~checkpoint_server();
   checkpoint_server(const checkpoint_server&) = delete;
   checkpoint_server& operator=(const checkpoint_server&) = delete;
@@ -61,8 +61,8 @@ private:
 
 /// One peer's answer to LIST.
 struct peer_checkpoints {
-  std::string endpoint;          ///< "address:port"
-  std::vector<uint64_t> steps;   ///< valid committed steps
+  std::string endpoint;         ///< "address:port"
+  std::vector<uint64_t> steps;  ///< valid committed steps
 };
 
 /// Which peer to fetch which step from: the newest step any peer has, if it
@@ -84,4 +84,4 @@ result<std::vector<uint64_t>> list_remote(const std::string& endpoint, const std
 result<uint64_t> fetch_remote(const std::string& endpoint, const std::string& token, uint64_t step,
                               const std::filesystem::path& dir, std::chrono::milliseconds timeout);
 
-} // namespace grace
+}  // namespace grace

@@ -23,12 +23,11 @@ const char* env(const char* name) {
   return (v && *v) ? v : nullptr;
 }
 
-} // namespace
+}  // namespace
 
 result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s) {
   auto colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    return bad("'" + s + "' is not host:port");
+  if (colon == std::string::npos || colon == 0) return bad("'" + s + "' is not host:port");
   auto port = parse_uint("port in '" + s + "'", s.substr(colon + 1), 65535);
   if (!port) return port.err();
   if (*port == 0) return bad("port 0 in '" + s + "' is not a usable port");
@@ -57,8 +56,7 @@ result<cluster_config> cluster_from_workers(const std::string& workers, int inde
     index = 0;
   }
   if (static_cast<size_t>(index) >= list.size())
-    return bad("--index " + std::to_string(index) + " is out of range for " +
-               std::to_string(list.size()) + " workers");
+    return bad("--index " + std::to_string(index) + " is out of range for " + std::to_string(list.size()) + " workers");
   for (auto& w : list) {
     auto hp = parse_host_port(w);
     if (!hp) return hp.err();
@@ -157,4 +155,4 @@ result<cluster_config> cluster_from_environment() {
   return cluster_config{};
 }
 
-} // namespace grace
+}  // namespace grace

@@ -14,12 +14,12 @@ struct cluster_config {
   uint32_t rank = 0;
   uint32_t world_size = 1;
   uint32_t local_rank = 0;
-  std::string coordinator_host; ///< empty: local mode (one worker, no coordinator)
+  std::string coordinator_host;  ///< empty: local mode (one worker, no coordinator)
   uint16_t coordinator_port = 0;
   std::string run_id = "local";
   uint32_t incarnation = 0;
   std::string token;
-  std::string source = "default"; ///< "GRACE_*", "TF_CONFIG", "--workers", "default"
+  std::string source = "default";  ///< "GRACE_*", "TF_CONFIG", "--workers", "default"
   /// The address this worker advertises to its peers (Gloo pairs; NCCL's
   /// interface is `iface`). Empty until attach() chooses it
   /// (runtime/net_address.hpp); 127.0.0.1 in local mode.
@@ -45,4 +45,4 @@ result<cluster_config> cluster_from_tf_config(const std::string& json);
 /// neither: one worker in local mode.
 result<cluster_config> cluster_from_environment();
 
-} // namespace grace
+}  // namespace grace

@@ -47,8 +47,10 @@ void control_block::post_failure(const cluster_failure& f) {
 
 void control_block::post_loss(const loss_info& l) {
   std::lock_guard<std::mutex> g(m_);
-  if (l.kind == loss_kind::coordinator_lost) state_.coordinator_gone = true;
-  else if (!state_.lost) state_.lost = l;
+  if (l.kind == loss_kind::coordinator_lost)
+    state_.coordinator_gone = true;
+  else if (!state_.lost)
+    state_.lost = l;
   raise_locked();
 }
 
@@ -143,4 +145,4 @@ bool control_block::armed() {
   return static_cast<bool>(abort_collectives_);
 }
 
-} // namespace grace
+}  // namespace grace

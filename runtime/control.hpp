@@ -72,8 +72,8 @@ struct control_state {
   std::optional<cluster_failure> failure;  ///< a cluster error (fatal)
   std::optional<loss_info> lost;           ///< the first peer loss
   bool coordinator_gone = false;
-  int64_t deadline_ns = 0;                 ///< grace-period deadline (wall clock)
-  uint64_t acked_for_trainer = 0;          ///< the peer watcher acknowledged this jit round for us
+  int64_t deadline_ns = 0;         ///< grace-period deadline (wall clock)
+  uint64_t acked_for_trainer = 0;  ///< the peer watcher acknowledged this jit round for us
 };
 
 /// The started/completed counters as the peer watcher read them right
@@ -156,4 +156,4 @@ private:
   std::condition_variable abort_cv_;
 };
 
-} // namespace grace
+}  // namespace grace

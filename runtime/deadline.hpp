@@ -53,4 +53,4 @@ inline bool final_save_due(int64_t deadline_ns, int64_t now_ns, int64_t margin_n
   return deadline_ns - now_ns <= margin_ns;
 }
 
-} // namespace grace
+}  // namespace grace

@@ -17,7 +17,7 @@ std::atomic<device_copy_fn> to_host_hook{&no_backend};
 std::atomic<device_copy_fn> to_device_hook{&no_backend};
 std::atomic<bool> registered{false};
 
-} // namespace
+}  // namespace
 
 void register_device_copy(device_copy_fn to_host, device_copy_fn to_device) {
   to_host_hook.store(to_host ? to_host : &no_backend, std::memory_order_release);
@@ -35,4 +35,4 @@ status device_copy_to_device(void* device_dst, const void* host_src, size_t byte
 
 bool device_copy_available() noexcept { return registered.load(std::memory_order_acquire); }
 
-} // namespace grace
+}  // namespace grace

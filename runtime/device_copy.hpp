@@ -33,4 +33,4 @@ status device_copy_to_device(void* device_dst, const void* host_src, size_t byte
 /// True once a CUDA backend has registered its copies.
 bool device_copy_available() noexcept;
 
-} // namespace grace
+}  // namespace grace

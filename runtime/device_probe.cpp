@@ -16,8 +16,8 @@ std::optional<cuda_probe_override> cuda_probe_from_env() {
     o.what = cuda_probe_override::mode::none;
   } else if (s == "driver-error") {
     o.what = cuda_probe_override::mode::driver_error;
-  } else if (s.rfind("devices:", 0) == 0 && s.size() > 8 &&
-             s.find_first_not_of("0123456789", 8) == std::string::npos && s.size() <= 11) {
+  } else if (s.rfind("devices:", 0) == 0 && s.size() > 8 && s.find_first_not_of("0123456789", 8) == std::string::npos &&
+             s.size() <= 11) {
     o.what = cuda_probe_override::mode::devices;
     o.devices = std::atoi(s.c_str() + 8);
   } else {
@@ -44,4 +44,4 @@ bool nvidia_driver_present(std::string* why) {
   return false;
 }
 
-} // namespace grace
+}  // namespace grace

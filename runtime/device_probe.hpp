@@ -28,4 +28,4 @@ std::optional<cuda_probe_override> cuda_probe_from_env();
 /// so); otherwise false and `why` names what is missing.
 bool nvidia_driver_present(std::string* why = nullptr);
 
-} // namespace grace
+}  // namespace grace

@@ -18,8 +18,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr size_t write_chunk = 64u << 20; ///< buffered writes: large sequential writes
-constexpr size_t read_chunk = 8u << 20;   ///< buffered reads
+constexpr size_t write_chunk = 64u << 20;  ///< buffered writes: large sequential writes
+constexpr size_t read_chunk = 8u << 20;    ///< buffered reads
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
 
@@ -31,7 +31,7 @@ bool retry_buffered(int fd, int e) {
   return fl >= 0 && (fl & O_DIRECT) && ::fcntl(fd, F_SETFL, fl & ~O_DIRECT) == 0;
 }
 
-} // namespace
+}  // namespace
 
 // ------------------------------------------------------------- io_staging
 
@@ -80,7 +80,7 @@ void io_staging::prepare(uint64_t state_bytes) {
 void io_staging::keep_warm() {
   std::lock_guard<std::mutex> prepared_lock(prepared_mutex_);
   std::lock_guard<std::mutex> idle_lock(idle_mutex_);
-  if (!idle_[0]) return; // leased by a save or restore, or never allocated
+  if (!idle_[0]) return;  // leased by a save or restore, or never allocated
   for (int i = 0; i < count; ++i) {
     unsigned sink = 0;
     const volatile unsigned char* p = idle_[i].get();
@@ -123,13 +123,13 @@ int pwrite_all(int fd, const unsigned char* buf, size_t n, off_t off) {
   return 0;
 }
 
-} // namespace
+}  // namespace
 
 hashed_file::~hashed_file() { wait_all(); }
 
 void hashed_file::wait_all() noexcept {
   for (auto& p : pending_)
-    if (p.valid()) p.wait(); // before the buffers and the fd go away
+    if (p.valid()) p.wait();  // before the buffers and the fd go away
 }
 
 status hashed_file::open(const fs::path& p, uint64_t expected_size, io_staging* staging) {
@@ -191,7 +191,7 @@ status hashed_file::write_buffered(const char* p, size_t n) {
 status hashed_file::write_direct(const unsigned char* p, size_t n) {
   while (n > 0) {
     if (fill_ == 0)
-      if (auto st = wait(cur_); !st) return st; // the buffer's previous write
+      if (auto st = wait(cur_); !st) return st;  // the buffer's previous write
     size_t k = std::min(n, io_staging::bytes - fill_);
     std::memcpy((*lease_)[cur_] + fill_, p, k);
     fill_ += k;
@@ -283,8 +283,8 @@ status open_sized(const fs::path& p, uint64_t expected_size, bool& direct, fd_gu
   if (!S_ISREG(sb.st_mode)) return invalid_file(p, "not a regular file");
   const auto size = static_cast<uint64_t>(sb.st_size);
   if (size != expected_size)
-    return invalid_file(p, "size " + std::to_string(size) + " but the manifest says " +
-                               std::to_string(expected_size) + " (truncated or partially written)");
+    return invalid_file(p, "size " + std::to_string(size) + " but the manifest says " + std::to_string(expected_size) +
+                               " (truncated or partially written)");
   return {};
 }
 
@@ -357,9 +357,8 @@ private:
       // Ask for whole blocks: at the end of the file the read stops short.
       const size_t ask = round_up(slot[h].want, io_staging::align);
       const off_t at = static_cast<off_t>(i * chunk + begin);
-      slot[h].read = std::async(std::launch::async, [fd, buf, begin, ask, at] {
-        return pread_full(fd, buf + begin, ask, at);
-      });
+      slot[h].read =
+          std::async(std::launch::async, [fd, buf, begin, ask, at] { return pread_full(fd, buf + begin, ask, at); });
     }
   }
 
@@ -370,10 +369,9 @@ private:
   std::array<std::array<piece, 2>, io_staging::count> inflight_;
 };
 
-} // namespace
+}  // namespace
 
-result<uint64_t> stream_file(const fs::path& p, uint64_t expected_size, const chunk_sink& sink,
-                             io_staging& staging) {
+result<uint64_t> stream_file(const fs::path& p, uint64_t expected_size, const chunk_sink& sink, io_staging& staging) {
   fd_guard f;
   bool direct = expected_size >= io_staging::direct_read_min;
   if (auto st = open_sized(p, expected_size, direct, f); !st) return st.err();
@@ -391,4 +389,4 @@ status fsync_dir(const fs::path& d) {
   return {};
 }
 
-} // namespace grace
+}  // namespace grace

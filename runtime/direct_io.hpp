@@ -42,7 +42,7 @@ class io_staging {
 
 public:
   static constexpr size_t align = 4096;
-  static constexpr int count = 2; ///< two I/Os in flight while the caller copies and hashes
+  static constexpr int count = 2;  ///< two I/Os in flight while the caller copies and hashes
   static constexpr size_t bytes = 64u << 20;
   /// Files at least this big are read with O_DIRECT, smaller ones buffered.
   static constexpr uint64_t direct_read_min = 8u << 20;
@@ -78,10 +78,10 @@ private:
   void give_back(buffer_pair p) noexcept;
 
   std::mutex idle_mutex_;
-  buffer_pair idle_; ///< empty (null pointers) while leased or never allocated
+  buffer_pair idle_;  ///< empty (null pointers) while leased or never allocated
   /// Held across `prepare` and `keep_warm`; taken before `idle_mutex_`.
   std::mutex prepared_mutex_;
-  std::array<size_t, count> prepared_{}; ///< bytes of each idle buffer touched so far; only grows
+  std::array<size_t, count> prepared_{};  ///< bytes of each idle buffer touched so far; only grows
 };
 
 /// A running xxh3-64 over bytes handed in order.
@@ -142,11 +142,11 @@ private:
   std::filesystem::path path_;
   fd_guard f_;
   xxh3_hash hash_;
-  uint64_t size_ = 0; ///< bytes accepted (and hashed) so far, without padding
-  std::unique_ptr<io_staging::lease> lease_; ///< set in direct mode until flushed
-  size_t fill_ = 0;   ///< bytes in the current staging buffer
-  int cur_ = 0;       ///< the staging buffer being filled
-  std::array<std::future<int>, io_staging::count> pending_; ///< each buffer's write in flight (errno or 0)
+  uint64_t size_ = 0;                                        ///< bytes accepted (and hashed) so far, without padding
+  std::unique_ptr<io_staging::lease> lease_;                 ///< set in direct mode until flushed
+  size_t fill_ = 0;                                          ///< bytes in the current staging buffer
+  int cur_ = 0;                                              ///< the staging buffer being filled
+  std::array<std::future<int>, io_staging::count> pending_;  ///< each buffer's write in flight (errno or 0)
 };
 
 /// `pread` until `n` bytes or the end of the file: the count, or -errno. An
@@ -173,4 +173,4 @@ result<uint64_t> stream_file(const std::filesystem::path& p, uint64_t expected_s
 /// fsync of a directory (makes renames and new entries in it durable).
 status fsync_dir(const std::filesystem::path& d);
 
-} // namespace grace
+}  // namespace grace

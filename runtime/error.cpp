@@ -14,4 +14,4 @@ const char* to_string(errc e) noexcept {
   return "unknown";
 }
 
-} // namespace grace
+}  // namespace grace

@@ -14,11 +14,11 @@ namespace grace {
 
 enum class errc : uint8_t {
   ok = 0,
-  failed,        ///< a bug or an unrecoverable backend failure
-  overloaded,    ///< transient: retry later (timeouts, full queues)
-  disconnected,  ///< a peer was lost: reconnect or restart the group
-  preempted,     ///< the job must stop and be restarted
-  invalid_input, ///< bad configuration, CLI, message or checkpoint
+  failed,         ///< a bug or an unrecoverable backend failure
+  overloaded,     ///< transient: retry later (timeouts, full queues)
+  disconnected,   ///< a peer was lost: reconnect or restart the group
+  preempted,      ///< the job must stop and be restarted
+  invalid_input,  ///< bad configuration, CLI, message or checkpoint
 };
 
 const char* to_string(errc e) noexcept;
@@ -49,6 +49,7 @@ public:
   T& operator*() { return value(); }
   const T& operator*() const { return value(); }
   const error& err() const { return std::get<1>(v_); }
+
 private:
   std::variant<T, error> v_;
 };
@@ -62,8 +63,9 @@ public:
   bool ok() const noexcept { return !e_.has_value(); }
   explicit operator bool() const noexcept { return ok(); }
   const error& err() const { return *e_; }
+
 private:
   std::optional<error> e_;
 };
 
-} // namespace grace
+}  // namespace grace

@@ -52,7 +52,7 @@ result<json> parse_reply(const std::string& raw) {
   return body;
 }
 
-} // namespace
+}  // namespace
 
 result<etcd_client> etcd_client::create(const std::string& endpoints, std::chrono::milliseconds timeout) {
   etcd_client c;
@@ -166,4 +166,4 @@ status etcd_client::delete_if_value(const std::string& key, const std::string& v
   return j ? status{} : status{j.err()};
 }
 
-} // namespace grace
+}  // namespace grace

@@ -59,4 +59,4 @@ private:
   size_t next_ = 0;  ///< the endpoint that answered last
 };
 
-} // namespace grace
+}  // namespace grace

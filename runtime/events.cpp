@@ -25,16 +25,16 @@ int events_fd() {
   }();
   return fd;
 }
-} // namespace
+}  // namespace
 
 int64_t wall_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 int64_t mono_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 void set_event_identity(uint32_t rank, uint32_t incarnation) {
@@ -43,8 +43,11 @@ void set_event_identity(uint32_t rank, uint32_t incarnation) {
 }
 
 void emit_event(const std::string& name, const nlohmann::json& fields) {
-  nlohmann::json j = {{"event", name}, {"t_ns", wall_ns()}, {"pid", ::getpid()},
-                      {"rank", event_rank.load()}, {"incarnation", event_incarnation.load()}};
+  nlohmann::json j = {{"event", name},
+                      {"t_ns", wall_ns()},
+                      {"pid", ::getpid()},
+                      {"rank", event_rank.load()},
+                      {"incarnation", event_incarnation.load()}};
   if (fields.is_object())
     for (auto& [k, v] : fields.items()) j[k] = v;
   auto line = j.dump();
@@ -57,4 +60,4 @@ void emit_event(const std::string& name, const nlohmann::json& fields) {
   }
 }
 
-} // namespace grace
+}  // namespace grace

@@ -25,4 +25,4 @@ void set_event_identity(uint32_t rank, uint32_t incarnation);
 /// Records one event.
 void emit_event(const std::string& name, const nlohmann::json& fields);
 
-} // namespace grace
+}  // namespace grace

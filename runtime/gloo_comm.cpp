@@ -73,8 +73,7 @@ bool same_local_address(const sockaddr_storage& a, const sockaddr_storage& b) {
   if (a.ss_family == AF_INET6) {
     auto x = reinterpret_cast<const sockaddr_in6*>(&a);
     auto y = reinterpret_cast<const sockaddr_in6*>(&b);
-    return x->sin6_port == y->sin6_port &&
-           std::memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
+    return x->sin6_port == y->sin6_port && std::memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
   }
   return false;
 }
@@ -93,12 +92,11 @@ int shutdown_sockets_bound_to(const std::vector<sockaddr_storage>& addrs) {
     if (end == e->d_name || *end != '\0' || fd == dir_fd) continue;
     sockaddr_storage local{};
     socklen_t len = sizeof(local);
-    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0)
-      continue; // not a socket
+    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;  // not a socket
     sockaddr_storage peer{};
     socklen_t plen = sizeof(peer);
     if (::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &plen) != 0)
-      continue; // not connected (e.g. a listener)
+      continue;  // not connected (e.g. a listener)
     for (const auto& a : addrs) {
       if (same_local_address(local, a)) {
         if (::shutdown(static_cast<int>(fd), SHUT_RDWR) == 0) ++count;
@@ -152,8 +150,7 @@ error classify(const char* op, bool aborted, bool timed_out) {
     return error{errc::failed, std::string(op) + ": unknown exception"};
   }
   if (aborted) return error{errc::disconnected, std::string(op) + ": aborted (" + what + ")"};
-  if (timed_out || mentions_timeout(what))
-    return error{errc::overloaded, std::string(op) + ": timed out: " + what};
+  if (timed_out || mentions_timeout(what)) return error{errc::overloaded, std::string(op) + ": timed out: " + what};
   return error{errc::disconnected, std::string(op) + ": " + what};
 }
 
@@ -200,18 +197,18 @@ struct mesh_attempt {
   std::exception_ptr error;
 };
 
-} // namespace
+}  // namespace
 
-result<std::unique_ptr<gloo_comm>> gloo_comm::connect(
-    std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix, int rank, int size,
-    std::chrono::milliseconds timeout, std::string iface_host, std::shared_ptr<cancel_token> cancel) {
+result<std::unique_ptr<gloo_comm>> gloo_comm::connect(std::shared_ptr<gloo::rendezvous::Store> store,
+                                                      std::string prefix, int rank, int size,
+                                                      std::chrono::milliseconds timeout, std::string iface_host,
+                                                      std::shared_ptr<cancel_token> cancel) {
   if (!store) return error{errc::invalid_input, "gloo_comm: no rendezvous store given"};
   if (size < 1 || rank < 0 || rank >= size)
-    return error{errc::invalid_input, "gloo_comm: rank " + std::to_string(rank) +
-                                          " is out of range for world size " + std::to_string(size)};
-  if (timeout.count() <= 0)
     return error{errc::invalid_input,
-                 "gloo_comm: timeout must be positive (Gloo treats 0 as 'wait forever')"};
+                 "gloo_comm: rank " + std::to_string(rank) + " is out of range for world size " + std::to_string(size)};
+  if (timeout.count() <= 0)
+    return error{errc::invalid_input, "gloo_comm: timeout must be positive (Gloo treats 0 as 'wait forever')"};
 
   ignore_sigpipe_once();
   std::unique_ptr<gloo_comm> c(new gloo_comm());
@@ -238,15 +235,14 @@ result<std::unique_ptr<gloo_comm>> gloo_comm::connect(
                                          "): aborted during the rendezvous (a peer was lost)"};
   } catch (...) {
     const bool timed_out = std::chrono::steady_clock::now() - start >= timeout;
-    return classify(("connect (prefix '" + prefix + "', " + iface_host + ")").c_str(), false,
-                    timed_out);
+    return classify(("connect (prefix '" + prefix + "', " + iface_host + ")").c_str(), false, timed_out);
   }
   return c;
 }
 
 std::shared_ptr<gloo::Context> gloo_comm::connect_abandonable(const std::string& prefix,
-                                                               std::chrono::milliseconds timeout,
-                                                               std::shared_ptr<cancel_token> token) {
+                                                              std::chrono::milliseconds timeout,
+                                                              std::shared_ptr<cancel_token> token) {
   auto guarded = std::make_shared<abandonable_store>(store_);
   auto attempt = std::make_shared<mesh_attempt>();
   // The helper owns everything it touches (store wrapper, device, context,
@@ -302,7 +298,7 @@ void keep_forever(std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& 
   bufs.clear();
 }
 
-} // namespace
+}  // namespace
 
 gloo_comm::~gloo_comm() {
   // Pairs close their sockets on destruction; peers see EOF and fail.
@@ -340,8 +336,7 @@ void gloo_comm::abort() {
 status gloo_comm::precheck(const char* op) const {
   if (aborted()) return error{errc::disconnected, std::string(op) + ": communicator was aborted"};
   if (failed_.load(std::memory_order_acquire))
-    return error{errc::disconnected,
-                 std::string(op) + ": communicator failed earlier; connect a new one"};
+    return error{errc::disconnected, std::string(op) + ": communicator failed earlier; connect a new one"};
   return status::success();
 }
 
@@ -373,7 +368,7 @@ std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadl
   // Never 0 or negative: Gloo reads kUnsetTimeout (-1) as "the context's".
   return std::max(left, std::chrono::milliseconds(1));
 }
-} // namespace
+}  // namespace
 
 void gloo_comm::wait_recv(gloo::transport::UnboundBuffer& b, std::chrono::steady_clock::time_point deadline) {
   if (!b.waitRecv(nullptr, left_until(deadline)))
@@ -381,15 +376,14 @@ void gloo_comm::wait_recv(gloo::transport::UnboundBuffer& b, std::chrono::steady
 }
 
 void gloo_comm::wait_send(gloo::transport::UnboundBuffer& b, std::chrono::steady_clock::time_point deadline) {
-  if (!b.waitSend(nullptr, left_until(deadline)))
-    throw gloo::IoException("communicator aborted while waiting to send");
+  if (!b.waitSend(nullptr, left_until(deadline))) throw gloo::IoException("communicator aborted while waiting to send");
 }
 
 namespace {
 /// Slot of step `step` of the collective with tag `tag`: both ends compute
 /// the same one, and no two collectives of one comm share a slot.
 uint64_t slot_of(uint32_t tag, uint32_t step) { return (uint64_t(tag) << 24) | step; }
-} // namespace
+}  // namespace
 
 status gloo_comm::allreduce_sum(float* data, size_t n) {
   if (auto st = precheck("allreduce"); !st) return st;
@@ -452,8 +446,7 @@ status gloo_comm::allreduce_sum(float* data, size_t n) {
 status gloo_comm::broadcast(float* data, size_t n, int root) {
   if (auto st = precheck("broadcast"); !st) return st;
   if (root < 0 || root >= size_)
-    return error{errc::invalid_input, "broadcast: root " + std::to_string(root) +
-                                          " is out of range for world size " +
+    return error{errc::invalid_input, "broadcast: root " + std::to_string(root) + " is out of range for world size " +
                                           std::to_string(size_)};
   if (n == 0 || size_ == 1) return status::success();
   const auto start = std::chrono::steady_clock::now();
@@ -514,4 +507,4 @@ status gloo_comm::barrier() {
   return status::success();
 }
 
-} // namespace grace
+}  // namespace grace

@@ -27,12 +27,12 @@ class Context;
 namespace rendezvous {
 class Store;
 class PrefixStore;
-} // namespace rendezvous
+}  // namespace rendezvous
 namespace transport {
 class Device;
 class UnboundBuffer;
-} // namespace transport
-} // namespace gloo
+}  // namespace transport
+}  // namespace gloo
 
 namespace grace {
 
@@ -54,10 +54,10 @@ public:
   /// the rendezvous then ends the wait at once instead of at the timeout).
   /// The abandoned helper keeps what it uses alive and never touches
   /// `store` again; it ends at Gloo's own timeout or with the process.
-  static result<std::unique_ptr<gloo_comm>> connect(
-      std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix, int rank, int size,
-      std::chrono::milliseconds timeout, std::string iface_host,
-      std::shared_ptr<cancel_token> cancel = nullptr);
+  static result<std::unique_ptr<gloo_comm>> connect(std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix,
+                                                    int rank, int size, std::chrono::milliseconds timeout,
+                                                    std::string iface_host,
+                                                    std::shared_ptr<cancel_token> cancel = nullptr);
 
   ~gloo_comm();
   gloo_comm(const gloo_comm&) = delete;
@@ -117,10 +117,10 @@ private:
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   std::mutex active_m_;
-  std::vector<gloo::transport::UnboundBuffer*> active_;          ///< guarded by active_m_
+  std::vector<gloo::transport::UnboundBuffer*> active_;  ///< guarded by active_m_
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> graveyard_;
-  std::vector<float> scratch_;   ///< receive buffer of the reduce-scatter
-  std::vector<char> tokens_;     ///< barrier bytes
+  std::vector<float> scratch_;  ///< receive buffer of the reduce-scatter
+  std::vector<char> tokens_;    ///< barrier bytes
 };
 
-} // namespace grace
+}  // namespace grace

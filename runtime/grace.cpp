@@ -39,11 +39,7 @@
 
 namespace grace {
 
-namespace {
-
-
-
-} // namespace
+namespace {}  // namespace
 
 struct session::impl {
   options opts;
@@ -166,8 +162,8 @@ struct session::impl {
       try {
         h.restore(*bytes);
       } catch (const std::exception& e) {
-        return error{errc::invalid_input, "restoring blob '" + name + "' from " + r.path.string() +
-                                              " failed: " + e.what()};
+        return error{errc::invalid_input,
+                     "restoring blob '" + name + "' from " + r.path.string() + " failed: " + e.what()};
       }
     }
     return {};
@@ -224,8 +220,11 @@ struct session::impl {
         writes_in_flight = 0;
         more = false;
       };
-      if (block) (*self)->receive(on_answer, on_down);
-      else (*self)->receive(on_answer, on_down, caf::after(std::chrono::seconds(0)) >> [&] { more = false; });
+      if (block)
+        (*self)->receive(on_answer, on_down);
+      else
+        (*self)->receive(
+            on_answer, on_down, caf::after(std::chrono::seconds(0)) >> [&] { more = false; });
     }
     return last;
   }
@@ -265,13 +264,14 @@ struct session::impl {
   void leave(int c) {
     if (!attached || !rt || ctl->coordinator_gone()) return;  // nobody to tell
     auto m = make<proto::Leave>([&](auto b) {
-      b.setRank(cluster.rank); b.setExitCode(c);
+      b.setRank(cluster.rank);
+      b.setExitCode(c);
     });
     left = true;
     caf::scoped_actor self{rt->sys()};
     self->request(coord, verdict_wait, std::move(m))
-      .receive([](bool) {},
-               [&](caf::error& e) { log->warn("leave: no answer from the coordinator: {}", rt->sys().render(e)); });
+        .receive([](bool) {},
+                 [&](caf::error& e) { log->warn("leave: no answer from the coordinator: {}", rt->sys().render(e)); });
   }
 
   step_result stop(int c, std::string why, bool may_throw = true) {
@@ -306,14 +306,11 @@ struct session::impl {
       boundary_input in{c, mode, mono_ns(), wall_ns(), error};
       auto d = policy->next(s, in);
       switch (d.what) {
-        case ty::run:
-          return std::nullopt;
+        case ty::run: return std::nullopt;
         case ty::run_clear:
           if (ctl->clear_pending_if_unchanged(s.version)) return std::nullopt;
           continue;  // something arrived meanwhile: decide again
-        case ty::ack_jit:
-          ack_jit(d);
-          continue;
+        case ty::ack_jit: ack_jit(d); continue;
         case ty::reach:
           if (d.save && d.kind == checkpoint_kind::jit && opts.broken.no_just_in_time_save)
             return stop(opts.restart_exit_code, "just-in-time save disabled (broken on purpose)", may_throw);
@@ -325,9 +322,7 @@ struct session::impl {
           policy->grace_continues();
           log->info("grace period: training continues after the save at step {}", c);
           continue;
-        case ty::propose_final:
-          propose_final(d);
-          return std::nullopt;
+        case ty::propose_final: propose_final(d); return std::nullopt;
         case ty::save_own:
           log->warn("coordination service lost: the chief saves step {} before exiting", d.step);
           if (auto st = save(d.step, checkpoint_kind::jit, 0, true); !st)
@@ -340,10 +335,10 @@ struct session::impl {
           if (d.new_wait)
             log->info("step boundary {}: waiting for {} (at most {} ms)", c, to_string(d.reason),
                       (d.deadline_ns - in.mono_ns) / 1000000);
-          ctl->wait_for_change(s.version, std::chrono::steady_clock::time_point(std::chrono::nanoseconds(d.deadline_ns)));
+          ctl->wait_for_change(s.version,
+                               std::chrono::steady_clock::time_point(std::chrono::nanoseconds(d.deadline_ns)));
           continue;
-        case ty::stop:
-          return stop(d.code, d.message, may_throw);
+        case ty::stop: return stop(d.code, d.message, may_throw);
       }
     }
   }
@@ -351,7 +346,9 @@ struct session::impl {
   void ack_jit(const worker_decision& d) {
     log->warn("peer lost: stopped at step {}, reporting it for a just-in-time save", d.step);
     to_coordinator(make<proto::Ack>([&](auto b) {
-      b.setAgreementId(d.id); b.setRank(cluster.rank); b.setEarliestStep(d.step);
+      b.setAgreementId(d.id);
+      b.setRank(cluster.rank);
+      b.setEarliestStep(d.step);
     }));
     policy->acked(d.id);
   }
@@ -370,7 +367,8 @@ struct session::impl {
               d.margin_ns / 1000000);
     emit_event("propose_final", {{"left_ns", d.left_ns}, {"margin_ns", d.margin_ns}, {"step", d.step}});
     to_coordinator(make<proto::ProposeFinal>([&](auto b) {
-      b.setRank(cluster.rank); b.setStartedStep(d.step);
+      b.setRank(cluster.rank);
+      b.setStartedStep(d.step);
     }));
     policy->proposed_final();
   }
@@ -391,7 +389,9 @@ struct session::impl {
     log->error("step {} raised: {}", k, what);
     emit_event("step_error", {{"step", k}, {"message", what}});
     to_coordinator(make<proto::ErrorReport>([&](auto b) {
-      b.setRank(cluster.rank); b.setStep(k); b.setMessage(what);
+      b.setRank(cluster.rank);
+      b.setStep(k);
+      b.setMessage(what);
     }));
     if (auto s = boundary(k, boundary_mode::own_error, what)) return *s;
     return stop(exit_code::fatal, "error in step " + std::to_string(k) + ": " + what);
@@ -476,14 +476,15 @@ result<uint64_t> session::attach() {
     d.cluster.iface = adv->iface;
     d.cluster.host_source = adv->source;
   }
-  d.log->info("grace: rank {}/{} (cluster from {}), incarnation {}, address {} ({}), checkpoints in {}",
-              d.cluster.rank, d.cluster.world_size, d.cluster.source, d.cluster.incarnation, d.cluster.host,
-              d.cluster.host_source, d.opts.checkpoint_dir);
+  d.log->info("grace: rank {}/{} (cluster from {}), incarnation {}, address {} ({}), checkpoints in {}", d.cluster.rank,
+              d.cluster.world_size, d.cluster.source, d.cluster.incarnation, d.cluster.host, d.cluster.host_source,
+              d.opts.checkpoint_dir);
 
   for (auto& t : d.tensors)
     if (t.memory == memory_kind::device && !device_copy_available())
-      return error{errc::invalid_input, "tensor '" + t.name + "' is in device memory but no CUDA device-copy "
-                                        "hook is registered (a CUDA build calls register_cuda_device_copy())"};
+      return error{errc::invalid_input, "tensor '" + t.name +
+                                            "' is in device memory but no CUDA device-copy "
+                                            "hook is registered (a CUDA build calls register_cuda_device_copy())"};
   // Restore first, so the join carries the restored step.
   if (auto st = d.restore(); !st) return st.err();
   if (auto st = d.start_actors(); !st) return st.err();
@@ -544,8 +545,8 @@ status session::impl::start_actors() {
     if (!cluster.local_mode()) {
       auto port = sys.middleman().publish(coord, cluster.coordinator_port, cluster.coordinator_host.c_str(), true);
       if (!port)
-        return error{errc::invalid_input, "cannot host the coordination service on " + cluster.coordinator_host +
-                                              ":" + std::to_string(cluster.coordinator_port) + ": " +
+        return error{errc::invalid_input, "cannot host the coordination service on " + cluster.coordinator_host + ":" +
+                                              std::to_string(cluster.coordinator_port) + ": " +
                                               sys.render(port.error())};
     }
   } else {
@@ -583,10 +584,15 @@ status session::impl::join() {
   char host[256] = "?";
   ::gethostname(host, sizeof(host) - 1);
   auto m = make<proto::Join>([&](auto b) {
-    b.setRank(cluster.rank); b.setWorldSize(cluster.world_size); b.setRunId(cluster.run_id);
-    b.setIncarnation(cluster.incarnation); b.setToken(cluster.token);
-    b.setProtocolVersion(proto::PROTOCOL_VERSION); b.setHost(host);
-    b.setPid(static_cast<uint32_t>(::getpid())); b.setCompletedStep(completed);
+    b.setRank(cluster.rank);
+    b.setWorldSize(cluster.world_size);
+    b.setRunId(cluster.run_id);
+    b.setIncarnation(cluster.incarnation);
+    b.setToken(cluster.token);
+    b.setProtocolVersion(proto::PROTOCOL_VERSION);
+    b.setHost(host);
+    b.setPid(static_cast<uint32_t>(::getpid()));
+    b.setCompletedStep(completed);
   });
   // A join for the next incarnation is refused (restartable, naming the
   // current one) while the old group still has live members: asked again
@@ -598,30 +604,35 @@ status session::impl::join() {
     {
       caf::scoped_actor self{sys};
       self->request(watcher, std::chrono::seconds(30), join_atom::value, m)
-        .receive(
-          [&](msg<proto::Welcome>& w) {
-            auto r = decode(w);
-            if (!r) { failure = r.err(); return; }
-            auto wr = r->get();
-            if (!wr.getAccepted()) {
-              wait_for_old_group = wr.getRestartable() && wr.getIncarnation() + 1 == cluster.incarnation;
-              failure = error{wr.getRestartable() ? errc::preempted : errc::invalid_input,
-                              "the coordination service refused rank " + std::to_string(cluster.rank) + ": " +
-                                  str(wr.getReason())};
-              return;
-            }
-            if (wr.getRank() != cluster.rank || wr.getWorldSize() != cluster.world_size ||
-                str(wr.getRunId()) != cluster.run_id || wr.getIncarnation() != cluster.incarnation) {
-              failure = error{errc::invalid_input,
-                              "the coordination service welcomed rank " + std::to_string(wr.getRank()) + " of " +
-                                  std::to_string(wr.getWorldSize()) + " in run '" + str(wr.getRunId()) +
-                                  "' incarnation " + std::to_string(wr.getIncarnation()) + " (protocol error)"};
-              return;
-            }
-            prefix = str(wr.getRendezvousPrefix());
-            if (wr.getVerdictWaitMs()) verdict_wait = std::chrono::milliseconds(wr.getVerdictWaitMs());
-          },
-          [&](caf::error& e) { failure = error{errc::disconnected, "join: " + sys.render(e)}; });
+          .receive(
+              [&](msg<proto::Welcome>& w) {
+                auto r = decode(w);
+                if (!r) {
+                  failure = r.err();
+                  return;
+                }
+                auto wr = r->get();
+                if (!wr.getAccepted()) {
+                  wait_for_old_group = wr.getRestartable() && wr.getIncarnation() + 1 == cluster.incarnation;
+                  failure = error{wr.getRestartable() ? errc::preempted : errc::invalid_input,
+                                  "the coordination service refused rank " + std::to_string(cluster.rank) + ": " +
+                                      str(wr.getReason())};
+                  return;
+                }
+                if (wr.getRank() != cluster.rank || wr.getWorldSize() != cluster.world_size ||
+                    str(wr.getRunId()) != cluster.run_id || wr.getIncarnation() != cluster.incarnation) {
+                  failure = error{errc::invalid_input,
+                                  "the coordination service welcomed rank " + std::to_string(wr.getRank()) + " of " +
+                                      std::to_string(wr.getWorldSize()) + " in run '" + str(wr.getRunId()) +
+                                      "' incarnation " + std::to_string(wr.getIncarnation()) + " (protocol error)"};
+                  return;
+                }
+                prefix = str(wr.getRendezvousPrefix());
+                if (wr.getVerdictWaitMs()) verdict_wait = std::chrono::milliseconds(wr.getVerdictWaitMs());
+              },
+              [&](caf::error& e) {
+                failure = error{errc::disconnected, "join: " + sys.render(e)};
+              });
     }
     if (!failure) break;
     if (!wait_for_old_group || std::chrono::steady_clock::now() > deadline) return *failure;
@@ -652,9 +663,12 @@ void session::impl::start_signal_watcher() {
   auto r = cluster.rank;
   signals = std::make_unique<signal_watcher>(sc, [w, r](const notice_info& n) {
     caf::anon_send(w, make<proto::Notice>([&](auto b) {
-      b.setRank(r); b.setSource(static_cast<proto::NoticeSource>(n.source)); b.setDetail(n.detail);
-      b.setReceivedNs(n.received_ns); b.setDeadlineNs(n.deadline_ns);
-    }));
+                     b.setRank(r);
+                     b.setSource(static_cast<proto::NoticeSource>(n.source));
+                     b.setDetail(n.detail);
+                     b.setReceivedNs(n.received_ns);
+                     b.setDeadlineNs(n.deadline_ns);
+                   }));
   });
 }
 
@@ -718,8 +732,10 @@ status session::finish() {
     if (!s) {
       // An error (issue: nothing durable holds the last steps), said to the
       // group on the way out so this exit is not taken for a lost member.
-      d.stop(exit_code::fatal, "the final checkpoint at step " + std::to_string(d.completed) +
-                                   " could not be written: " + s.err().message, false);
+      d.stop(
+          exit_code::fatal,
+          "the final checkpoint at step " + std::to_string(d.completed) + " could not be written: " + s.err().message,
+          false);
       return s;
     }
     if (!d.opts.keep_checkpoints_on_success) d.remove_backups();
@@ -748,15 +764,17 @@ void session::impl::finish_barrier() {
   if (!kv) return;
   caf::scoped_actor self{rt->sys()};
   std::string err;
-  self->request(coord, opts.save_timeout + verdict_wait,
-                make<proto::Barrier>([&](auto b) {
-                  b.setName(prefix + "finish"); b.setRank(cluster.rank); b.setCount(cluster.world_size);
+  self->request(coord, opts.save_timeout + verdict_wait, make<proto::Barrier>([&](auto b) {
+                  b.setName(prefix + "finish");
+                  b.setRank(cluster.rank);
+                  b.setCount(cluster.world_size);
                 }))
-    .receive([&](msg<proto::BarrierReply>& r) {
-               auto rr = decode(r);
-               if (!rr || !rr->get().getOk()) err = rr ? str(rr->get().getError()) : rr.err().message;
-             },
-             [&](caf::error& e) { err = rt->sys().render(e); });
+      .receive(
+          [&](msg<proto::BarrierReply>& r) {
+            auto rr = decode(r);
+            if (!rr || !rr->get().getOk()) err = rr ? str(rr->get().getError()) : rr.err().message;
+          },
+          [&](caf::error& e) { err = rt->sys().render(e); });
   if (!err.empty()) log->warn("finish barrier: {}", err);
 }
 
@@ -785,19 +803,20 @@ const cluster_config& session::cluster() const { return impl_->cluster; }
 std::shared_ptr<gloo::rendezvous::Store> session::rendezvous_store() { return impl_->kv; }
 std::string session::rendezvous_prefix() const { return impl_->prefix; }
 
-void session::set_abort_handler(std::function<void()> f) {
-  impl_->ctl->set_abort_handler(std::move(f));
-}
+void session::set_abort_handler(std::function<void()> f) { impl_->ctl->set_abort_handler(std::move(f)); }
 
 void session::notify(const std::string& detail) {
   auto& d = *impl_;
   if (!d.attached) return;
   caf::anon_send(d.watcher, make<proto::Notice>([&](auto b) {
-    b.setRank(d.cluster.rank); b.setSource(proto::NoticeSource::TEST); b.setDetail(detail);
-    b.setReceivedNs(wall_ns());
-    if (d.opts.grace_period.count() > 0)
-      b.setDeadlineNs(wall_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(d.opts.grace_period).count());
-  }));
+                   b.setRank(d.cluster.rank);
+                   b.setSource(proto::NoticeSource::TEST);
+                   b.setDetail(detail);
+                   b.setReceivedNs(wall_ns());
+                   if (d.opts.grace_period.count() > 0)
+                     b.setDeadlineNs(wall_ns() +
+                                     std::chrono::duration_cast<std::chrono::nanoseconds>(d.opts.grace_period).count());
+                 }));
 }
 
-} // namespace grace
+}  // namespace grace

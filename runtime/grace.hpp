@@ -25,8 +25,12 @@
 #include <stdexcept>
 #include <string>
 
-namespace gloo::rendezvous { class Store; }
-namespace spdlog { class logger; }
+namespace gloo::rendezvous {
+class Store;
+}
+namespace spdlog {
+class logger;
+}
 
 namespace grace {
 
@@ -41,32 +45,32 @@ struct broken_on_purpose {
 
 struct options {
   std::string checkpoint_dir = "grace-checkpoints";
-  int keep_last = 3;                      ///< checkpoints kept (older deleted after a newer commit)
+  int keep_last = 3;  ///< checkpoints kept (older deleted after a newer commit)
   int restart_exit_code = exit_code::restart;
-  uint64_t save_every_steps = 0;          ///< periodic backup (0: off)
-  double save_every_seconds = 0;          ///< periodic backup by time (0: off)
-  bool keep_checkpoints_on_success = false; ///< finish() keeps backups (else only the final one)
+  uint64_t save_every_steps = 0;             ///< periodic backup (0: off)
+  double save_every_seconds = 0;             ///< periodic backup by time (0: off)
+  bool keep_checkpoints_on_success = false;  ///< finish() keeps backups (else only the final one)
   // notices
   std::string notice_file;                ///< a file whose appearance is a notice
   std::string notice_command;             ///< a command whose exit 0 is a notice
   std::function<bool()> notice_callback;  ///< polled; true is a notice
   std::chrono::milliseconds poll_interval{1000};
-  std::chrono::milliseconds grace_period{0}; ///< time from notice to kill (0: none)
-  double margin_factor = 2.0;             ///< final-save margin = factor * (margin_steps * p95 step + p95 save) + 5 ms
-  int margin_steps = 2;                   ///< steps left to run after the proposal (in flight + agreed)
+  std::chrono::milliseconds grace_period{0};  ///< time from notice to kill (0: none)
+  double margin_factor = 2.0;  ///< final-save margin = factor * (margin_steps * p95 step + p95 save) + 5 ms
+  int margin_steps = 2;        ///< steps left to run after the proposal (in flight + agreed)
   // behaviour
-  bool throw_on_stop = false;             ///< run() throws grace::stop_requested instead of returning stop
-  std::chrono::milliseconds wait_timeout{60000}; ///< longest wait for a rendezvous key (collectives' setup)
+  bool throw_on_stop = false;                     ///< run() throws grace::stop_requested instead of returning stop
+  std::chrono::milliseconds wait_timeout{60000};  ///< longest wait for a rendezvous key (collectives' setup)
   /// Longest wait for another member's checkpoint to commit (a save of the
   /// whole state by the saver). Waits for the coordinator's decisions are
   /// bounded by what it announces when this worker joins (its dead-after,
   /// heartbeat check and the connection timeout), not by a fixed time.
   std::chrono::milliseconds save_timeout{600000};
   std::chrono::milliseconds heartbeat{200};
-  std::chrono::milliseconds dead_after{3000}; ///< coordinator's failure verdict (local/--workers modes)
-  std::optional<cluster_config> cluster;  ///< default: from the environment
+  std::chrono::milliseconds dead_after{3000};  ///< coordinator's failure verdict (local/--workers modes)
+  std::optional<cluster_config> cluster;       ///< default: from the environment
   std::shared_ptr<spdlog::logger> log;
-  broken_on_purpose broken;               ///< mutants for the harness's own tests; all off
+  broken_on_purpose broken;  ///< mutants for the harness's own tests; all off
 };
 
 enum class step_result { ok, stop };
@@ -80,6 +84,7 @@ class stop_requested : public std::runtime_error {
 public:
   stop_requested(int code, const std::string& why) : std::runtime_error(why), code_(code) {}
   int code() const noexcept { return code_; }
+
 private:
   int code_;
 };
@@ -91,6 +96,7 @@ class step_failure : public std::runtime_error {
 public:
   explicit step_failure(error e) : std::runtime_error(e.what()), err_(std::move(e)) {}
   const error& err() const noexcept { return err_; }
+
 private:
   error err_;
 };
@@ -183,4 +189,4 @@ private:
   std::unique_ptr<impl> impl_;
 };
 
-} // namespace grace
+}  // namespace grace

@@ -20,15 +20,12 @@ void group_end::add(exit_effect e, bool no_rendezvous, const std::string& descri
       restart = true;
       rendezvous_failed |= no_rendezvous;
       break;
-    case exit_effect::usage:
-      usage = true;
-      [[fallthrough]];
+    case exit_effect::usage: usage = true; [[fallthrough]];
     case exit_effect::fatal:
       if (!fatal) fatal_cause = describe;
       fatal = true;
       break;
-    case exit_effect::finished:
-      break;
+    case exit_effect::finished: break;
   }
 }
 
@@ -43,12 +40,12 @@ launcher_decision decide_after_group(const group_end& g, const group_context& c,
     return {false, c.restart_code, "preempted: workers saved and exited; restart this job to resume"};
   if (streak.group_ended(g.rendezvous_failed))
     return {false, exit_code::no_progress,
-            "the group failed its rendezvous " + std::to_string(streak.count()) + " times in a row (last: " +
-                g.cause + "): " + c.rendezvous_hint};
+            "the group failed its rendezvous " + std::to_string(streak.count()) + " times in a row (last: " + g.cause +
+                "): " + c.rendezvous_hint};
   if (c.restarts >= c.max_restarts)
     return {false, exit_code::no_progress,
             "restarts exhausted (" + std::to_string(c.max_restarts) + "), last cause: " + g.cause};
   return {true, 0, g.cause};
 }
 
-} // namespace grace
+}  // namespace grace

@@ -44,8 +44,7 @@ private:
 /// - `current + 1` once it has been in `current` (a normal restart) or
 ///   counted past it alone, unable to reach the coordinator.
 /// Without an answer it counts on its own.
-inline uint32_t next_incarnation(std::optional<uint32_t> previous, uint32_t initial,
-                                 std::optional<uint32_t> current) {
+inline uint32_t next_incarnation(std::optional<uint32_t> previous, uint32_t initial, std::optional<uint32_t> current) {
   if (!current) return previous ? *previous + 1 : initial;
   return (previous && *previous >= *current) ? *current + 1 : *current;
 }
@@ -79,9 +78,9 @@ struct launcher_decision {
 };
 
 struct group_context {
-  int nproc = 1;                ///< workers on this node
+  int nproc = 1;                  ///< workers on this node
   bool notice_forwarded = false;  ///< the launcher got SIGTERM/SIGINT and passed it on
-  int restarts = 0;             ///< groups restarted so far
+  int restarts = 0;               ///< groups restarted so far
   int max_restarts = 0;
   int restart_code = 42;
   /// Appended to the "failed its rendezvous" reason: what to check (the
@@ -96,4 +95,4 @@ struct group_context {
 /// otherwise restart.
 launcher_decision decide_after_group(const group_end& g, const group_context& c, rendezvous_streak& streak);
 
-} // namespace grace
+}  // namespace grace

@@ -58,8 +58,7 @@ GRACE_HD inline void softmax_row(const float* logits, int n, float* probs) {
 /// probability). Writes the gradient with respect to the logits, scaled:
 /// grad[k] = scale * (softmax_k - [k == label]). `grad` may alias `logits`.
 /// Returns the unscaled loss.
-GRACE_HD inline float softmax_xent_row(const float* logits, int label, int n, float* grad,
-                                       float scale) {
+GRACE_HD inline float softmax_xent_row(const float* logits, int label, int n, float* grad, float scale) {
   float m = logits[0];
   for (int k = 1; k < n; ++k) m = logits[k] > m ? logits[k] : m;
   float sum = 0.0f;
@@ -135,5 +134,5 @@ GRACE_HD inline float normal(uint64_t seed, uint64_t stream, uint64_t a, uint64_
   return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
 
-} // namespace kernels
-} // namespace grace
+}  // namespace kernels
+}  // namespace grace

@@ -86,15 +86,21 @@ status from_slurm(launch_settings& s, const env_lookup& getenv) {
   return {};
 }
 
-} // namespace
+}  // namespace
 
 result<std::string> first_host_of_nodelist(const std::string& list) {
   if (list.empty()) return bad("empty host list");
   size_t depth = 0, end = list.size();
   for (size_t i = 0; i < list.size(); ++i) {
-    if (list[i] == '[') ++depth;
-    else if (list[i] == ']') { if (depth == 0) return bad("unbalanced ']' in '" + list + "'"); --depth; }
-    else if (list[i] == ',' && depth == 0) { end = i; break; }
+    if (list[i] == '[')
+      ++depth;
+    else if (list[i] == ']') {
+      if (depth == 0) return bad("unbalanced ']' in '" + list + "'");
+      --depth;
+    } else if (list[i] == ',' && depth == 0) {
+      end = i;
+      break;
+    }
   }
   if (depth != 0) return bad("unbalanced '[' in '" + list + "'");
   auto host = list.substr(0, end);
@@ -127,4 +133,4 @@ std::string describe_sources(const std::vector<std::string>& used) {
   return torchrun && slurm ? "torchrun + SLURM" : torchrun ? "torchrun" : slurm ? "SLURM" : "";
 }
 
-} // namespace grace
+}  // namespace grace

@@ -61,4 +61,4 @@ result<launch_settings> launch_settings_from_environment(const env_lookup& geten
 /// The first host of a SLURM host list: "node[03-05,9],gpu1" -> "node03".
 result<std::string> first_host_of_nodelist(const std::string& nodelist);
 
-} // namespace grace
+}  // namespace grace

@@ -58,7 +58,7 @@ struct worker_proc {
   pid_t pid = -1;
   int rank = 0;
   bool exited = false;
-  int code = 0;   ///< exit code, or 128 + signal
+  int code = 0;  ///< exit code, or 128 + signal
   int signal = 0;
 };
 
@@ -96,7 +96,7 @@ void write_reason(const launch_options& o, int code, const std::string& reason, 
   tmp += ".tmp";
   {
     std::ofstream f(tmp);
-    f << nlohmann::json{{"exit_code", code}, {"reason", reason}, {"restarts", restarts},
+    f << nlohmann::json{{"exit_code", code},        {"reason", reason},   {"restarts", restarts},
                         {"node_rank", o.node_rank}, {"run_id", o.run_id}, {"time_ns", wall_ns()}}
              .dump(2)
       << "\n";
@@ -137,8 +137,7 @@ struct verdict_inbox {
   std::vector<entry> take() {
     if (pipe_fd[0] >= 0) {
       char buf[64];
-      while (::read(pipe_fd[0], buf, sizeof buf) > 0) {
-      }
+      while (::read(pipe_fd[0], buf, sizeof buf) > 0) {}
     }
     std::lock_guard<std::mutex> g(m);
     return std::exchange(entries, {});
@@ -181,13 +180,13 @@ result<endpoints> resolve_endpoints(const launch_options& o, const std::string& 
 /// The coordinator's current incarnation, asked by a launcher on node > 0
 /// before it starts a group. Reconnects once if the old connection is gone
 /// (a partition, a restart of this host). Nothing if it cannot be reached.
-std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_actor& coord,
-                                            const std::string& host, uint16_t port) {
+std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_actor& coord, const std::string& host,
+                                            uint16_t port) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::optional<uint32_t> out;
     caf::scoped_actor self{sys};
     self->request(coord, std::chrono::seconds(2), current_atom::value)
-      .receive([&](uint32_t inc) { out = inc; }, [&](caf::error&) {});
+        .receive([&](uint32_t inc) { out = inc; }, [&](caf::error&) {});
     if (out || attempt == 1) return out;
     auto h = connect_coordinator(sys, host, port, std::chrono::seconds(2));
     if (!h) return std::nullopt;
@@ -203,7 +202,7 @@ std::vector<std::string> checkpoint_peers(caf::actor_system& sys, coordinator_ac
   std::string lines;
   caf::scoped_actor self{sys};
   self->request(coord, std::chrono::seconds(2), ckpt_peer_atom::value, static_cast<int32_t>(o.node_rank), endpoint)
-    .receive([&](std::string& r) { lines = std::move(r); }, [&](caf::error&) {});
+      .receive([&](std::string& r) { lines = std::move(r); }, [&](caf::error&) {});
   std::vector<std::string> out;
   for (size_t start = 0, nl; (nl = lines.find('\n', start)) != std::string::npos; start = nl + 1)
     out.push_back(lines.substr(start, nl - start));
@@ -231,9 +230,8 @@ void fetch_newer_checkpoint(caf::actor_system& sys, coordinator_actor& coord, co
     return;
   }
   auto ns = mono_ns() - t0;
-  say("fetched checkpoint step " + std::to_string(plan->step) + " from " + plan->endpoint + " (" +
-      std::to_string(*r) + " bytes in " + std::to_string(ns / 1000000) + " ms; newest here was " +
-      std::to_string(local) + ")");
+  say("fetched checkpoint step " + std::to_string(plan->step) + " from " + plan->endpoint + " (" + std::to_string(*r) +
+      " bytes in " + std::to_string(ns / 1000000) + " ms; newest here was " + std::to_string(local) + ")");
   emit_event("fetched", {{"step", plan->step}, {"from", plan->endpoint}, {"bytes", *r}, {"ns", ns}});
 }
 
@@ -287,7 +285,8 @@ void add_torchrun_environment(std::map<std::string, std::string>& env, const lau
 
 /// The checks on the command line that need no network.
 status validate(const launch_options& o) {
-  if (o.command.empty()) return error{errc::invalid_input, "no program given (grace-launch --nproc N -- PROGRAM ARGS...)"};
+  if (o.command.empty())
+    return error{errc::invalid_input, "no program given (grace-launch --nproc N -- PROGRAM ARGS...)"};
   if (o.nproc < 1 || o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes)
     return error{errc::invalid_input, "need --nproc >= 1 and 0 <= --node-rank < --nnodes"};
   if (o.nnodes > 1 && o.coordinator.empty())
@@ -430,11 +429,11 @@ void launcher::enter_incarnation() {
   if (o_.node_rank == 0) {
     caf::scoped_actor self{sys};
     self->request(coord_, std::chrono::seconds(10), incarnation_atom::value, incarnation_)
-      .receive([](uint32_t) {}, [&](caf::error& e) { spdlog::warn("incarnation: {}", sys.render(e)); });
+        .receive([](uint32_t) {}, [&](caf::error& e) { spdlog::warn("incarnation: {}", sys.render(e)); });
   } else {
     const uint32_t counted = incarnation_;
-    incarnation_ = next_incarnation(previous_group_, initial_incarnation_,
-                                    current_incarnation(sys, coord_, host_, port_));
+    incarnation_ =
+        next_incarnation(previous_group_, initial_incarnation_, current_incarnation(sys, coord_, host_, port_));
     if (incarnation_ != counted)
       say("starting the group in incarnation " + std::to_string(incarnation_) +
           ", the coordination service's current one");
@@ -445,15 +444,15 @@ void launcher::enter_incarnation() {
 
 std::map<std::string, std::string> launcher::worker_environment(int rank, int local_rank) const {
   std::map<std::string, std::string> env{
-    {"GRACE_RANK", std::to_string(rank)},
-    {"GRACE_LOCAL_RANK", std::to_string(local_rank)},
-    {"GRACE_WORLD_SIZE", std::to_string(world_)},
-    {"GRACE_COORDINATOR", host_ + ":" + std::to_string(port_)},
-    {"GRACE_RUN_ID", o_.run_id},
-    {"GRACE_TOKEN", token_},
-    {"GRACE_INCARNATION", std::to_string(incarnation_)},
-    {"GRACE_RESTART_CODE", std::to_string(o_.restart_code)},
-    {"GRACE_HOST", ep_.adv.address},
+      {"GRACE_RANK", std::to_string(rank)},
+      {"GRACE_LOCAL_RANK", std::to_string(local_rank)},
+      {"GRACE_WORLD_SIZE", std::to_string(world_)},
+      {"GRACE_COORDINATOR", host_ + ":" + std::to_string(port_)},
+      {"GRACE_RUN_ID", o_.run_id},
+      {"GRACE_TOKEN", token_},
+      {"GRACE_INCARNATION", std::to_string(incarnation_)},
+      {"GRACE_RESTART_CODE", std::to_string(o_.restart_code)},
+      {"GRACE_HOST", ep_.adv.address},
   };
   if (!std::getenv("NCCL_SOCKET_IFNAME") && !ep_.adv.iface.empty()) env["NCCL_SOCKET_IFNAME"] = ep_.adv.iface;
   if (!o_.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o_.checkpoint_dir;
@@ -502,19 +501,20 @@ void launcher::read_signals() {
       continue;
     }
     notice_forwarded_ = true;
-    int64_t deadline =
-        o_.grace_period.count() > 0
-            ? wall_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(o_.grace_period).count()
-            : 0;
+    int64_t deadline = o_.grace_period.count() > 0
+                           ? wall_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(o_.grace_period).count()
+                           : 0;
     say(std::string("received ") + strsignal(si.ssi_signo) + ": forwarding a notice to the workers" +
         (deadline ? " (grace period " + std::to_string(o_.grace_period.count()) + " ms)" : ""));
     caf::anon_send(coord_, make<proto::Claim>([&](auto b) {
-      auto n = b.initNotice();
-      n.setRank(launcher_rank); n.setSource(proto::NoticeSource::LAUNCHER);
-      n.setDetail(std::string("launcher received ") + strsignal(si.ssi_signo));
-      n.setReceivedNs(wall_ns()); n.setDeadlineNs(deadline);
-      b.setStartedStep(0);
-    }));
+                     auto n = b.initNotice();
+                     n.setRank(launcher_rank);
+                     n.setSource(proto::NoticeSource::LAUNCHER);
+                     n.setDetail(std::string("launcher received ") + strsignal(si.ssi_signo));
+                     n.setReceivedNs(wall_ns());
+                     n.setDeadlineNs(deadline);
+                     b.setStartedStep(0);
+                   }));
   }
 }
 
@@ -531,8 +531,12 @@ void launcher::reap(group_end& g, std::optional<std::chrono::steady_clock::time_
       if (w.pid != pid || w.exited) continue;
       w.exited = true;
       --live;
-      if (WIFEXITED(status)) w.code = WEXITSTATUS(status);
-      else if (WIFSIGNALED(status)) { w.signal = WTERMSIG(status); w.code = 128 + w.signal; }
+      if (WIFEXITED(status))
+        w.code = WEXITSTATUS(status);
+      else if (WIFSIGNALED(status)) {
+        w.signal = WTERMSIG(status);
+        w.code = 128 + w.signal;
+      }
       emit_event("worker_exit", {{"worker_rank", w.rank}, {"code", w.code}, {"signal", w.signal}});
       auto effect = classify_exit(w.code, w.signal, o_.restart_code);
       if (effect == exit_effect::finished) break;
@@ -594,7 +598,8 @@ int launcher::run() {
   ctx.restart_code = o_.restart_code;
   ctx.rendezvous_hint = "the workers could not reach the coordination service at " + host_ + ":" +
                         std::to_string(port_) + " or each other; this node advertises " + ep_.adv.address + " (" +
-                        ep_.adv.source + "): check that every node's address is reachable from the others "
+                        ep_.adv.source +
+                        "): check that every node's address is reachable from the others "
                         "(--host, --iface)";
   launcher_decision d;
   for (;;) {
@@ -621,8 +626,8 @@ int launcher::run() {
   return d.code;
 }
 
-} // namespace
+}  // namespace
 
 int run_launcher(const launch_options& in) { return launcher(in).run(); }
 
-} // namespace grace
+}  // namespace grace

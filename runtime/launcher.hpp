@@ -12,18 +12,18 @@
 namespace grace {
 
 struct launch_options {
-  int nproc = 1;                      ///< workers on this node
+  int nproc = 1;  ///< workers on this node
   int nnodes = 1;
   int node_rank = 0;
-  std::string coordinator;            ///< host:port (multi-node); default 127.0.0.1, any free port
+  std::string coordinator;  ///< host:port (multi-node); default 127.0.0.1, any free port
   int max_restarts = 3;
   int restart_code = 42;
-  std::string run_id;                 ///< default: random
-  std::string checkpoint_dir;         ///< exported as GRACE_CHECKPOINT_DIR; reason file goes there
-  std::chrono::milliseconds grace_period{0}; ///< deadline carried by a forwarded notice
-  std::chrono::milliseconds exit_timeout{15000}; ///< wait for the rest after one exits
+  std::string run_id;                             ///< default: random
+  std::string checkpoint_dir;                     ///< exported as GRACE_CHECKPOINT_DIR; reason file goes there
+  std::chrono::milliseconds grace_period{0};      ///< deadline carried by a forwarded notice
+  std::chrono::milliseconds exit_timeout{15000};  ///< wait for the rest after one exits
   std::chrono::milliseconds dead_after{3000};
-  std::chrono::milliseconds hang_after{0}; ///< alive but no progress this long: hung (0: off)
+  std::chrono::milliseconds hang_after{0};  ///< alive but no progress this long: hung (0: off)
   /// The address advertised to peers (--host) or the interface holding it
   /// (--iface); empty: GRACE_HOST, GRACE_SOCKET_IFNAME, GLOO_SOCKET_IFNAME,
   /// else the route to the coordinator (runtime/net_address.hpp).
@@ -38,4 +38,4 @@ struct launch_options {
 /// Runs the job; returns the launcher's exit code.
 int run_launcher(const launch_options& opts);
 
-} // namespace grace
+}  // namespace grace

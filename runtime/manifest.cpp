@@ -26,14 +26,14 @@ using json = nlohmann::json;
 namespace {
 
 constexpr const char* tmp_prefix = ".tmp-step-";
-constexpr uint64_t max_json_bytes = 256u << 20; ///< manifest / index size limit
+constexpr uint64_t max_json_bytes = 256u << 20;  ///< manifest / index size limit
 
 /// Temp dirs this process is writing right now (see `mark_temp_active`).
 /// Process-wide on purpose: it describes the process, not one store.
 std::mutex active_mutex;
 std::set<std::string> active_temps;
 
-} // namespace
+}  // namespace
 
 // ----------------------------------------------------------------- names
 
@@ -108,8 +108,7 @@ bool is_shard(const std::string& name) {
 }
 
 bool safe_file_name(const std::string& n) {
-  return !n.empty() && n != "." && n != ".." && n.find('/') == std::string::npos &&
-         n.find('\0') == std::string::npos;
+  return !n.empty() && n != "." && n != ".." && n.find('/') == std::string::npos && n.find('\0') == std::string::npos;
 }
 
 // ------------------------------------------------------------------ JSON
@@ -224,7 +223,7 @@ status parse_scalars(const fs::path& p, const json& j, checkpoint_manifest& m) {
   return {};
 }
 
-} // namespace
+}  // namespace
 
 result<checkpoint_manifest> manifest_from_json(const fs::path& p, const json& j) {
   if (!j.is_object()) return invalid_file(p, "manifest is not a JSON object");
@@ -238,4 +237,4 @@ result<checkpoint_manifest> manifest_from_json(const fs::path& p, const json& j)
   return m;
 }
 
-} // namespace grace
+}  // namespace grace

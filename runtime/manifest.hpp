@@ -59,4 +59,4 @@ nlohmann::json manifest_to_json(const checkpoint_manifest& m);
 /// Parses a manifest read from `p` (named in errors).
 result<checkpoint_manifest> manifest_from_json(const std::filesystem::path& p, const nlohmann::json& j);
 
-} // namespace grace
+}  // namespace grace

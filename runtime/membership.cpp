@@ -80,8 +80,8 @@ std::vector<member_verdict> membership::check(int64_t now_ns) {
     // has not moved for longer than the timeout.
     if (!paused_ && cfg_.hung_after_ns > 0 && now_ns - s.last_progress > cfg_.hung_after_ns) {
       out.push_back({r, verdict::hung, s.completed,
-                     "no progress for " + std::to_string((now_ns - s.last_progress) / 1'000'000) +
-                         " ms at step " + std::to_string(s.completed)});
+                     "no progress for " + std::to_string((now_ns - s.last_progress) / 1'000'000) + " ms at step " +
+                         std::to_string(s.completed)});
       it = members_.erase(it);
       continue;
     }
@@ -96,4 +96,4 @@ std::vector<member_verdict> membership::check(int64_t now_ns) {
   return out;
 }
 
-} // namespace grace
+}  // namespace grace

@@ -13,9 +13,9 @@
 namespace grace {
 
 struct membership_config {
-  int64_t dead_after_ns = 5'000'000'000;   ///< silence longer than this: dead
-  int64_t hung_after_ns = 0;               ///< no progress longer than this: hung (0: off)
-  double slow_factor = 3.0;                ///< step time above factor * median: slow
+  int64_t dead_after_ns = 5'000'000'000;  ///< silence longer than this: dead
+  int64_t hung_after_ns = 0;              ///< no progress longer than this: hung (0: off)
+  double slow_factor = 3.0;               ///< step time above factor * median: slow
 };
 
 enum class verdict : uint8_t { healthy, slow, hung, dead };
@@ -33,8 +33,7 @@ public:
   explicit membership(membership_config cfg = {}) : cfg_(cfg) {}
   void add(uint32_t rank, int64_t now_ns, uint64_t completed);
   void remove(uint32_t rank);
-  void heartbeat(uint32_t rank, int64_t now_ns, uint64_t completed, int64_t last_step_ns,
-                 int64_t last_save_ns = 0);
+  void heartbeat(uint32_t rank, int64_t now_ns, uint64_t completed, int64_t last_step_ns, int64_t last_save_ns = 0);
   /// The slowest member's last step and last save (0 when none reported):
   /// what a save before a deadline must leave room for.
   int64_t slowest_step_ns() const;
@@ -64,4 +63,4 @@ private:
   bool paused_ = false;
 };
 
-} // namespace grace
+}  // namespace grace

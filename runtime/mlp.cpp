@@ -32,8 +32,7 @@ void blas_single_thread() {
   std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
-
-} // namespace
+}  // namespace
 
 status validate(const mlp_config& cfg, int world) {
   auto bad = [](std::string m) { return status(error{errc::invalid_input, std::move(m)}); };
@@ -44,41 +43,39 @@ status validate(const mlp_config& cfg, int world) {
   if (cfg.global_batch <= 0) return bad("mlp: global_batch must be positive");
   if (world < 0) return bad("mlp: world size must be positive");
   if (world > 0 && cfg.global_batch % world != 0)
-    return bad("mlp: global_batch " + std::to_string(cfg.global_batch) +
-               " is not divisible by world size " + std::to_string(world) +
-               "; choose a global_batch that is a multiple of the worker count");
+    return bad("mlp: global_batch " + std::to_string(cfg.global_batch) + " is not divisible by world size " +
+               std::to_string(world) + "; choose a global_batch that is a multiple of the worker count");
   return status::success();
 }
 
 namespace {
 
 float teacher_weight(const mlp_config& cfg, int c, int j) {
-  return kernels::normal(cfg.seed, kernels::stream_teacher, static_cast<uint64_t>(c),
-                         static_cast<uint64_t>(j));
+  return kernels::normal(cfg.seed, kernels::stream_teacher, static_cast<uint64_t>(c), static_cast<uint64_t>(j));
 }
 
 /// Fills x and returns the label; `teacher` ([classes, input_dim]) is a cache
 /// of teacher_weight, or null to generate the weights on the fly.
 int sample_into(const mlp_config& cfg, const float* teacher, uint64_t index, float* x) {
   const int d = cfg.input_dim;
-  for (int j = 0; j < d; ++j)
-    x[j] = kernels::normal(cfg.seed, kernels::stream_data, index, static_cast<uint64_t>(j));
+  for (int j = 0; j < d; ++j) x[j] = kernels::normal(cfg.seed, kernels::stream_data, index, static_cast<uint64_t>(j));
   int best = 0;
   float best_score = 0.0f;
   for (int c = 0; c < cfg.classes; ++c) {
     float s = 0.0f;
     for (int j = 0; j < d; ++j)
       s += (teacher ? teacher[static_cast<size_t>(c) * d + j] : teacher_weight(cfg, c, j)) * x[j];
-    if (c == 0 || s > best_score) { best = c; best_score = s; }
+    if (c == 0 || s > best_score) {
+      best = c;
+      best_score = s;
+    }
   }
   return best;
 }
 
-} // namespace
+}  // namespace
 
-int make_sample(const mlp_config& cfg, uint64_t index, float* x) {
-  return sample_into(cfg, nullptr, index, x);
-}
+int make_sample(const mlp_config& cfg, uint64_t index, float* x) { return sample_into(cfg, nullptr, index, x); }
 
 result<std::unique_ptr<mlp>> mlp::create(const mlp_config& cfg) {
   auto st = validate(cfg);
@@ -103,12 +100,11 @@ mlp::mlp(mlp_config cfg) : cfg_(std::move(cfg)) {
     // He initialisation for the ReLU layers; the output layer starts small so
     // the initial loss is ~log(classes) and wide models (4096) do not spike.
     // A pure function of (seed, layer, row, col).
-    const float scale = l + 1 < layers ? std::sqrt(2.0f / static_cast<float>(in))
-                                       : 0.1f / std::sqrt(static_cast<float>(in));
+    const float scale =
+        l + 1 < layers ? std::sqrt(2.0f / static_cast<float>(in)) : 0.1f / std::sqrt(static_cast<float>(in));
     for (size_t r = 0; r < out; ++r)
       for (size_t c = 0; c < in; ++c)
-        w[r * in + c] =
-            scale * kernels::normal(cfg_.seed, kernels::stream_init + static_cast<uint64_t>(l), r, c);
+        w[r * in + c] = scale * kernels::normal(cfg_.seed, kernels::stream_init + static_cast<uint64_t>(l), r, c);
     w_.push_back(std::move(w));
     b_.emplace_back(out, 0.0f);
     vw_.emplace_back(out * in, 0.0f);
@@ -150,8 +146,7 @@ std::vector<tensor_ref> mlp::tensors() {
   return out;
 }
 
-void mlp::make_batch(uint64_t step, int rank, int world, std::vector<float>& x,
-                     std::vector<int>& labels) const {
+void mlp::make_batch(uint64_t step, int rank, int world, std::vector<float>& x, std::vector<int>& labels) const {
   auto st = validate(cfg_, world);
   if (!st) throw std::invalid_argument(st.err().message);
   if (rank < 0 || rank >= world)
@@ -161,8 +156,8 @@ void mlp::make_batch(uint64_t step, int rank, int world, std::vector<float>& x,
   const size_t d = static_cast<size_t>(cfg_.input_dim);
   x.resize(static_cast<size_t>(local) * d);
   labels.resize(static_cast<size_t>(local));
-  const uint64_t first = step * static_cast<uint64_t>(cfg_.global_batch) +
-                         static_cast<uint64_t>(rank) * static_cast<uint64_t>(local);
+  const uint64_t first =
+      step * static_cast<uint64_t>(cfg_.global_batch) + static_cast<uint64_t>(rank) * static_cast<uint64_t>(local);
   for (int i = 0; i < local; ++i)
     labels[i] = sample_into(cfg_, teacher_.data(), first + static_cast<uint64_t>(i), x.data() + i * d);
 }
@@ -192,8 +187,7 @@ float mlp::compute_gradients(uint64_t step, int rank, int world) {
     const int in = dims_[l], out = dims_[l + 1];
     const float* a = l == 0 ? x_.data() : act_[l - 1].data();
     float* z = act_[l].data();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, out, in, 1.0f, a, in, w_[l].data(),
-                in, 0.0f, z, out);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, out, in, 1.0f, a, in, w_[l].data(), in, 0.0f, z, out);
     for (int i = 0; i < B; ++i) {
       float* row = z + static_cast<size_t>(i) * out;
       kernels::bias_add_row(row, b_[l].data(), out);
@@ -209,8 +203,7 @@ float mlp::compute_gradients(uint64_t step, int rank, int world) {
   float loss_sum = 0.0f;
   for (int i = 0; i < B; ++i) {
     const float* logits = act_[L - 1].data() + static_cast<size_t>(i) * C;
-    loss_sum += kernels::softmax_xent_row(logits, labels_[i], C,
-                                          delta_.data() + static_cast<size_t>(i) * C, scale);
+    loss_sum += kernels::softmax_xent_row(logits, labels_[i], C, delta_.data() + static_cast<size_t>(i) * C, scale);
   }
 
   // Backward.
@@ -220,8 +213,7 @@ float mlp::compute_gradients(uint64_t step, int rank, int world) {
     float* gw = grad_.data() + grad_w_off_[l];
     float* gb = grad_.data() + grad_b_off_[l];
     // dW_l = delta^T a   [out, in]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, B, 1.0f, delta_.data(), out, a,
-                in, 0.0f, gw, in);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, B, 1.0f, delta_.data(), out, a, in, 0.0f, gw, in);
     // db_l = column sums of delta, in row order.
     for (int k = 0; k < out; ++k) gb[k] = 0.0f;
     for (int i = 0; i < B; ++i) {
@@ -230,8 +222,8 @@ float mlp::compute_gradients(uint64_t step, int rank, int world) {
     }
     if (l == 0) break;
     // delta_{l-1} = (delta W_l) * relu'(act_{l-1})   [B, in]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, in, out, 1.0f, delta_.data(), out,
-                w_[l].data(), in, 0.0f, delta_prev_.data(), in);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, in, out, 1.0f, delta_.data(), out, w_[l].data(), in, 0.0f,
+                delta_prev_.data(), in);
     const size_t n = static_cast<size_t>(B) * in;
     for (size_t e = 0; e < n; ++e) delta_prev_[e] = kernels::relu_backward(delta_prev_[e], a[e]);
     delta_.swap(delta_prev_);
@@ -270,4 +262,4 @@ uint64_t mlp::weights_checksum() const {
   return h;
 }
 
-} // namespace grace
+}  // namespace grace

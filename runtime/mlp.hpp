@@ -87,8 +87,7 @@ public:
 
   /// This worker's inputs and labels for `step` (what compute_gradients
   /// trains on): x is [global_batch/world, input_dim] row-major.
-  void make_batch(uint64_t step, int rank, int world, std::vector<float>& x,
-                  std::vector<int>& labels) const;
+  void make_batch(uint64_t step, int rank, int world, std::vector<float>& x, std::vector<int>& labels) const;
 
   /// Number of parameters (floats), momentum excluded.
   uint64_t parameter_count() const noexcept;
@@ -102,18 +101,18 @@ private:
   void ensure_scratch(int local_batch);
 
   mlp_config cfg_;
-  std::vector<int> dims_;                 ///< input_dim, hidden..., classes
-  std::vector<std::vector<float>> w_, b_; ///< per layer
+  std::vector<int> dims_;                  ///< input_dim, hidden..., classes
+  std::vector<std::vector<float>> w_, b_;  ///< per layer
   std::vector<std::vector<float>> vw_, vb_;
   std::vector<float> grad_;
   std::vector<size_t> grad_w_off_, grad_b_off_;
-  std::vector<float> teacher_;            ///< [classes, input_dim], derived from seed
+  std::vector<float> teacher_;  ///< [classes, input_dim], derived from seed
   // Scratch, sized for the local batch on first use and then reused.
   int scratch_batch_ = 0;
   std::vector<float> x_;
   std::vector<int> labels_;
-  std::vector<std::vector<float>> act_; ///< output of each layer, [B, out]
+  std::vector<std::vector<float>> act_;  ///< output of each layer, [B, out]
   std::vector<float> delta_, delta_prev_;
 };
 
-} // namespace grace
+}  // namespace grace

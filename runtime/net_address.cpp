@@ -43,8 +43,8 @@ std::string first_of_list(const std::string& list) { return list.substr(0, list.
 result<advertise_choice> by_address(const std::string& ip, const std::string& what, const host_probe& host) {
   auto i = find_by_address(host.interfaces, ip);
   if (!i)
-    return bad(what + " " + ip + " is not an address of this host (its addresses: " +
-               describe_interfaces(host.interfaces) + ")");
+    return bad(what + " " + ip +
+               " is not an address of this host (its addresses: " + describe_interfaces(host.interfaces) + ")");
   return advertise_choice{ip, i->name, what};
 }
 
@@ -73,7 +73,7 @@ std::optional<result<advertise_choice>> explicit_choice(const address_request& r
   return std::nullopt;
 }
 
-} // namespace
+}  // namespace
 
 std::string describe_interfaces(const std::vector<interface_addr>& ifs) {
   std::string s;
@@ -98,8 +98,8 @@ result<advertise_choice> choose_advertise_address(const address_request& r, cons
     c = advertise_choice{*src, i ? i->name : "", "route to the coordinator " + r.coordinator_ip};
   }
   if (is_loopback(c.address) && !r.coordinator_ip.empty() && !is_loopback(r.coordinator_ip))
-    return bad(c.source + " gives the loopback address " + c.address + ", but the coordinator " +
-               r.coordinator_ip + " is not on loopback: peers on other hosts could not reach it (give "
+    return bad(c.source + " gives the loopback address " + c.address + ", but the coordinator " + r.coordinator_ip +
+               " is not on loopback: peers on other hosts could not reach it (give "
                "--host/--iface with an address they can reach)");
   return c;
 }
@@ -107,11 +107,13 @@ result<advertise_choice> choose_advertise_address(const address_request& r, cons
 result<std::string> choose_listen_address(const std::string& coordinator_ip, const advertise_choice& adv,
                                           const host_probe& host) {
   if (find_by_address(host.interfaces, coordinator_ip)) return coordinator_ip;
-  bool chosen = adv.source.rfind("--", 0) == 0 || adv.source.rfind("GRACE_", 0) == 0 ||
-                adv.source.rfind("GLOO_", 0) == 0;
+  bool chosen =
+      adv.source.rfind("--", 0) == 0 || adv.source.rfind("GRACE_", 0) == 0 || adv.source.rfind("GLOO_", 0) == 0;
   if (chosen) return adv.address;
-  return bad("the coordinator address " + coordinator_ip + " is not an address of this host, and node 0 "
-             "hosts the coordination service (this host's addresses: " + describe_interfaces(host.interfaces) +
+  return bad("the coordinator address " + coordinator_ip +
+             " is not an address of this host, and node 0 "
+             "hosts the coordination service (this host's addresses: " +
+             describe_interfaces(host.interfaces) +
              "); give node 0's address to --coordinator, or --host ADDR to listen on behind a forwarding "
              "service");
 }
@@ -123,8 +125,7 @@ result<std::string> resolve_ipv4(const std::string& name) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   int rc = ::getaddrinfo(name.c_str(), nullptr, &hints, &res);
-  if (rc != 0 || !res)
-    return bad("cannot resolve host '" + name + "' to an IPv4 address: " + ::gai_strerror(rc));
+  if (rc != 0 || !res) return bad("cannot resolve host '" + name + "' to an IPv4 address: " + ::gai_strerror(rc));
   char buf[INET_ADDRSTRLEN] = {};
   ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof buf);
   ::freeaddrinfo(res);
@@ -175,7 +176,7 @@ std::string env_or_empty(const char* name) {
   return v ? v : "";
 }
 
-} // namespace
+}  // namespace
 
 result<advertise_choice> advertised_address_from_environment(const std::string& coordinator_host) {
   std::string ip;
@@ -205,4 +206,4 @@ result<address_request> address_request_from_environment(const std::string& coor
   return r;
 }
 
-} // namespace grace
+}  // namespace grace

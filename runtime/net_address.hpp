@@ -27,8 +27,8 @@ namespace grace {
 
 /// One IPv4 address of one interface of this host.
 struct interface_addr {
-  std::string name;      ///< "eth0", "lo"
-  std::string address;   ///< dotted IPv4
+  std::string name;     ///< "eth0", "lo"
+  std::string address;  ///< dotted IPv4
   bool loopback = false;
 };
 
@@ -48,12 +48,12 @@ result<std::string> resolve_ipv4(const std::string& host);
 
 /// The explicit choices, as given (empty: not given).
 struct address_request {
-  std::string host_flag;      ///< --host (an IPv4 address of this host, already resolved)
-  std::string iface_flag;     ///< --iface
-  std::string grace_host;     ///< GRACE_HOST
-  std::string grace_ifname;   ///< GRACE_SOCKET_IFNAME
-  std::string gloo_ifname;    ///< GLOO_SOCKET_IFNAME (comma-separated list: the first entry)
-  std::string coordinator_ip; ///< resolved coordinator address; empty: single process, no peers
+  std::string host_flag;       ///< --host (an IPv4 address of this host, already resolved)
+  std::string iface_flag;      ///< --iface
+  std::string grace_host;      ///< GRACE_HOST
+  std::string grace_ifname;    ///< GRACE_SOCKET_IFNAME
+  std::string gloo_ifname;     ///< GLOO_SOCKET_IFNAME (comma-separated list: the first entry)
+  std::string coordinator_ip;  ///< resolved coordinator address; empty: single process, no peers
 };
 
 struct advertise_choice {
@@ -89,4 +89,4 @@ result<advertise_choice> advertised_address_from_environment(const std::string& 
 /// "lo 127.0.0.1, eth0 192.0.2.1": for error messages.
 std::string describe_interfaces(const std::vector<interface_addr>& ifs);
 
-} // namespace grace
+}  // namespace grace

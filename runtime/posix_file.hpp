@@ -33,4 +33,4 @@ inline error invalid_file(const std::filesystem::path& p, const std::string& wha
   return error{errc::invalid_input, p.string() + ": " + what};
 }
 
-} // namespace grace
+}  // namespace grace

@@ -101,4 +101,4 @@ std::vector<rendezvous_table::reply> rendezvous_table::reset(const std::string& 
   return out;
 }
 
-} // namespace grace
+}  // namespace grace

@@ -53,8 +53,8 @@ public:
   std::optional<reply> expire(uint64_t waiter);
 
   struct barrier_result {
-    bool pending = false;         ///< this arrival waits (its waiter id is kept)
-    bool ok = false;              ///< when not pending: the arrival's own answer
+    bool pending = false;  ///< this arrival waits (its waiter id is kept)
+    bool ok = false;       ///< when not pending: the arrival's own answer
     std::string error;
     std::vector<reply> released;  ///< waiters released by this arrival (complete)
   };
@@ -85,4 +85,4 @@ private:
   std::optional<std::string> broken_;
 };
 
-} // namespace grace
+}  // namespace grace

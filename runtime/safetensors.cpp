@@ -19,9 +19,7 @@ namespace {
 
 using json = nlohmann::json;
 
-error bad(const std::string& label, const std::string& what) {
-  return error{errc::invalid_input, label + ": " + what};
-}
+error bad(const std::string& label, const std::string& what) { return error{errc::invalid_input, label + ": " + what}; }
 
 std::string sys_error(const std::string& label, const std::string& what, int err) {
   return label + ": " + what + ": " + std::strerror(err);
@@ -49,8 +47,13 @@ bool pread_all(int fd, void* dst, size_t n, uint64_t off) {
       if (errno == EINTR) continue;
       return false;
     }
-    if (r == 0) { errno = 0; return false; }
-    p += r; n -= static_cast<size_t>(r); off += static_cast<uint64_t>(r);
+    if (r == 0) {
+      errno = 0;
+      return false;
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+    off += static_cast<uint64_t>(r);
   }
   return true;
 }
@@ -63,12 +66,13 @@ bool write_all(int fd, const void* src, size_t n) {
       if (errno == EINTR) continue;
       return false;
     }
-    p += r; n -= static_cast<size_t>(r);
+    p += r;
+    n -= static_cast<size_t>(r);
   }
   return true;
 }
 
-} // namespace
+}  // namespace
 
 result<encoded_header> encode_header(const std::vector<tensor_desc>& tensors,
                                      const std::map<std::string, std::string>& metadata) {
@@ -79,16 +83,13 @@ result<encoded_header> encode_header(const std::vector<tensor_desc>& tensors,
   for (auto& t : tensors) {
     if (t.name.empty() || t.name == "__metadata__")
       return error{errc::invalid_input, "tensor name '" + t.name + "' is not allowed"};
-    if (!seen.insert(t.name).second)
-      return error{errc::invalid_input, "duplicate tensor name '" + t.name + "'"};
+    if (!seen.insert(t.name).second) return error{errc::invalid_input, "duplicate tensor name '" + t.name + "'"};
     uint64_t expect = 0;
     if (!checked_size(t.shape, t.type, expect) || expect != t.bytes)
-      return error{errc::invalid_input,
-                   "tensor '" + t.name + "': " + std::to_string(t.bytes) + " bytes do not match " +
-                       dtype_name(t.type) + " " + shape_str(t.shape)};
+      return error{errc::invalid_input, "tensor '" + t.name + "': " + std::to_string(t.bytes) + " bytes do not match " +
+                                            dtype_name(t.type) + " " + shape_str(t.shape)};
     tensor_entry e{t.name, t.type, t.shape, off, off + t.bytes};
-    j[t.name] = {{"dtype", dtype_name(t.type)}, {"shape", t.shape},
-                 {"data_offsets", {e.begin, e.end}}};
+    j[t.name] = {{"dtype", dtype_name(t.type)}, {"shape", t.shape}, {"data_offsets", {e.begin, e.end}}};
     out.tensors.push_back(std::move(e));
     off += t.bytes;
   }
@@ -103,11 +104,9 @@ result<encoded_header> encode_header(const std::vector<tensor_desc>& tensors,
   return out;
 }
 
-result<header> parse_header(const std::string& label, const char* json_bytes, size_t n,
-                            uint64_t file_size) {
+result<header> parse_header(const std::string& label, const char* json_bytes, size_t n, uint64_t file_size) {
   if (file_size < 8 || n > file_size - 8)
-    return bad(label, "header length " + std::to_string(n) + " exceeds file size " +
-                          std::to_string(file_size));
+    return bad(label, "header length " + std::to_string(n) + " exceeds file size " + std::to_string(file_size));
   json j = json::parse(json_bytes, json_bytes + n, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad(label, "header is not valid JSON");
   if (!j.is_object()) return bad(label, "header is not a JSON object");
@@ -151,19 +150,17 @@ result<header> parse_header(const std::string& label, const char* json_bytes, si
     e.end = (*of)[1].get<uint64_t>();
     if (e.begin > e.end) return bad(label, where + " has data_offsets begin > end");
     if (e.end > data_size)
-      return bad(label, where + " data_offsets [" + std::to_string(e.begin) + ", " +
-                            std::to_string(e.end) + "] exceed the data section (" +
-                            std::to_string(data_size) + " bytes; file truncated?)");
+      return bad(label, where + " data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                            "] exceed the data section (" + std::to_string(data_size) + " bytes; file truncated?)");
     uint64_t expect = 0;
     if (!checked_size(e.shape, e.type, expect) || expect != e.bytes())
-      return bad(label, where + ": " + std::to_string(e.bytes()) + " bytes do not match " +
-                            dtype_name(e.type) + " " + shape_str(e.shape));
+      return bad(label, where + ": " + std::to_string(e.bytes()) + " bytes do not match " + dtype_name(e.type) + " " +
+                            shape_str(e.shape));
     h.tensors.push_back(std::move(e));
   }
-  std::sort(h.tensors.begin(), h.tensors.end(),
-            [](const tensor_entry& a, const tensor_entry& b) {
-              return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-            });
+  std::sort(h.tensors.begin(), h.tensors.end(), [](const tensor_entry& a, const tensor_entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
   for (size_t i = 1; i < h.tensors.size(); ++i) {
     auto& p = h.tensors[i - 1];
     auto& c = h.tensors[i];
@@ -183,7 +180,8 @@ result<header> read_header(const std::filesystem::path& file) {
   if (::fstat(f.fd, &st) != 0) return error{errc::invalid_input, sys_error(label, "cannot stat", errno)};
   if (!S_ISREG(st.st_mode)) return bad(label, "not a regular file");
   const auto size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) return bad(label, "truncated: " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
+  if (size < 8)
+    return bad(label, "truncated: " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
   unsigned char len[8];
   if (!pread_all(f.fd, len, 8, 0))
     return bad(label, errno ? std::string("read failed: ") + std::strerror(errno) : "truncated while reading");
@@ -192,16 +190,15 @@ result<header> read_header(const std::filesystem::path& file) {
   if (n > size - 8)
     return bad(label, "header length " + std::to_string(n) + " exceeds file size " + std::to_string(size));
   if (n > max_header_bytes)
-    return bad(label, "header length " + std::to_string(n) + " exceeds the " +
-                          std::to_string(max_header_bytes) + "-byte limit");
+    return bad(label, "header length " + std::to_string(n) + " exceeds the " + std::to_string(max_header_bytes) +
+                          "-byte limit");
   std::string text(static_cast<size_t>(n), '\0');
   if (!pread_all(f.fd, text.data(), text.size(), 8))
     return bad(label, errno ? std::string("read failed: ") + std::strerror(errno) : "truncated while reading header");
   return parse_header(label, text.data(), text.size(), size);
 }
 
-status read_tensor(const std::filesystem::path& file, const header& h, const tensor_entry& entry,
-                   void* dst) {
+status read_tensor(const std::filesystem::path& file, const header& h, const tensor_entry& entry, void* dst) {
   const std::string label = file.string();
   if (entry.bytes() == 0) return {};
   fd_guard f;
@@ -215,11 +212,10 @@ status read_tensor(const std::filesystem::path& file, const header& h, const ten
 }
 
 status write_file(const std::filesystem::path& file, const std::vector<tensor_desc>& tensors,
-                  const std::vector<const void*>& data,
-                  const std::map<std::string, std::string>& metadata) {
+                  const std::vector<const void*>& data, const std::map<std::string, std::string>& metadata) {
   if (data.size() != tensors.size())
-    return error{errc::invalid_input, file.string() + ": " + std::to_string(tensors.size()) +
-                                          " tensors but " + std::to_string(data.size()) + " buffers"};
+    return error{errc::invalid_input, file.string() + ": " + std::to_string(tensors.size()) + " tensors but " +
+                                          std::to_string(data.size()) + " buffers"};
   auto enc = encode_header(tensors, metadata);
   if (!enc) return error{enc.err().code, file.string() + ": " + enc.err().message};
   fd_guard f;
@@ -234,4 +230,4 @@ status write_file(const std::filesystem::path& file, const std::vector<tensor_de
   return {};
 }
 
-} // namespace grace::safetensors
+}  // namespace grace::safetensors

@@ -50,17 +50,17 @@ struct tensor_entry {
 
 /// A parsed, validated header.
 struct header {
-  std::vector<tensor_entry> tensors; ///< in file order (ascending offsets)
+  std::vector<tensor_entry> tensors;  ///< in file order (ascending offsets)
   std::map<std::string, std::string> metadata;
-  uint64_t data_start = 0; ///< absolute file offset of the data section
+  uint64_t data_start = 0;  ///< absolute file offset of the data section
   uint64_t file_size = 0;
 };
 
 /// An encoded header ready to be written, and where each tensor goes.
 struct encoded_header {
-  std::string bytes;                   ///< 8-byte length + space-padded JSON
-  std::vector<tensor_entry> tensors;   ///< same order as the input descs
-  uint64_t file_size = 0;              ///< header + all data
+  std::string bytes;                  ///< 8-byte length + space-padded JSON
+  std::vector<tensor_entry> tensors;  ///< same order as the input descs
+  uint64_t file_size = 0;             ///< header + all data
 };
 
 /// Lays tensors out back to back in the given order and encodes the header,
@@ -73,20 +73,17 @@ result<encoded_header> encode_header(const std::vector<tensor_desc>& tensors,
 /// Validates a header. `label` names the file in error messages; `json_bytes`
 /// is the N header bytes after the 8-byte length; `file_size` is the size of
 /// the whole file, used to check every range lies inside it.
-result<header> parse_header(const std::string& label, const char* json_bytes, size_t n,
-                            uint64_t file_size);
+result<header> parse_header(const std::string& label, const char* json_bytes, size_t n, uint64_t file_size);
 
 /// Opens a file and reads and validates its header (not the tensor bytes).
 result<header> read_header(const std::filesystem::path& file);
 
 /// Reads one tensor's bytes directly into `dst` (which holds entry.bytes()).
-status read_tensor(const std::filesystem::path& file, const header& h, const tensor_entry& entry,
-                   void* dst);
+status read_tensor(const std::filesystem::path& file, const header& h, const tensor_entry& entry, void* dst);
 
 /// Writes a whole safetensors file in one go (tools and tests; the checkpoint
 /// writer streams instead). `data[i]` holds `tensors[i].bytes` bytes.
 status write_file(const std::filesystem::path& file, const std::vector<tensor_desc>& tensors,
-                  const std::vector<const void*>& data,
-                  const std::map<std::string, std::string>& metadata = {});
+                  const std::vector<const void*>& data, const std::map<std::string, std::string>& metadata = {});
 
-} // namespace grace::safetensors
+}  // namespace grace::safetensors

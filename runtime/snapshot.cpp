@@ -20,7 +20,7 @@ namespace grace {
 namespace {
 constexpr size_t page = 4096;
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
-} // namespace
+}  // namespace
 
 snapshot_buffers::snapshot_buffers(const std::vector<tensor_ref>& layout) {
   size_t off = 0;
@@ -44,7 +44,8 @@ snapshot_buffers::~snapshot_buffers() { std::free(base_); }
 
 status snapshot_buffers::capture(const std::vector<tensor_ref>& tensors) {
   if (busy())
-    return error{errc::overloaded, "snapshot buffers are still being written; wait for the writer or use the other set"};
+    return error{errc::overloaded,
+                 "snapshot buffers are still being written; wait for the writer or use the other set"};
   if (tensors.size() != slots_.size())
     return error{errc::invalid_input, "capture of " + std::to_string(tensors.size()) +
                                           " tensors into buffers allocated for " + std::to_string(slots_.size())};
@@ -60,8 +61,7 @@ status snapshot_buffers::capture(const std::vector<tensor_ref>& tensors) {
       return error{errc::failed, "capture: tensor '" + t.name +
                                      "': device tensors need the CUDA backend (this process has not "
                                      "registered its device copy; see runtime/device_copy.hpp)"};
-    if (s.bytes > 0 && !t.data)
-      return error{errc::invalid_input, "capture: tensor '" + t.name + "' has no data"};
+    if (s.bytes > 0 && !t.data) return error{errc::invalid_input, "capture: tensor '" + t.name + "' has no data"};
   }
   std::lock_guard<std::mutex> g(touch_m_);
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -104,4 +104,4 @@ std::vector<snapshot_tensor> snapshot_buffers::view() const {
   return out;
 }
 
-} // namespace grace
+}  // namespace grace

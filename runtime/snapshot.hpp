@@ -85,7 +85,7 @@ private:
     dtype type;
     std::vector<int64_t> shape;
     size_t bytes;
-    size_t offset; ///< into base_, multiple of `alignment`
+    size_t offset;  ///< into base_, multiple of `alignment`
   };
   std::vector<slot> slots_;
   unsigned char* base_ = nullptr;
@@ -95,4 +95,4 @@ private:
   mutable std::mutex touch_m_;  ///< capture() writes, keep_warm() reads: one at a time
 };
 
-} // namespace grace
+}  // namespace grace

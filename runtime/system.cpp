@@ -32,4 +32,4 @@ actor_runtime::~actor_runtime() {
   cfg_.reset();
 }
 
-} // namespace grace
+}  // namespace grace

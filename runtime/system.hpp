@@ -9,7 +9,7 @@
 namespace caf {
 class actor_system;
 class actor_system_config;
-} // namespace caf
+}  // namespace caf
 
 namespace grace {
 
@@ -41,9 +41,10 @@ public:
   explicit actor_runtime(const system_options& opts = {});
   ~actor_runtime();
   caf::actor_system& sys() { return *sys_; }
+
 private:
   std::unique_ptr<caf::actor_system_config> cfg_;
   std::unique_ptr<caf::actor_system> sys_;
 };
 
-} // namespace grace
+}  // namespace grace

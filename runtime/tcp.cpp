@@ -75,11 +75,13 @@ result<std::string> read_to_end(int fd, size_t max_bytes) {
     ssize_t r = ::recv(fd, buf, sizeof buf, 0);
     if (r == 0) return out;
     if (r < 0)
-      return error{errc::disconnected, errno == EAGAIN || errno == EWOULDBLOCK ? std::string("read timed out")
-                                                                               : std::string("read: ") + std::strerror(errno)};
+      return error{errc::disconnected, errno == EAGAIN || errno == EWOULDBLOCK
+                                           ? std::string("read timed out")
+                                           : std::string("read: ") + std::strerror(errno)};
     out.append(buf, static_cast<size_t>(r));
-    if (out.size() > max_bytes) return error{errc::invalid_input, "reply larger than " + std::to_string(max_bytes) + " bytes"};
+    if (out.size() > max_bytes)
+      return error{errc::invalid_input, "reply larger than " + std::to_string(max_bytes) + " bytes"};
   }
 }
 
-} // namespace grace::tcp
+}  // namespace grace::tcp

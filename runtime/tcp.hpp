@@ -29,4 +29,4 @@ bool send_all(int fd, const char* p, size_t n);
 /// Reads until the peer closes, at most `max_bytes` (an error past that).
 result<std::string> read_to_end(int fd, size_t max_bytes);
 
-} // namespace grace::tcp
+}  // namespace grace::tcp

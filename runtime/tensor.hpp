@@ -31,7 +31,7 @@ struct tensor_ref {
   std::vector<int64_t> shape;
   void* data = nullptr;
   memory_kind memory = memory_kind::host;
-  int device = -1; ///< CUDA device ordinal for device tensors
+  int device = -1;  ///< CUDA device ordinal for device tensors
   size_t numel() const noexcept {
     size_t n = 1;
     for (auto d : shape) n *= static_cast<size_t>(d);
@@ -40,4 +40,4 @@ struct tensor_ref {
   size_t bytes() const noexcept { return numel() * dtype_size(type); }
 };
 
-} // namespace grace
+}  // namespace grace

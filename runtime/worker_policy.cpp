@@ -36,8 +36,10 @@ worker_policy::worker_policy(worker_policy_config cfg, uint64_t restored_step)
     : cfg_(cfg), restored_(restored_step), last_saved_(restored_step) {}
 
 void worker_policy::step_time(int64_t ns) {
-  if (step_ns_.size() < 64) step_ns_.push_back(ns);
-  else step_ns_[step_next_++ % 64] = ns;
+  if (step_ns_.size() < 64)
+    step_ns_.push_back(ns);
+  else
+    step_ns_[step_next_++ % 64] = ns;
 }
 
 void worker_policy::save_time(int64_t ns) {
@@ -87,8 +89,7 @@ worker_decision worker_policy::wait(wait_reason r, const boundary_input& in, int
 worker_decision worker_policy::next(const control_state& s, const boundary_input& in) {
   const uint64_t c = in.completed;
   if (in.mode == boundary_mode::own_error) return after_own_error(s, in);
-  if (s.failure)
-    return stop(cfg_.fatal_code, "cluster error: " + s.failure->message);
+  if (s.failure) return stop(cfg_.fatal_code, "cluster error: " + s.failure->message);
   if (s.order && s.committed && s.committed->id >= s.order->id &&
       (s.order->exit_after || s.committed->exit_after || s.order->kind == checkpoint_kind::jit)) {
     auto step = std::to_string(s.committed->step);
@@ -103,20 +104,20 @@ worker_decision worker_policy::next(const control_state& s, const boundary_input
   if (s.coordinator_gone) return coordinator_lost(in);
   if (s.lost) {
     auto& l = *s.lost;
-    return wait(wait_reason::verdict, in, cfg_.restart_code,
-                "rank " + std::to_string(l.rank) + " lost: " + l.detail);
+    return wait(wait_reason::verdict, in, cfg_.restart_code, "rank " + std::to_string(l.rank) + " lost: " + l.detail);
   }
   if (in.mode == boundary_mode::collective_failed)
     return wait(wait_reason::verdict, in, cfg_.restart_code,
-                "step " + std::to_string(c + 1) + " failed in a collective and the coordination service "
-                "named no cause");
+                "step " + std::to_string(c + 1) +
+                    " failed in a collective and the coordination service "
+                    "named no cause");
   if (auto d = follow_agreement(s, in)) return *d;
   return countdown(s, in);
 }
 
 worker_decision worker_policy::after_own_error(const control_state& s, const boundary_input& in) {
-  std::string why = "error in step " + std::to_string(in.completed + 1) + " on rank " + std::to_string(cfg_.rank) +
-                    ": " + in.error;
+  std::string why =
+      "error in step " + std::to_string(in.completed + 1) + " on rank " + std::to_string(cfg_.rank) + ": " + in.error;
   // The broadcast reached us (or cannot come): every member stops with it.
   if (s.failure || s.coordinator_gone) return stop(cfg_.fatal_code, why);
   return wait(wait_reason::cluster_error, in, cfg_.fatal_code, why);
@@ -147,8 +148,8 @@ worker_decision worker_policy::follow_jit(const control_state& s, const boundary
   // Our own save (if we were the saver) is on disk already.
   if (s.coordinator_gone) return coordinator_lost(in);
   return wait(wait_reason::commit, in, cfg_.restart_code,
-              "just-in-time checkpoint at step " + std::to_string(o.step) + " by rank " +
-                  std::to_string(o.saver) + " was not committed");
+              "just-in-time checkpoint at step " + std::to_string(o.step) + " by rank " + std::to_string(o.saver) +
+                  " was not committed");
 }
 
 std::optional<worker_decision> worker_policy::follow_agreement(const control_state& s, const boundary_input& in) {
@@ -157,9 +158,9 @@ std::optional<worker_decision> worker_policy::follow_agreement(const control_sta
   const uint64_t c = in.completed;
   if (!o.agreed) {
     if (c < o.step) return make(ty::run);
-    return wait(wait_reason::agreement, in, cfg_.restart_code,
-                "agreement #" + std::to_string(o.id) + " (lower bound step " + std::to_string(o.step) +
-                    ") did not conclude");
+    return wait(
+        wait_reason::agreement, in, cfg_.restart_code,
+        "agreement #" + std::to_string(o.id) + " (lower bound step " + std::to_string(o.step) + ") did not conclude");
   }
   if (c < o.step) return make(ty::run);
   if (c > o.step)
@@ -175,9 +176,9 @@ std::optional<worker_decision> worker_policy::follow_agreement(const control_sta
     return d;
   }
   if (o.exit_after)
-    return wait(wait_reason::commit, in, cfg_.restart_code,
-                "checkpoint at step " + std::to_string(o.step) + " by rank " + std::to_string(o.saver) +
-                    " was not committed");
+    return wait(
+        wait_reason::commit, in, cfg_.restart_code,
+        "checkpoint at step " + std::to_string(o.step) + " by rank " + std::to_string(o.saver) + " was not committed");
   auto d = make(ty::continue_grace);
   d.id = o.id;
   d.step = c;
@@ -219,4 +220,4 @@ std::string worker_policy::state_key() const {
          std::to_string(static_cast<int>(wait_reason_));
 }
 
-} // namespace grace
+}  // namespace grace

@@ -81,11 +81,11 @@ struct worker_decision {
   bool sync = false;
   wait_reason reason = wait_reason::agreement;
   int64_t deadline_ns = 0;
-  bool new_wait = false;   ///< the first decision of this wait (log it once)
+  bool new_wait = false;  ///< the first decision of this wait (log it once)
   int code = 0;
   std::string message;
-  int64_t left_ns = 0;     ///< propose_final: time left before the deadline
-  int64_t margin_ns = 0;   ///< propose_final: the margin it was compared with
+  int64_t left_ns = 0;    ///< propose_final: time left before the deadline
+  int64_t margin_ns = 0;  ///< propose_final: the margin it was compared with
 };
 const char* to_string(worker_decision::type t) noexcept;
 
@@ -103,9 +103,9 @@ struct worker_policy_config {
 struct boundary_input {
   uint64_t completed = 0;  ///< steps completed; the boundary is before completed + 1
   boundary_mode mode = boundary_mode::step_start;
-  int64_t mono_ns = 0;     ///< monotonic clock (waits)
-  int64_t wall_ns = 0;     ///< wall clock (the grace-period deadline is a wall time)
-  std::string error;       ///< own_error: what the step raised
+  int64_t mono_ns = 0;  ///< monotonic clock (waits)
+  int64_t wall_ns = 0;  ///< wall clock (the grace-period deadline is a wall time)
+  std::string error;    ///< own_error: what the step raised
 };
 
 class worker_policy {
@@ -157,4 +157,4 @@ private:
   std::vector<int64_t> save_ns_;  ///< recent snapshot+write durations (last 32)
 };
 
-} // namespace grace
+}  // namespace grace

@@ -21,27 +21,27 @@ inline void skip_now(const std::string& why) {
   }
 }
 
-} // namespace grace::testing
+}  // namespace grace::testing
 
 /// Reports the skip (and under CTest exits); the caller then returns.
-#define GRACE_SKIP_REPORT(why_stream)                            \
-  do {                                                           \
-    std::ostringstream grace_skip_os_;                           \
-    grace_skip_os_ << why_stream;                                \
-    ::grace::testing::skip_now(grace_skip_os_.str());            \
-    WARN("skipped: " << grace_skip_os_.str());                   \
+#define GRACE_SKIP_REPORT(why_stream)                 \
+  do {                                                \
+    std::ostringstream grace_skip_os_;                \
+    grace_skip_os_ << why_stream;                     \
+    ::grace::testing::skip_now(grace_skip_os_.str()); \
+    WARN("skipped: " << grace_skip_os_.str());        \
   } while (0)
 
 /// Skips the rest of a test case.
-#define GRACE_SKIP(why_stream)       \
-  do {                               \
-    GRACE_SKIP_REPORT(why_stream);   \
-    return;                          \
+#define GRACE_SKIP(why_stream)     \
+  do {                             \
+    GRACE_SKIP_REPORT(why_stream); \
+    return;                        \
   } while (0)
 
 /// Skips from a helper that tells its test case whether to go on.
-#define GRACE_SKIP_BOOL(why_stream)  \
-  do {                               \
-    GRACE_SKIP_REPORT(why_stream);   \
-    return false;                    \
+#define GRACE_SKIP_BOOL(why_stream) \
+  do {                              \
+    GRACE_SKIP_REPORT(why_stream);  \
+    return false;                   \
   } while (0)

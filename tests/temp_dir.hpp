@@ -17,8 +17,7 @@ struct temp_dir {
     static std::atomic<int> counter{0};
     std::random_device rd;
     path = std::filesystem::temp_directory_path() /
-           (prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
-            std::to_string(rd()));
+           (prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" + std::to_string(rd()));
     std::filesystem::create_directories(path);
   }
   ~temp_dir() {
@@ -29,4 +28,4 @@ struct temp_dir {
   temp_dir& operator=(const temp_dir&) = delete;
 };
 
-} // namespace grace::testing
+}  // namespace grace::testing

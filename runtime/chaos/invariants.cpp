@@ -154,10 +154,14 @@ verdict no_corrupt_restore(const check_input& in) {
   std::vector<std::string> bad;
   int verified = 0, unverifiable = 0;
   for (auto& r : res.restores) {
-    if (!r.checked) { ++unverifiable; continue; }
+    if (!r.checked) {
+      ++unverifiable;
+      continue;
+    }
     ++verified;
-    if (!r.ok) bad.push_back("restored " + r.path + " (incarnation " + std::to_string(r.incarnation) +
-                             ") does not verify: " + r.detail);
+    if (!r.ok)
+      bad.push_back("restored " + r.path + " (incarnation " + std::to_string(r.incarnation) +
+                    ") does not verify: " + r.detail);
     auto name = std::filesystem::path(r.path).filename().string();
     if (name.rfind("step-", 0) != 0 || name.find(".corrupt-") != std::string::npos)
       bad.push_back("restored a directory that is not a committed checkpoint: " + r.path);
@@ -175,8 +179,8 @@ verdict no_corrupt_restore(const check_input& in) {
                c.j.value("path", "") == f.corrupted_path;
       });
       if (!rewritten) {
-        bad.push_back("rank " + std::to_string(e.rank) + " restored the damaged " + f.corrupted_path + " (" +
-                      f.detail + ")");
+        bad.push_back("rank " + std::to_string(e.rank) + " restored the damaged " + f.corrupted_path + " (" + f.detail +
+                      ")");
         break;
       }
     }
@@ -227,7 +231,8 @@ verdict exit_codes(const check_input& in) {
     auto& fs = by_inc[e.incarnation];
     auto has = [&](auto pred) { return std::any_of(fs.begin(), fs.end(), [&](auto* f) { return pred(*f); }); };
     bool ok = false;
-    if (code == 0) ok = finished.count({e.incarnation, rank}) > 0;
+    if (code == 0)
+      ok = finished.count({e.incarnation, rank}) > 0;
     else if (sig == SIGKILL)
       ok = has([&](const fault_record& f) {
         bool targeted = std::find(f.ranks.begin(), f.ranks.end(), rank) != f.ranks.end();
@@ -236,8 +241,10 @@ verdict exit_codes(const check_input& in) {
       });
     // 45: a worker whose rendezvous failed because a fault hit its group
     // while it was connecting: restarted like 42.
-    else if (code == 42 || code == 45) ok = has([](const fault_record& f) { return restarts_group(f); });
-    else if (code == 3) ok = has([](const fault_record& f) { return f.f.kind == fault_kind::step_error; });
+    else if (code == 42 || code == 45)
+      ok = has([](const fault_record& f) { return restarts_group(f); });
+    else if (code == 3)
+      ok = has([](const fault_record& f) { return f.f.kind == fault_kind::step_error; });
     if (!ok) {
       std::string causes;
       for (auto* f : fs) causes += std::string(causes.empty() ? "" : ",") + to_string(f->f.kind);
@@ -254,9 +261,12 @@ verdict exit_codes(const check_input& in) {
     auto has = [&](auto pred) { return std::any_of(fs.begin(), fs.end(), [&](auto* f) { return pred(*f); }); };
     bool ok = false;
     std::string what = l.exit_code >= 0 ? "exit " + std::to_string(l.exit_code) : "signal " + std::to_string(l.signal);
-    if (l.exit_code == 0) ok = i + 1 == res.launches.size();
-    else if (l.exit_code == 42) ok = has(stops_launcher);
-    else if (l.exit_code == 3) ok = has([](const fault_record& f) { return f.f.kind == fault_kind::step_error; });
+    if (l.exit_code == 0)
+      ok = i + 1 == res.launches.size();
+    else if (l.exit_code == 42)
+      ok = has(stops_launcher);
+    else if (l.exit_code == 3)
+      ok = has([](const fault_record& f) { return f.f.kind == fault_kind::step_error; });
     else if (l.signal == SIGKILL)
       ok = res.timed_out || has([](const fault_record& f) {
              return f.f.kind == fault_kind::sigkill_launcher || (f.deadline_kill && stops_launcher(f));
@@ -264,8 +274,8 @@ verdict exit_codes(const check_input& in) {
     if (!ok) {
       std::string causes;
       for (auto* f : fs) causes += std::string(causes.empty() ? "" : ",") + to_string(f->f.kind);
-      bad.push_back("launch " + std::to_string(l.index) + " ended with " + what + " (faults in it: " +
-                    (causes.empty() ? "none" : causes) + ")");
+      bad.push_back("launch " + std::to_string(l.index) + " ended with " + what +
+                    " (faults in it: " + (causes.empty() ? "none" : causes) + ")");
     }
   }
   v.status = bad.empty() ? verdict_status::pass : verdict_status::fail;
@@ -324,7 +334,8 @@ bool reached_step(const run_result& res, const fault_record& f, fault_loss& l) {
     if (e.incarnation != f.incarnation || e.rank < 0) continue;
     worker_spoke = true;
     if (e.t_ns < f.t_ns - 5000000000LL) continue;
-    if (e.name == "exit" || e.name == "committed_local" || e.name == "restored") l.reached = std::max(l.reached, e.step());
+    if (e.name == "exit" || e.name == "committed_local" || e.name == "restored")
+      l.reached = std::max(l.reached, e.step());
   }
   if (worker_spoke && l.reached < 0) {
     l.reached = f.est_step;
@@ -415,7 +426,7 @@ verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
   return v;
 }
 
-} // namespace
+}  // namespace
 
 check_output check_invariants(const check_input& in) {
   check_output out;
@@ -429,4 +440,4 @@ check_output check_invariants(const check_input& in) {
   return out;
 }
 
-} // namespace grace::chaos
+}  // namespace grace::chaos

@@ -33,8 +33,8 @@ struct verdict {
 struct fault_loss {
   size_t index = 0;
   bool applicable = false;
-  int64_t reached = -1;  ///< last step completed before the restart
-  int64_t restored = -1; ///< step the next incarnation restored
+  int64_t reached = -1;   ///< last step completed before the restart
+  int64_t restored = -1;  ///< step the next incarnation restored
   int64_t lost = 0;
   int64_t bound = 0;
   bool ok = true;
@@ -59,4 +59,4 @@ struct check_output {
 
 check_output check_invariants(const check_input& in);
 
-} // namespace grace::chaos
+}  // namespace grace::chaos

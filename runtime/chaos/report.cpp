@@ -15,36 +15,62 @@ namespace grace::chaos {
 nlohmann::json make_report(const run_config& cfg, const run_result& res, const check_output& chk,
                            const nlohmann::json& extra) {
   nlohmann::json j = extra;
-  j["config"] = {{"workers", cfg.workers}, {"steps", cfg.steps}, {"save_every", cfg.save_every},
-                 {"step_delay_ms", cfg.step_delay_ms}, {"trainer_args", cfg.trainer_args},
-                 {"trainer", cfg.trainer}, {"trainer_prefix", cfg.trainer_prefix}, {"launcher", cfg.launcher}};
+  j["config"] = {{"workers", cfg.workers},
+                 {"steps", cfg.steps},
+                 {"save_every", cfg.save_every},
+                 {"step_delay_ms", cfg.step_delay_ms},
+                 {"trainer_args", cfg.trainer_args},
+                 {"trainer", cfg.trainer},
+                 {"trainer_prefix", cfg.trainer_prefix},
+                 {"launcher", cfg.launcher}};
   auto faults = nlohmann::json::array();
   for (size_t i = 0; i < res.faults.size(); ++i) {
     auto& f = res.faults[i];
-    nlohmann::json fj = {{"index", f.index}, {"spec", to_json(f.f)}, {"status", f.status}, {"detail", f.detail},
-                         {"t_ns", f.t_ns}, {"est_step", f.est_step}, {"launch", f.launch},
-                         {"incarnation", f.incarnation}, {"ranks", f.ranks},
-                         {"grace_ms", f.effective_grace_ms}, {"deadline_kill", f.deadline_kill}};
+    nlohmann::json fj = {{"index", f.index},
+                         {"spec", to_json(f.f)},
+                         {"status", f.status},
+                         {"detail", f.detail},
+                         {"t_ns", f.t_ns},
+                         {"est_step", f.est_step},
+                         {"launch", f.launch},
+                         {"incarnation", f.incarnation},
+                         {"ranks", f.ranks},
+                         {"grace_ms", f.effective_grace_ms},
+                         {"deadline_kill", f.deadline_kill}};
     if (!f.corrupted_path.empty()) fj["damaged_path"] = f.corrupted_path;
     if (i < chk.losses.size() && chk.losses[i].applicable)
-      fj["work_lost"] = {{"reached", chk.losses[i].reached}, {"restored", chk.losses[i].restored},
-                         {"lost", chk.losses[i].lost}, {"bound", chk.losses[i].bound}, {"ok", chk.losses[i].ok}};
+      fj["work_lost"] = {{"reached", chk.losses[i].reached},
+                         {"restored", chk.losses[i].restored},
+                         {"lost", chk.losses[i].lost},
+                         {"bound", chk.losses[i].bound},
+                         {"ok", chk.losses[i].ok}};
     faults.push_back(fj);
   }
   j["faults"] = faults;
   auto launches = nlohmann::json::array();
   for (auto& l : res.launches)
-    launches.push_back({{"index", l.index}, {"pid", l.pid}, {"exit_code", l.exit_code}, {"signal", l.signal},
-                        {"start_ns", l.start_ns}, {"end_ns", l.end_ns}, {"grace_ms", l.grace_ms},
-                        {"base_incarnation", l.base_incarnation}, {"notes", l.notes}});
+    launches.push_back({{"index", l.index},
+                        {"pid", l.pid},
+                        {"exit_code", l.exit_code},
+                        {"signal", l.signal},
+                        {"start_ns", l.start_ns},
+                        {"end_ns", l.end_ns},
+                        {"grace_ms", l.grace_ms},
+                        {"base_incarnation", l.base_incarnation},
+                        {"notes", l.notes}});
   j["launches"] = launches;
   auto restores = nlohmann::json::array();
   for (auto& r : res.restores)
-    restores.push_back({{"path", r.path}, {"step", r.step}, {"incarnation", r.incarnation}, {"checked", r.checked},
-                        {"ok", r.ok}, {"detail", r.detail}});
+    restores.push_back({{"path", r.path},
+                        {"step", r.step},
+                        {"incarnation", r.incarnation},
+                        {"checked", r.checked},
+                        {"ok", r.ok},
+                        {"detail", r.detail}});
   j["restores"] = restores;
   auto verdicts = nlohmann::json::array();
-  for (auto& v : chk.verdicts) verdicts.push_back({{"name", v.name}, {"status", to_string(v.status)}, {"detail", v.detail}});
+  for (auto& v : chk.verdicts)
+    verdicts.push_back({{"name", v.name}, {"status", to_string(v.status)}, {"detail", v.detail}});
   j["verdicts"] = verdicts;
   j["passed"] = chk.passed();
   j["out"] = res.out;
@@ -65,7 +91,8 @@ std::string render_table(const run_result& res, const check_output& chk) {
   for (size_t i = 0; i < res.faults.size(); ++i) {
     auto& f = res.faults[i];
     std::string name = to_string(f.f.kind);
-    if (f.f.kind == fault_kind::sigstop_worker) name += f.f.duration_ms ? "(" + std::to_string(f.f.duration_ms) + "ms)" : "(ever)";
+    if (f.f.kind == fault_kind::sigstop_worker)
+      name += f.f.duration_ms ? "(" + std::to_string(f.f.duration_ms) + "ms)" : "(ever)";
     if (f.effective_grace_ms) name += "+grace";
     std::string lost = "-";
     if (i < chk.losses.size() && chk.losses[i].applicable)
@@ -99,7 +126,7 @@ std::string draw_timeline(const fs::path& dir, const run_config& cfg, const run_
     if (s < 0) continue;
     if (e.name == "first_step" || e.name == "committed_local" || e.name == "reached_agreed_step" ||
         e.name == "restored" || e.name == "exit" || e.name == "finished") {
-      int64_t step = e.name == "first_step" ? s - 1 : s; // first_step: the step just started
+      int64_t step = e.name == "first_step" ? s - 1 : s;  // first_step: the step just started
       pts[e.rank][e.incarnation].push_back({ts(e.t_ns), step});
     }
     if (e.name == "committed_local") saves << ts(e.t_ns) << " " << s << "\n";
@@ -128,7 +155,8 @@ std::string draw_timeline(const fs::path& dir, const run_config& cfg, const run_
      << "set title 'grace-chaos: step of each worker over time (" << cfg.workers << " workers, " << cfg.steps
      << " steps)'\n"
      << "set xlabel 'seconds since the job started'\nset ylabel 'completed step'\n"
-     << "set key outside right top noenhanced\nset termoption noenhanced\nset grid\nset yrange [0:" << cfg.steps + 5 << "]\n";
+     << "set key outside right top noenhanced\nset termoption noenhanced\nset grid\nset yrange [0:" << cfg.steps + 5
+     << "]\n";
   int n = 0;
   for (auto& e : res.events)
     if (e.name == "group_started" || (e.name == "chaos_launch"))
@@ -144,8 +172,10 @@ std::string draw_timeline(const fs::path& dir, const run_config& cfg, const run_
   }
   gp << "plot for [r=0:" << cfg.workers - 1 << "] '" << (dir / "timeline.dat").string()
      << "' index r using 1:2 with linespoints pt 7 ps 0.4 title sprintf('rank %d', r), \\\n"
-     << "  '" << (dir / "timeline-saves.dat").string() << "' using 1:2 with points pt 5 ps 1.1 lc rgb 'black' title 'checkpoint committed', \\\n"
-     << "  '" << (dir / "timeline-restores.dat").string() << "' using 1:2 with points pt 9 ps 1.8 lc rgb 'dark-green' title 'restored', \\\n"
+     << "  '" << (dir / "timeline-saves.dat").string()
+     << "' using 1:2 with points pt 5 ps 1.1 lc rgb 'black' title 'checkpoint committed', \\\n"
+     << "  '" << (dir / "timeline-restores.dat").string()
+     << "' using 1:2 with points pt 9 ps 1.8 lc rgb 'dark-green' title 'restored', \\\n"
      << "  NaN with lines lc rgb 'red' lw 2 title 'fault', NaN with lines lc rgb '#888888' dt 2 title '(re)start'\n";
   gp.close();
   if (run_command({"sh", "-c", "command -v gnuplot"}) != 0)
@@ -156,4 +186,4 @@ std::string draw_timeline(const fs::path& dir, const run_config& cfg, const run_
   return "timeline: " + (dir / "timeline.png").string();
 }
 
-} // namespace grace::chaos
+}  // namespace grace::chaos

@@ -21,4 +21,4 @@ std::string render_table(const run_result& res, const check_output& chk);
 /// a one-line note (written, or why it was skipped).
 std::string draw_timeline(const std::filesystem::path& dir, const run_config& cfg, const run_result& res);
 
-} // namespace grace::chaos
+}  // namespace grace::chaos

@@ -25,8 +25,8 @@ namespace grace::chaos {
 namespace {
 
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
@@ -99,7 +99,10 @@ std::optional<fs::path> newest_checkpoint(const fs::path& dir, uint64_t* step_ou
     char rest;
     if (std::sscanf(name.c_str(), "step-%llu%c", &s, &rest) != 1) continue;
     if (!fs::exists(it->path() / "grace-manifest.json")) continue;
-    if (!best || s > best_step) { best = it->path(); best_step = s; }
+    if (!best || s > best_step) {
+      best = it->path();
+      best_step = s;
+    }
   }
   if (step_out) *step_out = best_step;
   return best;
@@ -118,11 +121,11 @@ fs::path pick_file(const fs::path& step_dir, const std::string& wanted) {
 /// The job's state as seen through the events file.
 struct job_view {
   int workers = 0;
-  int64_t incarnation = -1;          ///< newest group_started
+  int64_t incarnation = -1;  ///< newest group_started
   int64_t incarnation_start_ns = 0;
-  std::map<int64_t, int64_t> pid_of; ///< rank -> pid (current incarnation)
-  std::set<int64_t> stepping;        ///< ranks with first_step in the current incarnation
-  std::set<int64_t> exited;          ///< ranks with an exit/finished event in the current incarnation
+  std::map<int64_t, int64_t> pid_of;  ///< rank -> pid (current incarnation)
+  std::set<int64_t> stepping;         ///< ranks with first_step in the current incarnation
+  std::set<int64_t> exited;           ///< ranks with an exit/finished event in the current incarnation
   int64_t anchor_step = 0, anchor_ns = 0;
   int64_t first_step = -1, first_step_ns = 0;
   double step_ns = 25e6;
@@ -149,7 +152,10 @@ struct job_view {
     int64_t s = e.step();
     if (e.name == "first_step") {
       stepping.insert(e.rank);
-      if (first_step < 0) { first_step = s; first_step_ns = e.t_ns; }
+      if (first_step < 0) {
+        first_step = s;
+        first_step_ns = e.t_ns;
+      }
       anchor(s, e.t_ns);
     } else if (e.name == "committed_local" || e.name == "reached_agreed_step" || e.name == "restored") {
       if (e.name == "committed_local" && first_step >= 0 && s - first_step >= 10 && e.t_ns > first_step_ns)
@@ -160,7 +166,10 @@ struct job_view {
     }
   }
   void anchor(int64_t s, int64_t t) {
-    if (s >= anchor_step || t > anchor_ns + 2 * int64_t(step_ns)) { anchor_step = s; anchor_ns = t; }
+    if (s >= anchor_step || t > anchor_ns + 2 * int64_t(step_ns)) {
+      anchor_step = s;
+      anchor_ns = t;
+    }
   }
   bool running() const { return static_cast<int>(stepping.size()) == workers && exited.empty(); }
   int64_t estimate(int64_t now) const {
@@ -173,10 +182,10 @@ struct job_view {
 struct active_fault {
   size_t idx = 0;
   enum class wait_for { restart, launcher_exit, timer } until = wait_for::restart;
-  int64_t timer_ns = 0;         ///< timer: when to finish (sigcont, remove filler)
-  int64_t deadline_kill_ns = 0; ///< grace period: platform kill time
-  bool gap = false;             ///< checkpoint fault applied once the launcher is down
-  std::vector<pid_t> stopped;   ///< SIGSTOPped pids to continue
+  int64_t timer_ns = 0;          ///< timer: when to finish (sigcont, remove filler)
+  int64_t deadline_kill_ns = 0;  ///< grace period: platform kill time
+  bool gap = false;              ///< checkpoint fault applied once the launcher is down
+  std::vector<pid_t> stopped;    ///< SIGSTOPped pids to continue
   fs::path filler;
 };
 
@@ -231,8 +240,8 @@ private:
     fs::create_directories(ckpt_);
     events_path_ = run_dir_ / "events.jsonl";
     std::ofstream(events_path_).flush();
-    bool wants_fs = std::any_of(res_.faults.begin(), res_.faults.end(),
-                                [](auto& r) { return r.f.kind == fault_kind::fs_full; });
+    bool wants_fs =
+        std::any_of(res_.faults.begin(), res_.faults.end(), [](auto& r) { return r.f.kind == fault_kind::fs_full; });
     if (wants_fs) {
       auto opts = "size=" + std::to_string(cfg_.fs_size_mb) + "m,mode=0755";
       if (::mount("grace-chaos", ckpt_.c_str(), "tmpfs", 0, opts.c_str()) == 0) {
@@ -247,7 +256,10 @@ private:
   }
 
   void note_event(const std::string& what, const nlohmann::json& extra) {
-    nlohmann::json j = {{"event", "chaos_" + what}, {"t_ns", now_ns()}, {"pid", ::getpid()}, {"rank", -2},
+    nlohmann::json j = {{"event", "chaos_" + what},
+                        {"t_ns", now_ns()},
+                        {"pid", ::getpid()},
+                        {"rank", -2},
                         {"incarnation", view_.incarnation}};
     for (auto& [k, v] : extra.items()) j[k] = v;
     std::ofstream f(events_path_, std::ios::app);
@@ -269,32 +281,50 @@ private:
     std::optional<fault> fail;
     for (auto& r : res_.faults) {
       if (r.status != "not reached") continue;
-      if (r.f.kind == fault_kind::step_error) { fail = r.f; }
+      if (r.f.kind == fault_kind::step_error) {
+        fail = r.f;
+      }
     }
     if (auto* n = next_fault()) {
-      if (n->f.kind == fault_kind::sigterm_launcher || (n->f.kind == fault_kind::sigterm_multi && n->f.include_launcher))
+      if (n->f.kind == fault_kind::sigterm_launcher ||
+          (n->f.kind == fault_kind::sigterm_multi && n->f.include_launcher))
         launcher_grace = n->f.grace_ms;
-      if (n->f.kind == fault_kind::sigterm_worker || n->f.kind == fault_kind::sigterm_multi) worker_grace = n->f.grace_ms;
+      if (n->f.kind == fault_kind::sigterm_worker || n->f.kind == fault_kind::sigterm_multi)
+        worker_grace = n->f.grace_ms;
     }
     grace_launcher_ = launcher_grace;
     grace_worker_ = worker_grace;
     lr.grace_ms = std::max(launcher_grace, worker_grace);
-    std::vector<std::string> a = {cfg_.launcher, "--nproc", std::to_string(cfg_.workers), "--max-restarts",
-                                  std::to_string(cfg_.launcher_max_restarts), "--checkpoint-dir", ckpt_.string(),
-                                  "--exit-timeout-ms", std::to_string(cfg_.exit_timeout_ms)};
-    if (launcher_grace) { a.push_back("--grace-period-ms"); a.push_back(std::to_string(launcher_grace)); }
+    std::vector<std::string> a = {cfg_.launcher,
+                                  "--nproc",
+                                  std::to_string(cfg_.workers),
+                                  "--max-restarts",
+                                  std::to_string(cfg_.launcher_max_restarts),
+                                  "--checkpoint-dir",
+                                  ckpt_.string(),
+                                  "--exit-timeout-ms",
+                                  std::to_string(cfg_.exit_timeout_ms)};
+    if (launcher_grace) {
+      a.push_back("--grace-period-ms");
+      a.push_back(std::to_string(launcher_grace));
+    }
     a.push_back("--");
     a.push_back(cfg_.trainer);
     a.insert(a.end(), cfg_.trainer_prefix.begin(), cfg_.trainer_prefix.end());
-    for (auto& s : std::vector<std::string>{"--steps", std::to_string(cfg_.steps), "--output",
-                                            (run_dir_ / "out.json").string(), "--save-every",
-                                            std::to_string(cfg_.save_every), "--step-delay-ms",
-                                            std::to_string(cfg_.step_delay_ms), "--device", cfg_.device})
+    for (auto& s :
+         std::vector<std::string>{"--steps", std::to_string(cfg_.steps), "--output", (run_dir_ / "out.json").string(),
+                                  "--save-every", std::to_string(cfg_.save_every), "--step-delay-ms",
+                                  std::to_string(cfg_.step_delay_ms), "--device", cfg_.device})
       a.push_back(s);
-    if (worker_grace) { a.push_back("--grace-period-ms"); a.push_back(std::to_string(worker_grace)); }
+    if (worker_grace) {
+      a.push_back("--grace-period-ms");
+      a.push_back(std::to_string(worker_grace));
+    }
     if (fail) {
-      a.push_back("--fail-at-step"); a.push_back(std::to_string(fail->at_step.value_or(cfg_.steps / 2)));
-      a.push_back("--fail-rank"); a.push_back(std::to_string(fail->targets.empty() ? 0 : fail->targets[0]));
+      a.push_back("--fail-at-step");
+      a.push_back(std::to_string(fail->at_step.value_or(cfg_.steps / 2)));
+      a.push_back("--fail-rank");
+      a.push_back(std::to_string(fail->targets.empty() ? 0 : fail->targets[0]));
     }
     for (auto& s : cfg_.trainer_args) a.push_back(s);
     for (auto& s : cfg_.mutant_args) a.push_back(s);
@@ -476,11 +506,10 @@ private:
 
   /// The notices: SIGTERM to workers and/or the launcher, each with the
   /// grace period it runs with, and the platform's kill after it.
-  void inject_notice(fault_record& r, active_fault& a, launch_record& lr, const std::vector<pid_t>& kids,
-                     int64_t now) {
+  void inject_notice(fault_record& r, active_fault& a, launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
     auto& f = r.f;
-    bool launcher = f.kind == fault_kind::sigterm_launcher ||
-                    (f.kind == fault_kind::sigterm_multi && f.include_launcher);
+    bool launcher =
+        f.kind == fault_kind::sigterm_launcher || (f.kind == fault_kind::sigterm_multi && f.include_launcher);
     bool workers = f.kind != fault_kind::sigterm_launcher;
     std::vector<pid_t> ps;  // every pid first: the signals land within microseconds of each other
     size_t n = !workers ? 0 : f.kind == fault_kind::sigterm_multi ? std::max<size_t>(1, f.targets.size()) : 1;
@@ -488,8 +517,8 @@ private:
     if (launcher) ::kill(lr.pid, SIGTERM);
     for (size_t i = 0; i < ps.size(); ++i)
       if (ps[i] > 0 && ::kill(ps[i], SIGTERM) == 0) r.ranks.push_back(target_of(f, i));
-    r.effective_grace_ms = launcher ? (workers ? std::max(grace_launcher_, grace_worker_) : grace_launcher_)
-                                    : grace_worker_;
+    r.effective_grace_ms =
+        launcher ? (workers ? std::max(grace_launcher_, grace_worker_) : grace_launcher_) : grace_worker_;
     a.until = launcher ? active_fault::wait_for::launcher_exit : active_fault::wait_for::restart;
     if (r.effective_grace_ms)
       a.deadline_kill_ns = now + int64_t(r.effective_grace_ms + cfg_.grace_kill_slack_ms) * 1000000;
@@ -580,8 +609,10 @@ private:
 
   void progress_active(launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
     for (size_t i = 0; i < active_.size();) {
-      if (progress_one(active_[i], lr, kids, now)) active_.erase(active_.begin() + static_cast<long>(i));
-      else ++i;
+      if (progress_one(active_[i], lr, kids, now))
+        active_.erase(active_.begin() + static_cast<long>(i));
+      else
+        ++i;
     }
   }
 
@@ -599,11 +630,17 @@ private:
       a.deadline_kill_ns = 0;
       bool killed = false;
       if (r.f.kind == fault_kind::sigterm_launcher || r.f.include_launcher) {
-        if (alive(lr.pid)) { kill_job(lr.pid, kids); killed = true; }
+        if (alive(lr.pid)) {
+          kill_job(lr.pid, kids);
+          killed = true;
+        }
       } else if (view_.incarnation == r.incarnation) {
         for (int rank : r.ranks) {
           pid_t p = pid_of_rank(rank, kids);
-          if (p > 0) { ::kill(-p, SIGKILL); killed = true; }
+          if (p > 0) {
+            ::kill(-p, SIGKILL);
+            killed = true;
+          }
         }
       }
       if (killed) {
@@ -613,10 +650,8 @@ private:
       }
     }
     switch (a.until) {
-      case active_fault::wait_for::restart:
-        return view_.incarnation > r.incarnation && view_.running();
-      case active_fault::wait_for::launcher_exit:
-        return false;  // handled after the launcher exits
+      case active_fault::wait_for::restart: return view_.incarnation > r.incarnation && view_.running();
+      case active_fault::wait_for::launcher_exit: return false;  // handled after the launcher exits
       case active_fault::wait_for::timer:
         if (now < a.timer_ns && !(r.f.kind == fault_kind::fs_full && save_failed_since(r.t_ns))) return false;
         for (pid_t p : a.stopped) ::kill(p, SIGCONT);
@@ -693,8 +728,8 @@ private:
           r.est_step = e.step();
           r.incarnation = e.incarnation;
           r.ranks = {static_cast<int>(e.rank)};
-          r.detail = "--fail-at-step " + std::to_string(r.f.at_step.value_or(0)) + " raised on rank " +
-                     std::to_string(e.rank);
+          r.detail =
+              "--fail-at-step " + std::to_string(r.f.at_step.value_or(0)) + " raised on rank " + std::to_string(e.rank);
           for (auto& l : res_.launches)
             if (e.t_ns >= l.start_ns && (l.end_ns == 0 || e.t_ns <= l.end_ns)) r.launch = l.index;
           break;
@@ -703,7 +738,11 @@ private:
     res_.step_ns = view_.step_ns;
     std::ifstream f(run_dir_ / "out.json");
     if (f) {
-      try { f >> res_.out; } catch (...) { res_.notes.push_back("out.json is not valid JSON"); }
+      try {
+        f >> res_.out;
+      } catch (...) {
+        res_.notes.push_back("out.json is not valid JSON");
+      }
     }
     std::error_code ec;
     for (auto it = fs::directory_iterator(ckpt_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
@@ -743,7 +782,7 @@ private:
   std::vector<active_fault> active_;  ///< faults whose effects are still in progress
 };
 
-} // namespace
+}  // namespace
 
 std::vector<event> read_events(const fs::path& path, uint64_t& offset) {
   std::vector<event> out;
@@ -754,7 +793,7 @@ std::vector<event> read_events(const fs::path& path, uint64_t& offset) {
   while (true) {
     auto pos = f.tellg();
     if (!std::getline(f, line)) break;
-    if (f.eof()) { // incomplete last line: read it next time
+    if (f.eof()) {  // incomplete last line: read it next time
       (void)pos;
       break;
     }
@@ -798,4 +837,4 @@ run_result run_job(const run_config& cfg, const std::vector<fault>& schedule) {
   return j.run();
 }
 
-} // namespace grace::chaos
+}  // namespace grace::chaos

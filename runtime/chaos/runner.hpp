@@ -18,8 +18,8 @@
 namespace grace::chaos {
 
 struct run_config {
-  std::string launcher;   ///< grace-launch
-  std::string trainer;    ///< grace-train (or any program embedding Grace that takes the same flags)
+  std::string launcher;  ///< grace-launch
+  std::string trainer;   ///< grace-train (or any program embedding Grace that takes the same flags)
   /// Arguments between the trainer program and the harness's flags: an
   /// interpreter's script (`grace-chaos ... -- /usr/bin/python3 train.py`).
   std::vector<std::string> trainer_prefix;
@@ -28,22 +28,22 @@ struct run_config {
   uint64_t steps = 200;
   int save_every = 20;
   int step_delay_ms = 20;
-  std::string device = "cpu";           ///< trainer --device (the harness measures CPU runs by default)
-  std::vector<std::string> trainer_args; ///< extra, appended verbatim
+  std::string device = "cpu";             ///< trainer --device (the harness measures CPU runs by default)
+  std::vector<std::string> trainer_args;  ///< extra, appended verbatim
   /// Appended after trainer_args, but not given to the reference run: a
   /// broken-on-purpose flag whose job is to make an invariant fail.
   std::vector<std::string> mutant_args;
-  int launcher_max_restarts = 20;        ///< in-launcher group restarts
-  int max_relaunches = 20;               ///< scheduler relaunches of grace-launch
-  int exit_timeout_ms = 8000;            ///< grace-launch --exit-timeout-ms
-  int64_t job_timeout_ms = 240000;       ///< give up on the whole job after this
-  int grace_kill_slack_ms = 500;         ///< the "platform" kills this long after a grace period ends
-  double step_ns_hint = 25e6;            ///< step time, for "at step X" triggers
+  int launcher_max_restarts = 20;   ///< in-launcher group restarts
+  int max_relaunches = 20;          ///< scheduler relaunches of grace-launch
+  int exit_timeout_ms = 8000;       ///< grace-launch --exit-timeout-ms
+  int64_t job_timeout_ms = 240000;  ///< give up on the whole job after this
+  int grace_kill_slack_ms = 500;    ///< the "platform" kills this long after a grace period ends
+  double step_ns_hint = 25e6;       ///< step time, for "at step X" triggers
   /// Size of the tmpfs mounted on the checkpoint directory when a schedule
   /// has fs_full: room for the kept checkpoints of the trainer's model (the
   /// fault itself fills whatever is left).
   int fs_size_mb = 256;
-  std::filesystem::path dir;             ///< the run's directory (created, emptied)
+  std::filesystem::path dir;  ///< the run's directory (created, emptied)
   bool verbose = false;
 };
 
@@ -52,7 +52,7 @@ struct event {
   std::string name;
   int64_t t_ns = 0;
   int64_t pid = 0;
-  int64_t rank = -1; ///< -1: the launcher (it writes 2^32-1)
+  int64_t rank = -1;  ///< -1: the launcher (it writes 2^32-1)
   int64_t incarnation = 0;
   nlohmann::json j;
   int64_t step() const { return j.contains("step") && j["step"].is_number() ? j["step"].get<int64_t>() : -1; }
@@ -62,7 +62,7 @@ struct event {
 struct fault_record {
   fault f;
   size_t index = 0;
-  std::string status = "not reached"; ///< injected, skipped, not reached
+  std::string status = "not reached";  ///< injected, skipped, not reached
   std::string detail;
   int64_t t_ns = 0;          ///< injection time (wall)
   int64_t est_step = -1;     ///< the harness's estimate of the step in flight at injection
@@ -70,8 +70,8 @@ struct fault_record {
   int64_t incarnation = -1;  ///< group incarnation it hit
   std::vector<int> ranks;    ///< workers signalled
   int effective_grace_ms = 0;
-  bool deadline_kill = false; ///< the platform's kill at the end of a grace period was needed
-  std::string corrupted_path; ///< checkpoint faults: step dir (or tmp dir) touched
+  bool deadline_kill = false;  ///< the platform's kill at the end of a grace period was needed
+  std::string corrupted_path;  ///< checkpoint faults: step dir (or tmp dir) touched
   int64_t corrupted_ns = 0;
 };
 
@@ -79,12 +79,12 @@ struct launch_record {
   int index = 0;
   pid_t pid = -1;
   int64_t start_ns = 0, end_ns = 0;
-  int exit_code = -1; ///< -1: killed by `signal`
+  int exit_code = -1;  ///< -1: killed by `signal`
   int signal = 0;
   int grace_ms = 0;
   int64_t base_incarnation = 0;
   std::vector<std::string> argv;
-  std::vector<std::string> notes; ///< stragglers killed, orphans reaped with their codes
+  std::vector<std::string> notes;  ///< stragglers killed, orphans reaped with their codes
 };
 
 /// A `restored` event checked while the job ran (the directory may be
@@ -94,7 +94,7 @@ struct restore_check {
   int64_t incarnation = 0;
   int64_t step = 0;
   int64_t t_ns = 0;
-  bool checked = false; ///< false: gone before we could look
+  bool checked = false;  ///< false: gone before we could look
   bool ok = false;
   std::string detail;
 };
@@ -104,14 +104,14 @@ struct run_result {
   std::vector<fault_record> faults;
   std::vector<launch_record> launches;
   std::vector<restore_check> restores;
-  nlohmann::json out;            ///< the trainer's out.json (null if missing)
-  std::vector<std::string> leftover_temporaries; ///< `.tmp-*` in the checkpoint dir at the end
-  std::vector<nlohmann::json> final_checkpoints; ///< {path, step, counters} of what is left
+  nlohmann::json out;                             ///< the trainer's out.json (null if missing)
+  std::vector<std::string> leftover_temporaries;  ///< `.tmp-*` in the checkpoint dir at the end
+  std::vector<nlohmann::json> final_checkpoints;  ///< {path, step, counters} of what is left
   std::vector<std::string> notes;
   bool timed_out = false;
   bool fs_mounted = false;
   int64_t start_ns = 0, end_ns = 0;
-  double step_ns = 0; ///< measured
+  double step_ns = 0;  ///< measured
 };
 
 /// Runs the job under `schedule`; throws std::runtime_error only for
@@ -125,4 +125,4 @@ int run_command(const std::vector<std::string>& argv, std::string* output = null
 /// Reads events appended to `path` since `offset` (complete lines only).
 std::vector<event> read_events(const std::filesystem::path& path, uint64_t& offset);
 
-} // namespace grace::chaos
+}  // namespace grace::chaos

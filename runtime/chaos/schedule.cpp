@@ -11,14 +11,14 @@ struct kind_name {
   const char* name;
 };
 const kind_name kind_names[] = {
-  {fault_kind::sigterm_worker, "sigterm_worker"},     {fault_kind::sigterm_launcher, "sigterm_launcher"},
-  {fault_kind::sigterm_multi, "sigterm_multi"},       {fault_kind::sigkill_worker, "sigkill_worker"},
-  {fault_kind::sigstop_worker, "sigstop_worker"},     {fault_kind::sigkill_launcher, "sigkill_launcher"},
-  {fault_kind::step_error, "step_error"},             {fault_kind::flip_byte, "flip_byte"},
-  {fault_kind::truncate_file, "truncate_file"},       {fault_kind::delete_file, "delete_file"},
-  {fault_kind::stale_tmp, "stale_tmp"},               {fault_kind::fs_full, "fs_full"},
+    {fault_kind::sigterm_worker, "sigterm_worker"}, {fault_kind::sigterm_launcher, "sigterm_launcher"},
+    {fault_kind::sigterm_multi, "sigterm_multi"},   {fault_kind::sigkill_worker, "sigkill_worker"},
+    {fault_kind::sigstop_worker, "sigstop_worker"}, {fault_kind::sigkill_launcher, "sigkill_launcher"},
+    {fault_kind::step_error, "step_error"},         {fault_kind::flip_byte, "flip_byte"},
+    {fault_kind::truncate_file, "truncate_file"},   {fault_kind::delete_file, "delete_file"},
+    {fault_kind::stale_tmp, "stale_tmp"},           {fault_kind::fs_full, "fs_full"},
 };
-} // namespace
+}  // namespace
 
 const char* to_string(fault_kind k) noexcept {
   for (auto& kn : kind_names)
@@ -43,14 +43,14 @@ const std::vector<fault_kind>& all_fault_kinds() {
 
 const std::vector<std::string>& trigger_events() {
   static const std::vector<std::string> names = {
-    "proposed",       // the coordinator proposed an agreement
-    "agreed",         // the agreed step is out
-    "snapshot_done",  // a saver took its snapshot: its write is in flight
-    "committed",      // the coordinator committed an agreement's checkpoint
-    "peer_lost",      // the coordinator declared a member lost
-    "group_started",  // the launcher started a (re)started group: restores follow
-    "restored",       // a worker restored a checkpoint: its rendezvous follows
-    "first_step",     // a worker completed its first step after a (re)start
+      "proposed",       // the coordinator proposed an agreement
+      "agreed",         // the agreed step is out
+      "snapshot_done",  // a saver took its snapshot: its write is in flight
+      "committed",      // the coordinator committed an agreement's checkpoint
+      "peer_lost",      // the coordinator declared a member lost
+      "group_started",  // the launcher started a (re)started group: restores follow
+      "restored",       // a worker restored a checkpoint: its rendezvous follows
+      "first_step",     // a worker completed its first step after a (re)start
   };
   return names;
 }
@@ -82,8 +82,10 @@ nlohmann::json to_json(const fault& f) {
   if (!f.on_event.empty()) j["on_event"] = f.on_event;
   if (f.delay_ms) j["delay_ms"] = f.delay_ms;
   if (!f.targets.empty()) {
-    if (f.targets.size() == 1 && f.kind != fault_kind::sigterm_multi) j["target"] = f.targets[0];
-    else j["targets"] = f.targets;
+    if (f.targets.size() == 1 && f.kind != fault_kind::sigterm_multi)
+      j["target"] = f.targets[0];
+    else
+      j["targets"] = f.targets;
   }
   if (f.include_launcher) j["include_launcher"] = true;
   if (f.grace_ms) j["grace_ms"] = f.grace_ms;
@@ -97,8 +99,9 @@ fault fault_from_json(const nlohmann::json& j, size_t index) {
     return std::invalid_argument("schedule entry " + std::to_string(index) + ": " + what);
   };
   if (!j.is_object()) throw bad("must be an object like {\"at_step\": 50, \"fault\": \"sigterm_worker\"}");
-  static const char* known[] = {"fault", "at_step", "at_ms", "after_ms", "on_event", "delay_ms", "target",
-                                "targets", "include_launcher", "grace_ms", "duration_ms", "file", "comment"};
+  static const char* known[] = {"fault",       "at_step", "at_ms",   "after_ms",         "on_event",
+                                "delay_ms",    "target",  "targets", "include_launcher", "grace_ms",
+                                "duration_ms", "file",    "comment"};
   for (auto& [k, v] : j.items())
     if (std::find_if(std::begin(known), std::end(known), [&](const char* n) { return k == n; }) == std::end(known))
       throw bad("unknown field '" + k + "'");
@@ -113,7 +116,8 @@ fault fault_from_json(const nlohmann::json& j, size_t index) {
   f.kind = *k;
   auto uint_field = [&](const char* name) -> std::optional<int64_t> {
     if (!j.contains(name)) return std::nullopt;
-    if (!j[name].is_number_integer() || j[name].get<int64_t>() < 0) throw bad(std::string(name) + " must be an integer >= 0");
+    if (!j[name].is_number_integer() || j[name].get<int64_t>() < 0)
+      throw bad(std::string(name) + " must be an integer >= 0");
     return j[name].get<int64_t>();
   };
   if (auto v = uint_field("at_step")) f.at_step = static_cast<uint64_t>(*v);
@@ -130,8 +134,8 @@ fault fault_from_json(const nlohmann::json& j, size_t index) {
       throw bad("unknown on_event '" + f.on_event + "' (known: " + names + ")");
     }
   }
-  int triggers = int(f.at_step.has_value()) + int(f.at_ms.has_value()) + int(f.after_ms.has_value()) +
-                 int(!f.on_event.empty());
+  int triggers =
+      int(f.at_step.has_value()) + int(f.at_ms.has_value()) + int(f.after_ms.has_value()) + int(!f.on_event.empty());
   if (triggers == 0) throw bad("needs one trigger: \"at_step\", \"at_ms\", \"after_ms\" or \"on_event\"");
   if (triggers > 1) throw bad("has more than one trigger (at_step, at_ms, after_ms, on_event): give one");
   if (f.delay_ms && f.on_event.empty()) throw bad("delay_ms needs on_event");
@@ -222,7 +226,8 @@ fault chained_fault(fault_kind kind, int target, splitmix64& rng, const std::vec
   c.kind = kind;
   c.targets = {target};
   // Half a few milliseconds after the previous fault, half keyed to a phase.
-  if (events.empty() || rng.range(0, 1) == 0) c.after_ms = static_cast<int64_t>(rng.range(0, 5));
+  if (events.empty() || rng.range(0, 1) == 0)
+    c.after_ms = static_cast<int64_t>(rng.range(0, 5));
   else {
     c.on_event = events[rng.range(0, events.size() - 1)];
     if (c.on_event == "group_started") c.delay_ms = static_cast<int>(rng.range(0, 30));
@@ -233,7 +238,7 @@ fault chained_fault(fault_kind kind, int target, splitmix64& rng, const std::vec
 
 bool stops_the_launcher(fault_kind k) { return k == fault_kind::sigkill_launcher; }
 
-} // namespace
+}  // namespace
 
 std::vector<fault> companions(const fault& primary, int workers, splitmix64& rng) {
   std::vector<fault> out;
@@ -288,4 +293,4 @@ std::vector<fault> companions(const fault& primary, int workers, splitmix64& rng
   return out;
 }
 
-} // namespace grace::chaos
+}  // namespace grace::chaos

@@ -29,18 +29,18 @@ namespace grace::chaos {
 /// Every fault the harness can inject. See docs/RELIABILITY.md for the
 /// invariant each one exercises.
 enum class fault_kind {
-  sigterm_worker,   ///< notice to one worker (optionally with a grace period)
-  sigterm_launcher, ///< notice to the launcher (optionally with a grace period)
-  sigterm_multi,    ///< notices to several workers (and maybe the launcher) at once
-  sigkill_worker,   ///< hard failure of one worker
-  sigstop_worker,   ///< freeze a worker for duration_ms (0: for good), then SIGCONT
-  sigkill_launcher, ///< the coordination service dies with the launcher
-  step_error,       ///< an exception inside a step (trainer --fail-at-step)
-  flip_byte,        ///< preempt, then flip a byte in the newest checkpoint while the job is down
-  truncate_file,    ///< preempt, then truncate a file of the newest checkpoint
-  delete_file,      ///< preempt, then delete a file of the newest checkpoint
-  stale_tmp,        ///< preempt, then leave a `.tmp-step-N-<deadpid>-x` directory
-  fs_full,          ///< fill the checkpoint file system across a periodic save
+  sigterm_worker,    ///< notice to one worker (optionally with a grace period)
+  sigterm_launcher,  ///< notice to the launcher (optionally with a grace period)
+  sigterm_multi,     ///< notices to several workers (and maybe the launcher) at once
+  sigkill_worker,    ///< hard failure of one worker
+  sigstop_worker,    ///< freeze a worker for duration_ms (0: for good), then SIGCONT
+  sigkill_launcher,  ///< the coordination service dies with the launcher
+  step_error,        ///< an exception inside a step (trainer --fail-at-step)
+  flip_byte,         ///< preempt, then flip a byte in the newest checkpoint while the job is down
+  truncate_file,     ///< preempt, then truncate a file of the newest checkpoint
+  delete_file,       ///< preempt, then delete a file of the newest checkpoint
+  stale_tmp,         ///< preempt, then leave a `.tmp-step-N-<deadpid>-x` directory
+  fs_full,           ///< fill the checkpoint file system across a periodic save
 };
 
 const char* to_string(fault_kind k) noexcept;
@@ -63,11 +63,11 @@ struct fault {
   std::string on_event;             ///< chained: at this event after the previous fault fired
   int delay_ms = 0;                 ///< chained on_event: this long after the event
   bool chained() const noexcept { return after_ms.has_value() || !on_event.empty(); }
-  std::vector<int> targets;         ///< worker ranks; empty = chosen at run time (rank 1 or 0)
-  bool include_launcher = false;    ///< sigterm_multi: the launcher gets one too
-  int grace_ms = 0;                 ///< sigterm_*: grace period given to the job
-  int duration_ms = 0;              ///< sigstop_worker: 0 = frozen for good
-  std::string file;                 ///< checkpoint faults: file name inside the step dir (default: a shard)
+  std::vector<int> targets;       ///< worker ranks; empty = chosen at run time (rank 1 or 0)
+  bool include_launcher = false;  ///< sigterm_multi: the launcher gets one too
+  int grace_ms = 0;               ///< sigterm_*: grace period given to the job
+  int duration_ms = 0;            ///< sigstop_worker: 0 = frozen for good
+  std::string file;               ///< checkpoint faults: file name inside the step dir (default: a shard)
 };
 
 nlohmann::json to_json(const fault& f);
@@ -117,4 +117,4 @@ struct splitmix64 {
   uint64_t range(uint64_t lo, uint64_t hi) { return lo + next() % (hi - lo + 1); }
 };
 
-} // namespace grace::chaos
+}  // namespace grace::chaos

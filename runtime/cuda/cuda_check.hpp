@@ -25,5 +25,5 @@ std::string failure(const char* call, const char* file, int line, Rc rc) {
   return std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " + describe(rc);
 }
 
-} // namespace cuda_detail
-} // namespace grace
+}  // namespace cuda_detail
+}  // namespace grace

@@ -1,7 +1,6 @@
 #include "runtime/cuda/device.hpp"
 #include "runtime/device_probe.hpp"
 
-
 #include <cuda_runtime_api.h>
 
 #include <cstdlib>
@@ -28,7 +27,7 @@ cuda_probe probe_cuda() {
   int count = 0;
   const cudaError_t rc = cudaGetDeviceCount(&count);
   if (rc != cudaSuccess) {
-    (void)cudaGetLastError(); // do not leave the error for the next CUDA call
+    (void)cudaGetLastError();  // do not leave the error for the next CUDA call
     p.why = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
     return p;
   }
@@ -50,8 +49,7 @@ int cuda_device_count(std::string* why) {
 
 result<int> pick_device(int local_rank) {
   if (local_rank < 0)
-    return error{errc::invalid_input,
-                 "pick_device: local rank " + std::to_string(local_rank) + " is negative"};
+    return error{errc::invalid_input, "pick_device: local rank " + std::to_string(local_rank) + " is negative"};
   std::string why;
   const int n = cuda_device_count(&why);
   if (n == 0) return error{errc::invalid_input, "no CUDA device (" + why + ")"};
@@ -62,8 +60,7 @@ const char* to_string(backend_kind k) noexcept { return k == backend_kind::cuda 
 
 result<backend_choice> choose_backend(const std::string& requested, int local_rank) {
   if (requested != "auto" && requested != "cpu" && requested != "cuda")
-    return error{errc::invalid_input,
-                 "--device '" + requested + "': expected auto, cpu or cuda"};
+    return error{errc::invalid_input, "--device '" + requested + "': expected auto, cpu or cuda"};
   if (requested == "cpu") return backend_choice{backend_kind::cpu, "device: cpu (--device cpu)", -1};
 
   std::string why;
@@ -73,23 +70,23 @@ result<backend_choice> choose_backend(const std::string& requested, int local_ra
       return error{errc::invalid_input,
                    "--device cuda: no CUDA device (" + why +
                        "); run on a GPU node, check CUDA_VISIBLE_DEVICES, or use --device auto|cpu"};
-    return backend_choice{backend_kind::cpu,
-                          "device: cpu (--device auto: no CUDA device: " + why + ")", -1};
+    return backend_choice{backend_kind::cpu, "device: cpu (--device auto: no CUDA device: " + why + ")", -1};
   }
   if (local_rank < 0)
     return error{errc::invalid_input,
-                 "--device " + requested + ": local rank " + std::to_string(local_rank) +
-                     " is negative"};
+                 "--device " + requested + ": local rank " + std::to_string(local_rank) + " is negative"};
   const int dev = local_rank % n;
   std::string name;
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, dev) == cudaSuccess) name = std::string(" ") + prop.name;
-  else (void)cudaGetLastError();
+  if (cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+    name = std::string(" ") + prop.name;
+  else
+    (void)cudaGetLastError();
   return backend_choice{backend_kind::cuda,
-                        "device: cuda:" + std::to_string(dev) + name + " (--device " + requested +
-                            ", local rank " + std::to_string(local_rank) + " of " +
-                            std::to_string(n) + " visible device" + (n == 1 ? "" : "s") + ")",
+                        "device: cuda:" + std::to_string(dev) + name + " (--device " + requested + ", local rank " +
+                            std::to_string(local_rank) + " of " + std::to_string(n) + " visible device" +
+                            (n == 1 ? "" : "s") + ")",
                         dev};
 }
 
-} // namespace grace
+}  // namespace grace

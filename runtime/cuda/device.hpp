@@ -54,4 +54,4 @@ struct backend_choice {
 /// Anything else -> errc::invalid_input.
 result<backend_choice> choose_backend(const std::string& requested, int local_rank);
 
-} // namespace grace
+}  // namespace grace

@@ -19,22 +19,22 @@ error cuda_failed(const std::string& what, cudaError_t rc) {
   return error{errc::failed, what + ": " + cuda_detail::describe(rc)};
 }
 
-#define GRACE_CUDA_STATUS(call, what)                          \
-  do {                                                         \
-    const cudaError_t grace_rc_ = (call);                      \
+#define GRACE_CUDA_STATUS(call, what)                                    \
+  do {                                                                   \
+    const cudaError_t grace_rc_ = (call);                                \
     if (grace_rc_ != cudaSuccess) return cuda_failed((what), grace_rc_); \
   } while (0)
 
 /// Per-device side stream, two events and two pinned bounce buffers for the
 /// hooks; created on first use, kept warm for the life of the process.
 struct copy_lane {
-  static constexpr size_t chunk = size_t(8) << 20; // 8 MiB per bounce buffer
+  static constexpr size_t chunk = size_t(8) << 20;  // 8 MiB per bounce buffer
   cudaStream_t stream = nullptr;
   cudaEvent_t done[2] = {nullptr, nullptr};
   unsigned char* bounce[2] = {nullptr, nullptr};
 };
 
-std::mutex lanes_mu; ///< serialises every hook copy (one snapshot at a time)
+std::mutex lanes_mu;  ///< serialises every hook copy (one snapshot at a time)
 std::map<int, copy_lane> lanes;
 
 status make_lane(int device, copy_lane*& out) {
@@ -51,7 +51,7 @@ status make_lane(int device, copy_lane*& out) {
     GRACE_CUDA_STATUS(cudaEventCreateWithFlags(&lane.done[k], cudaEventDisableTiming), where);
     void* p = nullptr;
     GRACE_CUDA_STATUS(cudaMallocHost(&p, copy_lane::chunk), where);
-    std::memset(p, 0, copy_lane::chunk); // fault the pages in now, not during a snapshot
+    std::memset(p, 0, copy_lane::chunk);  // fault the pages in now, not during a snapshot
     lane.bounce[k] = static_cast<unsigned char*>(p);
   }
   out = &lanes.emplace(device, lane).first->second;
@@ -68,7 +68,7 @@ bool is_pinned(const void* host) {
   return attr.type == cudaMemoryTypeHost;
 }
 
-} // namespace
+}  // namespace
 
 status cuda_copy_to_host(void* host_dst, const void* device_src, size_t bytes, int device) {
   if (bytes == 0) return status::success();
@@ -76,8 +76,8 @@ status cuda_copy_to_host(void* host_dst, const void* device_src, size_t bytes, i
   copy_lane* lane = nullptr;
   auto st = make_lane(device, lane);
   if (!st) return st;
-  const std::string what = "device->host copy of " + std::to_string(bytes) + " bytes on device " +
-                           std::to_string(device);
+  const std::string what =
+      "device->host copy of " + std::to_string(bytes) + " bytes on device " + std::to_string(device);
   GRACE_CUDA_STATUS(cudaSetDevice(device), what);
   auto* dst = static_cast<unsigned char*>(host_dst);
   auto* src = static_cast<const unsigned char*>(device_src);
@@ -94,7 +94,8 @@ status cuda_copy_to_host(void* host_dst, const void* device_src, size_t bytes, i
     if (k < chunks) {
       const int b = static_cast<int>(k % 2);
       GRACE_CUDA_STATUS(cudaMemcpyAsync(lane->bounce[b], src + k * copy_lane::chunk, chunk_len(k),
-                                        cudaMemcpyDeviceToHost, lane->stream), what);
+                                        cudaMemcpyDeviceToHost, lane->stream),
+                        what);
       GRACE_CUDA_STATUS(cudaEventRecord(lane->done[b], lane->stream), what);
     }
     if (k > 0) {
@@ -113,8 +114,8 @@ status cuda_copy_to_device(void* device_dst, const void* host_src, size_t bytes,
   copy_lane* lane = nullptr;
   auto st = make_lane(device, lane);
   if (!st) return st;
-  const std::string what = "host->device copy of " + std::to_string(bytes) + " bytes on device " +
-                           std::to_string(device);
+  const std::string what =
+      "host->device copy of " + std::to_string(bytes) + " bytes on device " + std::to_string(device);
   GRACE_CUDA_STATUS(cudaSetDevice(device), what);
   auto* dst = static_cast<unsigned char*>(device_dst);
   auto* src = static_cast<const unsigned char*>(host_src);
@@ -130,8 +131,8 @@ status cuda_copy_to_device(void* device_dst, const void* host_src, size_t bytes,
     // bounce[b] was last used by chunk k - 2: wait for its DMA to finish.
     if (k >= 2) GRACE_CUDA_STATUS(cudaEventSynchronize(lane->done[b]), what);
     std::memcpy(lane->bounce[b], src + k * copy_lane::chunk, len);
-    GRACE_CUDA_STATUS(cudaMemcpyAsync(dst + k * copy_lane::chunk, lane->bounce[b], len,
-                                      cudaMemcpyHostToDevice, lane->stream), what);
+    GRACE_CUDA_STATUS(
+        cudaMemcpyAsync(dst + k * copy_lane::chunk, lane->bounce[b], len, cudaMemcpyHostToDevice, lane->stream), what);
     GRACE_CUDA_STATUS(cudaEventRecord(lane->done[b], lane->stream), what);
   }
   GRACE_CUDA_STATUS(cudaStreamSynchronize(lane->stream), what);
@@ -166,13 +167,13 @@ struct device_snapshot::impl {
     memory_kind memory;
     int device;
     size_t bytes;
-    size_t offset; ///< into base, multiple of `alignment`
+    size_t offset;  ///< into base, multiple of `alignment`
   };
   std::vector<slot> slots;
   unsigned char* base = nullptr;
   size_t capacity = 0;
   size_t total = 0;
-  std::map<int, cudaStream_t> streams; ///< side stream per device
+  std::map<int, cudaStream_t> streams;  ///< side stream per device
   std::map<int, cudaEvent_t> events;
 
   ~impl() {
@@ -188,16 +189,14 @@ struct device_snapshot::impl {
   status check(const std::vector<tensor_ref>& tensors, const char* op) const {
     if (tensors.size() != slots.size())
       return error{errc::invalid_input, std::string(op) + ": " + std::to_string(tensors.size()) +
-                                            " tensors, the snapshot layout has " +
-                                            std::to_string(slots.size())};
+                                            " tensors, the snapshot layout has " + std::to_string(slots.size())};
     for (size_t i = 0; i < slots.size(); ++i) {
       const tensor_ref& t = tensors[i];
       const slot& s = slots[i];
       if (t.name != s.name || t.type != s.type || t.shape != s.shape || t.memory != s.memory ||
           (t.memory == memory_kind::device && t.device != s.device))
-        return error{errc::invalid_input, std::string(op) + ": tensor " + std::to_string(i) +
-                                              " ('" + t.name + "') does not match the layout ('" +
-                                              s.name + "')"};
+        return error{errc::invalid_input, std::string(op) + ": tensor " + std::to_string(i) + " ('" + t.name +
+                                              "') does not match the layout ('" + s.name + "')"};
       if (!t.data && s.bytes)
         return error{errc::invalid_input, std::string(op) + ": tensor '" + t.name + "' has no data"};
     }
@@ -217,17 +216,19 @@ struct device_snapshot::impl {
       GRACE_CUDA_STATUS(cudaSetDevice(s.device), what);
       unsigned char* host = base + s.offset;
       if (to_host)
-        GRACE_CUDA_STATUS(cudaMemcpyAsync(host, tensors[i].data, s.bytes, cudaMemcpyDeviceToHost,
-                                          streams.at(s.device)), what);
+        GRACE_CUDA_STATUS(cudaMemcpyAsync(host, tensors[i].data, s.bytes, cudaMemcpyDeviceToHost, streams.at(s.device)),
+                          what);
       else
-        GRACE_CUDA_STATUS(cudaMemcpyAsync(tensors[i].data, host, s.bytes, cudaMemcpyHostToDevice,
-                                          streams.at(s.device)), what);
+        GRACE_CUDA_STATUS(cudaMemcpyAsync(tensors[i].data, host, s.bytes, cudaMemcpyHostToDevice, streams.at(s.device)),
+                          what);
     }
     for (size_t i = 0; i < slots.size(); ++i) {
       const slot& s = slots[i];
       if (s.memory != memory_kind::host || s.bytes == 0) continue;
-      if (to_host) std::memcpy(base + s.offset, tensors[i].data, s.bytes);
-      else std::memcpy(tensors[i].data, base + s.offset, s.bytes);
+      if (to_host)
+        std::memcpy(base + s.offset, tensors[i].data, s.bytes);
+      else
+        std::memcpy(tensors[i].data, base + s.offset, s.bytes);
     }
     for (const auto& [device, stream] : streams) {
       const std::string what = std::string(op) + ": device " + std::to_string(device);
@@ -243,8 +244,7 @@ struct device_snapshot::impl {
 device_snapshot::device_snapshot() : impl_(std::make_unique<impl>()) {}
 device_snapshot::~device_snapshot() = default;
 
-result<std::unique_ptr<device_snapshot>> device_snapshot::create(
-    const std::vector<tensor_ref>& layout) {
+result<std::unique_ptr<device_snapshot>> device_snapshot::create(const std::vector<tensor_ref>& layout) {
   std::unique_ptr<device_snapshot> snap(new device_snapshot());
   impl& m = *snap->impl_;
   size_t off = 0;
@@ -276,13 +276,9 @@ result<std::unique_ptr<device_snapshot>> device_snapshot::create(
   return result<std::unique_ptr<device_snapshot>>(std::move(snap));
 }
 
-status device_snapshot::capture(const std::vector<tensor_ref>& tensors) {
-  return impl_->copy(tensors, true);
-}
+status device_snapshot::capture(const std::vector<tensor_ref>& tensors) { return impl_->copy(tensors, true); }
 
-status device_snapshot::restore(const std::vector<tensor_ref>& tensors) const {
-  return impl_->copy(tensors, false);
-}
+status device_snapshot::restore(const std::vector<tensor_ref>& tensors) const { return impl_->copy(tensors, false); }
 
 std::vector<snapshot_tensor> device_snapshot::view() const {
   std::vector<snapshot_tensor> out;
@@ -293,4 +289,4 @@ std::vector<snapshot_tensor> device_snapshot::view() const {
 
 size_t device_snapshot::total_bytes() const noexcept { return impl_->total; }
 
-} // namespace grace
+}  // namespace grace

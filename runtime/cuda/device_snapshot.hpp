@@ -79,4 +79,4 @@ private:
   std::unique_ptr<impl> impl_;
 };
 
-} // namespace grace
+}  // namespace grace

@@ -10,20 +10,18 @@
 #include "runtime/cuda/cuda_check.hpp"
 #include "runtime/kernels.hpp"
 
-#define GRACE_CUDA_THROW(call)                                                              \
-  do {                                                                                      \
-    const cudaError_t grace_rc_ = (call);                                                   \
-    if (grace_rc_ != cudaSuccess)                                                           \
-      throw ::grace::cuda_error(                                                            \
-          ::grace::cuda_detail::failure(#call, __FILE__, __LINE__, grace_rc_));             \
+#define GRACE_CUDA_THROW(call)                                                                        \
+  do {                                                                                                \
+    const cudaError_t grace_rc_ = (call);                                                             \
+    if (grace_rc_ != cudaSuccess)                                                                     \
+      throw ::grace::cuda_error(::grace::cuda_detail::failure(#call, __FILE__, __LINE__, grace_rc_)); \
   } while (0)
 
-#define GRACE_CUBLAS_THROW(call)                                                            \
-  do {                                                                                      \
-    const cublasStatus_t grace_rc_ = (call);                                                \
-    if (grace_rc_ != CUBLAS_STATUS_SUCCESS)                                                 \
-      throw ::grace::cuda_error(                                                            \
-          ::grace::cuda_detail::failure(#call, __FILE__, __LINE__, grace_rc_));             \
+#define GRACE_CUBLAS_THROW(call)                                                                      \
+  do {                                                                                                \
+    const cublasStatus_t grace_rc_ = (call);                                                          \
+    if (grace_rc_ != CUBLAS_STATUS_SUCCESS)                                                           \
+      throw ::grace::cuda_error(::grace::cuda_detail::failure(#call, __FILE__, __LINE__, grace_rc_)); \
   } while (0)
 
 namespace grace {
@@ -32,9 +30,7 @@ namespace {
 
 constexpr int threads_per_block = 256;
 
-unsigned blocks_for(size_t n) {
-  return static_cast<unsigned>((n + threads_per_block - 1) / threads_per_block);
-}
+unsigned blocks_for(size_t n) { return static_cast<unsigned>((n + threads_per_block - 1) / threads_per_block); }
 
 // ---- kernels: one thread per element or row, each calling kernels.hpp -----
 
@@ -56,8 +52,7 @@ __global__ void features_kernel(uint64_t seed, uint64_t first, int local, int d,
 
 /// Label of each sample: argmax of the teacher scores, first maximum wins,
 /// summed in the same order as sample_into.
-__global__ void labels_kernel(const float* teacher, const float* x, int local, int d, int classes,
-                              int* labels) {
+__global__ void labels_kernel(const float* teacher, const float* x, int local, int d, int classes, int* labels) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= local) return;
   const float* xi = x + static_cast<size_t>(i) * d;
@@ -84,8 +79,8 @@ __global__ void bias_act_kernel(float* z, const float* b, int rows, int out, boo
 }
 
 /// One row per thread: loss[i] and the scaled gradient w.r.t. the logits.
-__global__ void xent_kernel(const float* logits, const int* labels, int rows, int classes,
-                            float* delta, float* loss, float scale) {
+__global__ void xent_kernel(const float* logits, const int* labels, int rows, int classes, float* delta, float* loss,
+                            float scale) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= rows) return;
   const size_t off = static_cast<size_t>(i) * classes;
@@ -106,12 +101,10 @@ __global__ void relu_backward_kernel(float* d, const float* y, size_t n) {
   if (e < n) d[e] = kernels::relu_backward(d[e], y[e]);
 }
 
-__global__ void sgd_kernel(float* w, float* v, const float* g, size_t n, float lr, float mu,
-                           float wd) {
+__global__ void sgd_kernel(float* w, float* v, const float* g, size_t n, float lr, float mu, float wd) {
   const size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (e < n) kernels::sgd_momentum(w[e], v[e], g[e], lr, mu, wd);
 }
-
 
 template <class T>
 T* device_alloc(size_t n) {
@@ -121,27 +114,27 @@ T* device_alloc(size_t n) {
   return static_cast<T*>(p);
 }
 
-} // namespace
+}  // namespace
 
 struct mlp_cuda::impl {
   mlp_config cfg;
   int device = 0;
-  std::vector<int> dims; ///< input_dim, hidden..., classes
-  std::vector<size_t> w_off, b_off; ///< into params / momentum / grad
-  size_t total = 0;                 ///< floats in each of params, momentum, grad
+  std::vector<int> dims;             ///< input_dim, hidden..., classes
+  std::vector<size_t> w_off, b_off;  ///< into params / momentum / grad
+  size_t total = 0;                  ///< floats in each of params, momentum, grad
 
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
-  float* params = nullptr;   ///< W_0, b_0, W_1, b_1, ... (the grad layout)
-  float* momentum = nullptr; ///< same layout
-  float* grad = nullptr;     ///< same layout
-  float* teacher = nullptr;  ///< [classes, input_dim]
+  float* params = nullptr;    ///< W_0, b_0, W_1, b_1, ... (the grad layout)
+  float* momentum = nullptr;  ///< same layout
+  float* grad = nullptr;      ///< same layout
+  float* teacher = nullptr;   ///< [classes, input_dim]
 
   // Scratch for the local batch, allocated on first use and reused.
   int batch = 0;
   float* x = nullptr;
   int* labels = nullptr;
-  std::vector<float*> act; ///< output of each layer, [B, out]
+  std::vector<float*> act;  ///< output of each layer, [B, out]
   float* delta = nullptr;
   float* delta_prev = nullptr;
   float* loss = nullptr;       ///< per row, device
@@ -187,8 +180,7 @@ struct mlp_cuda::impl {
 
   void check_launch(const char* what) {
     const cudaError_t rc = cudaGetLastError();
-    if (rc != cudaSuccess)
-      throw cuda_error(std::string("launch of ") + what + ": " + cuda_detail::describe(rc));
+    if (rc != cudaSuccess) throw cuda_error(std::string("launch of ") + what + ": " + cuda_detail::describe(rc));
   }
 
   ~impl() {
@@ -210,8 +202,7 @@ result<std::unique_ptr<mlp_cuda>> mlp_cuda::create(const mlp_config& cfg, int de
   try {
     return std::make_unique<mlp_cuda>(cfg, device);
   } catch (const cuda_error& e) {
-    return error{errc::failed, std::string("mlp_cuda on device ") + std::to_string(device) + ": " +
-                                   e.what()};
+    return error{errc::failed, std::string("mlp_cuda on device ") + std::to_string(device) + ": " + e.what()};
   } catch (const std::bad_alloc&) {
     return error{errc::failed, "mlp_cuda: out of host memory"};
   }
@@ -255,15 +246,15 @@ mlp_cuda::mlp_cuda(mlp_config cfg, int device) : impl_(std::make_unique<impl>())
     std::memcpy(staging.data() + off, t.data, t.bytes());
     off += t.numel();
   }
-  GRACE_CUDA_THROW(cudaMemcpyAsync(m.params, staging.data(), m.total * sizeof(float),
-                                   cudaMemcpyHostToDevice, m.stream));
-  GRACE_CUDA_THROW(cudaMemcpyAsync(m.momentum, staging.data() + m.total, m.total * sizeof(float),
-                                   cudaMemcpyHostToDevice, m.stream));
+  GRACE_CUDA_THROW(
+      cudaMemcpyAsync(m.params, staging.data(), m.total * sizeof(float), cudaMemcpyHostToDevice, m.stream));
+  GRACE_CUDA_THROW(
+      cudaMemcpyAsync(m.momentum, staging.data() + m.total, m.total * sizeof(float), cudaMemcpyHostToDevice, m.stream));
 
   const size_t tn = static_cast<size_t>(m.cfg.classes) * m.cfg.input_dim;
   m.teacher = device_alloc<float>(tn);
-  teacher_kernel<<<blocks_for(tn), threads_per_block, 0, m.stream>>>(m.cfg.seed, m.cfg.classes,
-                                                                     m.cfg.input_dim, m.teacher);
+  teacher_kernel<<<blocks_for(tn), threads_per_block, 0, m.stream>>>(m.cfg.seed, m.cfg.classes, m.cfg.input_dim,
+                                                                     m.teacher);
   m.check_launch("teacher_kernel");
   GRACE_CUDA_THROW(cudaStreamSynchronize(m.stream));
 }
@@ -309,8 +300,8 @@ float mlp_cuda::compute_gradients(uint64_t step, int rank, int world) {
   auto st = validate(m.cfg, world);
   if (!st) throw std::invalid_argument(st.err().message);
   if (rank < 0 || rank >= world)
-    throw std::invalid_argument("mlp_cuda: rank " + std::to_string(rank) +
-                                " out of range for world " + std::to_string(world));
+    throw std::invalid_argument("mlp_cuda: rank " + std::to_string(rank) + " out of range for world " +
+                                std::to_string(world));
   m.use_device();
   const int B = m.cfg.global_batch / world;
   m.ensure_scratch(B);
@@ -319,10 +310,9 @@ float mlp_cuda::compute_gradients(uint64_t step, int rank, int world) {
   cudaStream_t s = m.stream;
 
   // This worker's slice of the step's global batch, generated on the device.
-  const uint64_t first = step * static_cast<uint64_t>(m.cfg.global_batch) +
-                         static_cast<uint64_t>(rank) * static_cast<uint64_t>(B);
-  features_kernel<<<blocks_for(static_cast<size_t>(B) * D), threads_per_block, 0, s>>>(
-      m.cfg.seed, first, B, D, m.x);
+  const uint64_t first =
+      step * static_cast<uint64_t>(m.cfg.global_batch) + static_cast<uint64_t>(rank) * static_cast<uint64_t>(B);
+  features_kernel<<<blocks_for(static_cast<size_t>(B) * D), threads_per_block, 0, s>>>(m.cfg.seed, first, B, D, m.x);
   labels_kernel<<<blocks_for(B), threads_per_block, 0, s>>>(m.teacher, m.x, B, D, C, m.labels);
   m.check_launch("data kernels");
 
@@ -335,19 +325,17 @@ float mlp_cuda::compute_gradients(uint64_t step, int rank, int world) {
     const int in = m.dims[l], out = m.dims[l + 1];
     const float* a = l == 0 ? m.x : m.act[l - 1];
     float* z = m.act[l];
-    GRACE_CUBLAS_THROW(cublasSgemm(m.blas, CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, &one,
-                                   m.params + m.w_off[l], in, a, in, &zero, z, out));
-    bias_act_kernel<<<blocks_for(static_cast<size_t>(B) * out), threads_per_block, 0, s>>>(
-        z, m.params + m.b_off[l], B, out, l + 1 < L);
+    GRACE_CUBLAS_THROW(cublasSgemm(m.blas, CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, &one, m.params + m.w_off[l], in, a, in,
+                                   &zero, z, out));
+    bias_act_kernel<<<blocks_for(static_cast<size_t>(B) * out), threads_per_block, 0, s>>>(z, m.params + m.b_off[l], B,
+                                                                                           out, l + 1 < L);
     m.check_launch("bias_act_kernel");
   }
 
   const float scale = 1.0f / static_cast<float>(m.cfg.global_batch);
-  xent_kernel<<<blocks_for(B), threads_per_block, 0, s>>>(m.act[L - 1], m.labels, B, C, m.delta,
-                                                          m.loss, scale);
+  xent_kernel<<<blocks_for(B), threads_per_block, 0, s>>>(m.act[L - 1], m.labels, B, C, m.delta, m.loss, scale);
   m.check_launch("xent_kernel");
-  GRACE_CUDA_THROW(
-      cudaMemcpyAsync(m.loss_host, m.loss, B * sizeof(float), cudaMemcpyDeviceToHost, s));
+  GRACE_CUDA_THROW(cudaMemcpyAsync(m.loss_host, m.loss, B * sizeof(float), cudaMemcpyDeviceToHost, s));
 
   for (int l = L - 1; l >= 0; --l) {
     const int in = m.dims[l], out = m.dims[l + 1];
@@ -355,17 +343,15 @@ float mlp_cuda::compute_gradients(uint64_t step, int rank, int world) {
     // Row-major dW = delta^T a [out, in]; column-major dW^T [in, out] =
     // a^T' delta^T'^T with a^T' = [in, B] and delta^T' = [out, B]:
     // gemm(N, T, in, out, B).
-    GRACE_CUBLAS_THROW(cublasSgemm(m.blas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, B, &one, a, in,
-                                   m.delta, out, &zero, m.grad + m.w_off[l], in));
-    bias_grad_kernel<<<blocks_for(out), threads_per_block, 0, s>>>(m.delta, B, out,
-                                                                   m.grad + m.b_off[l]);
+    GRACE_CUBLAS_THROW(cublasSgemm(m.blas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, B, &one, a, in, m.delta, out, &zero,
+                                   m.grad + m.w_off[l], in));
+    bias_grad_kernel<<<blocks_for(out), threads_per_block, 0, s>>>(m.delta, B, out, m.grad + m.b_off[l]);
     m.check_launch("bias_grad_kernel");
     if (l == 0) break;
     // Row-major delta_prev = delta W [B, in]; column-major [in, B] =
     // W^T' delta^T' with W^T' = [in, out]: gemm(N, N, in, B, out).
-    GRACE_CUBLAS_THROW(cublasSgemm(m.blas, CUBLAS_OP_N, CUBLAS_OP_N, in, B, out, &one,
-                                   m.params + m.w_off[l], in, m.delta, out, &zero, m.delta_prev,
-                                   in));
+    GRACE_CUBLAS_THROW(cublasSgemm(m.blas, CUBLAS_OP_N, CUBLAS_OP_N, in, B, out, &one, m.params + m.w_off[l], in,
+                                   m.delta, out, &zero, m.delta_prev, in));
     const size_t n = static_cast<size_t>(B) * in;
     relu_backward_kernel<<<blocks_for(n), threads_per_block, 0, s>>>(m.delta_prev, a, n);
     m.check_launch("relu_backward_kernel");
@@ -373,7 +359,7 @@ float mlp_cuda::compute_gradients(uint64_t step, int rank, int world) {
   }
   GRACE_CUDA_THROW(cudaStreamSynchronize(s));
 
-  float loss_sum = 0.0f; // row order, as the CPU backend
+  float loss_sum = 0.0f;  // row order, as the CPU backend
   for (int i = 0; i < B; ++i) loss_sum += m.loss_host[i];
   return loss_sum * scale;
 }
@@ -381,8 +367,8 @@ float mlp_cuda::compute_gradients(uint64_t step, int rank, int world) {
 void mlp_cuda::apply_gradients() {
   impl& m = *impl_;
   m.use_device();
-  sgd_kernel<<<blocks_for(m.total), threads_per_block, 0, m.stream>>>(
-      m.params, m.momentum, m.grad, m.total, m.cfg.lr, m.cfg.momentum, m.cfg.weight_decay);
+  sgd_kernel<<<blocks_for(m.total), threads_per_block, 0, m.stream>>>(m.params, m.momentum, m.grad, m.total, m.cfg.lr,
+                                                                      m.cfg.momentum, m.cfg.weight_decay);
   m.check_launch("sgd_kernel");
   GRACE_CUDA_THROW(cudaStreamSynchronize(m.stream));
 }
@@ -391,10 +377,9 @@ std::vector<float> mlp_cuda::download_state() const {
   const impl& m = *impl_;
   m.use_device();
   std::vector<float> host(2 * m.total);
-  GRACE_CUDA_THROW(cudaMemcpyAsync(host.data(), m.params, m.total * sizeof(float),
-                                   cudaMemcpyDeviceToHost, m.stream));
-  GRACE_CUDA_THROW(cudaMemcpyAsync(host.data() + m.total, m.momentum, m.total * sizeof(float),
-                                   cudaMemcpyDeviceToHost, m.stream));
+  GRACE_CUDA_THROW(cudaMemcpyAsync(host.data(), m.params, m.total * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+  GRACE_CUDA_THROW(
+      cudaMemcpyAsync(host.data() + m.total, m.momentum, m.total * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
   GRACE_CUDA_THROW(cudaStreamSynchronize(m.stream));
   return host;
 }
@@ -406,4 +391,4 @@ uint64_t mlp_cuda::weights_checksum() const {
   return fnv1a(fnv_offset, host.data(), host.size() * sizeof(float));
 }
 
-} // namespace grace
+}  // namespace grace

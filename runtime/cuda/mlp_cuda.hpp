@@ -95,4 +95,4 @@ private:
   std::unique_ptr<impl> impl_;
 };
 
-} // namespace grace
+}  // namespace grace

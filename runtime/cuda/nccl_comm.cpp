@@ -49,6 +49,7 @@ public:
     std::this_thread::sleep_for(delay_);
     if (delay_ < std::chrono::microseconds(1000)) delay_ *= 2;
   }
+
 private:
   int polls_ = 0;
   std::chrono::microseconds delay_{20};
@@ -58,11 +59,11 @@ long long ms_since(clock_type::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t).count();
 }
 
-} // namespace
+}  // namespace
 
 struct nccl_comm::impl {
-  std::mutex mu;             ///< guards `comm` against abort() from another thread
-  ncclComm_t comm = nullptr; ///< null once aborted or destroyed
+  std::mutex mu;              ///< guards `comm` against abort() from another thread
+  ncclComm_t comm = nullptr;  ///< null once aborted or destroyed
   cudaStream_t stream = nullptr;
 
   /// Aborts and forgets the communicator (caller holds `mu`).
@@ -74,22 +75,21 @@ struct nccl_comm::impl {
   }
 };
 
-result<std::unique_ptr<nccl_comm>> nccl_comm::connect(
-    std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix, int rank, int size,
-    int device, std::chrono::milliseconds timeout, std::shared_ptr<cancel_token> cancel) {
+result<std::unique_ptr<nccl_comm>> nccl_comm::connect(std::shared_ptr<gloo::rendezvous::Store> store,
+                                                      std::string prefix, int rank, int size, int device,
+                                                      std::chrono::milliseconds timeout,
+                                                      std::shared_ptr<cancel_token> cancel) {
   if (!store) return error{errc::invalid_input, "nccl_comm: no rendezvous store given"};
   if (size < 1 || rank < 0 || rank >= size)
-    return error{errc::invalid_input, "nccl_comm: rank " + std::to_string(rank) +
-                                          " out of range for size " + std::to_string(size)};
-  if (timeout.count() <= 0)
-    return error{errc::invalid_input, "nccl_comm: timeout must be positive"};
+    return error{errc::invalid_input,
+                 "nccl_comm: rank " + std::to_string(rank) + " out of range for size " + std::to_string(size)};
+  if (timeout.count() <= 0) return error{errc::invalid_input, "nccl_comm: timeout must be positive"};
   std::string why;
   const int devices = cuda_device_count(&why);
   if (devices == 0) return error{errc::invalid_input, "nccl_comm: no CUDA device (" + why + ")"};
   if (device < 0 || device >= devices)
-    return error{errc::invalid_input, "nccl_comm: device " + std::to_string(device) +
-                                          " out of range (" + std::to_string(devices) +
-                                          " visible)"};
+    return error{errc::invalid_input, "nccl_comm: device " + std::to_string(device) + " out of range (" +
+                                          std::to_string(devices) + " visible)"};
 
   const auto start = clock_type::now();
   const auto deadline = start + timeout;
@@ -103,8 +103,7 @@ result<std::unique_ptr<nccl_comm>> nccl_comm::connect(
   cudaError_t crc = cudaSetDevice(device);
   if (crc == cudaSuccess) crc = cudaStreamCreateWithFlags(&c->impl_->stream, cudaStreamNonBlocking);
   if (crc != cudaSuccess)
-    return error{errc::failed, "nccl_comm: device " + std::to_string(device) + ": " +
-                                   cuda_detail::describe(crc)};
+    return error{errc::failed, "nccl_comm: device " + std::to_string(device) + ": " + cuda_detail::describe(crc)};
 
   // The unique id travels through the coordination service's store, like
   // Gloo's rendezvous; the store blocks until the chief has published it.
@@ -114,24 +113,21 @@ result<std::unique_ptr<nccl_comm>> nccl_comm::connect(
   try {
     if (rank == 0) {
       const ncclResult_t rc = ncclGetUniqueId(&id);
-      if (rc != ncclSuccess)
-        return error{nccl_errc(rc), "nccl_comm: ncclGetUniqueId: " + nccl_text(rc, nullptr)};
+      if (rc != ncclSuccess) return error{nccl_errc(rc), "nccl_comm: ncclGetUniqueId: " + nccl_text(rc, nullptr)};
       const char* p = reinterpret_cast<const char*>(&id);
       store->set(key, std::vector<char>(p, p + sizeof(id)));
     } else {
       store->wait({key}, timeout);
       const std::vector<char> bytes = store->get(key);
       if (bytes.size() != sizeof(id))
-        return error{errc::failed, "nccl_comm: store key '" + key + "' holds " +
-                                       std::to_string(bytes.size()) + " bytes, expected " +
-                                       std::to_string(sizeof(id)) +
+        return error{errc::failed, "nccl_comm: store key '" + key + "' holds " + std::to_string(bytes.size()) +
+                                       " bytes, expected " + std::to_string(sizeof(id)) +
                                        " (an ncclUniqueId from an incompatible NCCL?)"};
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
   } catch (const std::exception& e) {
     if (clock_type::now() >= deadline)
-      return error{errc::overloaded, "nccl_comm: rank " + std::to_string(rank) +
-                                         ": no NCCL id from rank 0 within " +
+      return error{errc::overloaded, "nccl_comm: rank " + std::to_string(rank) + ": no NCCL id from rank 0 within " +
                                          std::to_string(timeout.count()) + " ms (" + e.what() + ")"};
     return error{errc::disconnected, std::string("nccl_comm: rendezvous store: ") + e.what()};
   }
@@ -156,20 +152,18 @@ result<std::unique_ptr<nccl_comm>> nccl_comm::connect(
     if (state != ncclInProgress) {
       const std::string text = nccl_text(state, comm);
       ncclCommAbort(comm);
-      return error{nccl_errc(state), "nccl_comm: init of rank " + std::to_string(rank) + "/" +
-                                         std::to_string(size) + ": " + text};
+      return error{nccl_errc(state),
+                   "nccl_comm: init of rank " + std::to_string(rank) + "/" + std::to_string(size) + ": " + text};
     }
     if (cancel && cancel->cancelled()) {
       ncclCommAbort(comm);
-      return error{errc::disconnected, "nccl_comm: init of rank " + std::to_string(rank) + "/" +
-                                           std::to_string(size) +
+      return error{errc::disconnected, "nccl_comm: init of rank " + std::to_string(rank) + "/" + std::to_string(size) +
                                            ": aborted during the rendezvous (a peer was lost)"};
     }
     if (clock_type::now() >= deadline) {
       ncclCommAbort(comm);
-      return error{errc::overloaded, "nccl_comm: init of rank " + std::to_string(rank) + "/" +
-                                         std::to_string(size) + " did not complete within " +
-                                         std::to_string(timeout.count()) +
+      return error{errc::overloaded, "nccl_comm: init of rank " + std::to_string(rank) + "/" + std::to_string(size) +
+                                         " did not complete within " + std::to_string(timeout.count()) +
                                          " ms (peers missing?); communicator aborted"};
     }
     wait.pause();
@@ -193,13 +187,18 @@ nccl_comm::~nccl_comm() {
         for (;;) {
           ncclResult_t state = ncclSuccess;
           if (ncclCommGetAsyncError(impl_->comm, &state) != ncclSuccess) break;
-          if (state == ncclSuccess) { clean = true; break; }
+          if (state == ncclSuccess) {
+            clean = true;
+            break;
+          }
           if (state != ncclInProgress || clock_type::now() >= deadline) break;
           wait.pause();
         }
       }
-      if (clean) ncclCommDestroy(impl_->comm);
-      else ncclCommAbort(impl_->comm);
+      if (clean)
+        ncclCommDestroy(impl_->comm);
+      else
+        ncclCommAbort(impl_->comm);
       impl_->comm = nullptr;
     }
   }
@@ -287,8 +286,7 @@ status nccl_comm::allreduce_sum(float* device_data, size_t n) {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     if (!impl_->comm) return error{errc::disconnected, std::string(op) + ": communicator was aborted"};
-    const ncclResult_t rc =
-        ncclAllReduce(device_data, device_data, n, ncclFloat, ncclSum, impl_->comm, impl_->stream);
+    const ncclResult_t rc = ncclAllReduce(device_data, device_data, n, ncclFloat, ncclSum, impl_->comm, impl_->stream);
     if (rc != ncclSuccess && rc != ncclInProgress) {
       const std::string text = nccl_text(rc, impl_->comm);
       impl_->abort_locked();
@@ -299,4 +297,4 @@ status nccl_comm::allreduce_sum(float* device_data, size_t n) {
   return await_collective(n, start, start + timeout_);
 }
 
-} // namespace grace
+}  // namespace grace

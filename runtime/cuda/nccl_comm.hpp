@@ -31,8 +31,8 @@
 namespace gloo {
 namespace rendezvous {
 class Store;
-} // namespace rendezvous
-} // namespace gloo
+}  // namespace rendezvous
+}  // namespace gloo
 
 namespace grace {
 
@@ -46,9 +46,9 @@ public:
   /// (the store or a peer failed), failed (a local CUDA/NCCL error).
   /// With `cancel`, a raised token ends the init's polling at once
   /// (errc::disconnected): arm the session's abort handler with it.
-  static result<std::unique_ptr<nccl_comm>> connect(
-      std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix, int rank, int size,
-      int device, std::chrono::milliseconds timeout, std::shared_ptr<cancel_token> cancel = nullptr);
+  static result<std::unique_ptr<nccl_comm>> connect(std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix,
+                                                    int rank, int size, int device, std::chrono::milliseconds timeout,
+                                                    std::shared_ptr<cancel_token> cancel = nullptr);
 
   ~nccl_comm();
   nccl_comm(const nccl_comm&) = delete;
@@ -97,4 +97,4 @@ private:
   std::atomic<bool> in_flight_{false};
 };
 
-} // namespace grace
+}  // namespace grace

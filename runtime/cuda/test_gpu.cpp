@@ -81,7 +81,7 @@ double worst_relative_diff(const std::vector<float>& a, const std::vector<float>
   return worst;
 }
 
-} // namespace
+}  // namespace
 
 // ---- without a device -----------------------------------------------------
 
@@ -144,7 +144,7 @@ TEST_CASE("without a device the backend returns errors, not crashes", "[cuda]") 
   CHECK(c.err().message.find("no CUDA device") != std::string::npos);
 
   auto snap = device_snapshot::create({});
-  REQUIRE(snap.ok()); // an empty layout needs no device
+  REQUIRE(snap.ok());  // an empty layout needs no device
   CHECK(snap.value()->total_bytes() == 0);
 }
 
@@ -159,7 +159,7 @@ TEST_CASE("device copy hooks: default error, then the CUDA copies", "[cuda]") {
 
   register_cuda_device_copy();
   CHECK(device_copy_available());
-  CHECK(device_copy_to_host(host, host, 0, 0).ok()); // zero bytes: no CUDA call
+  CHECK(device_copy_to_host(host, host, 0, 0).ok());  // zero bytes: no CUDA call
   register_device_copy(nullptr, nullptr);
 }
 
@@ -258,10 +258,9 @@ TEST_CASE("device snapshot round trip through pinned memory", "[cuda][gpu]") {
   CHECK(cpu.weights_checksum() == at_step_1);
 }
 
-TEST_CASE("device copy hooks round trip, pinned and pageable, over chunk boundaries",
-          "[cuda][gpu]") {
+TEST_CASE("device copy hooks round trip, pinned and pageable, over chunk boundaries", "[cuda][gpu]") {
   if (!have_devices()) return;
-  const size_t n = (size_t(20) << 20) / sizeof(float) + 123; // > two 8 MiB bounce chunks
+  const size_t n = (size_t(20) << 20) / sizeof(float) + 123;  // > two 8 MiB bounce chunks
   std::vector<float> src(n), back(n, -1.0f);
   for (size_t i = 0; i < n; ++i) src[i] = static_cast<float>(i % 9973) * 0.5f;
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
@@ -296,15 +295,25 @@ TEST_CASE("NCCL allreduce across local devices", "[cuda][gpu][nccl]") {
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       auto c = nccl_comm::connect(store, "ar/", r, world, r, std::chrono::seconds(60));
-      if (!c) { errors[r] = c.err().what(); return; }
+      if (!c) {
+        errors[r] = c.err().what();
+        return;
+      }
       std::vector<float> h(n);
       for (size_t i = 0; i < n; ++i) h[i] = static_cast<float>(r + 1) * static_cast<float>(i % 7);
       float* d = nullptr;
       cudaSetDevice(r);
-      if (cudaMalloc(&d, n * sizeof(float)) != cudaSuccess) { errors[r] = "cudaMalloc"; return; }
+      if (cudaMalloc(&d, n * sizeof(float)) != cudaSuccess) {
+        errors[r] = "cudaMalloc";
+        return;
+      }
       cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice);
       auto st = c.value()->allreduce_sum(d, n);
-      if (!st) { errors[r] = st.err().what(); cudaFree(d); return; }
+      if (!st) {
+        errors[r] = st.err().what();
+        cudaFree(d);
+        return;
+      }
       if (!c.value()->allreduce_sum(d, 0).ok()) errors[r] = "allreduce of 0 floats failed";
       cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost);
       cudaFree(d);
@@ -331,13 +340,22 @@ TEST_CASE("NCCL: two workers with mlp_cuda train like one CPU worker", "[cuda][g
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       auto c = nccl_comm::connect(store, "train/", r, 2, r, std::chrono::seconds(60));
-      if (!c) { errors[r] = c.err().what(); return; }
+      if (!c) {
+        errors[r] = c.err().what();
+        return;
+      }
       auto m = mlp_cuda::create(cfg, r);
-      if (!m) { errors[r] = m.err().what(); return; }
+      if (!m) {
+        errors[r] = m.err().what();
+        return;
+      }
       for (uint64_t step = 0; step < 10; ++step) {
         m.value()->compute_gradients(step, r, 2);
         auto st = c.value()->allreduce_sum(m.value()->grad_data(), m.value()->grad_size());
-        if (!st) { errors[r] = st.err().what(); return; }
+        if (!st) {
+          errors[r] = st.err().what();
+          return;
+        }
         m.value()->apply_gradients();
       }
       states[r] = m.value()->download_state();
@@ -347,7 +365,7 @@ TEST_CASE("NCCL: two workers with mlp_cuda train like one CPU worker", "[cuda][g
   INFO(errors[0] << " / " << errors[1]);
   REQUIRE(errors[0].empty());
   REQUIRE(errors[1].empty());
-  CHECK(states[0] == states[1]); // every rank applies the same reduced gradient
+  CHECK(states[0] == states[1]);  // every rank applies the same reduced gradient
 
   mlp cpu(cfg);
   for (uint64_t step = 0; step < 10; ++step) {
@@ -367,8 +385,10 @@ TEST_CASE("NCCL: abort unblocks an allreduce waiting for a dead peer", "[cuda][g
     for (int r = 0; r < 2; ++r)
       threads.emplace_back([&, r] {
         auto c = nccl_comm::connect(store, "abort/", r, 2, r, std::chrono::seconds(60));
-        if (c) comms[r] = std::move(c.value());
-        else errors[r] = c.err().what();
+        if (c)
+          comms[r] = std::move(c.value());
+        else
+          errors[r] = c.err().what();
       });
     for (auto& t : threads) t.join();
   }
@@ -393,7 +413,7 @@ TEST_CASE("NCCL: abort unblocks an allreduce waiting for a dead peer", "[cuda][g
   REQUIRE_FALSE(result.ok());
   CHECK(result.err().code == errc::disconnected);
   CHECK(comms[0]->aborted());
-  CHECK_FALSE(comms[0]->allreduce_sum(d, 1024).ok()); // and every later call fails at once
+  CHECK_FALSE(comms[0]->allreduce_sum(d, 1024).ok());  // and every later call fails at once
   comms[1]->abort();
   cudaFree(d);
 }

@@ -37,7 +37,7 @@ struct tensors {
   }
 };
 
-} // namespace
+}  // namespace
 
 TEST_CASE("checkpoint writer: saves are answered in order with their outcome", "[writer]") {
   spdlog::set_level(spdlog::level::err);

@@ -58,8 +58,12 @@ struct fixture {
   static msg<proto::Join> join_msg(uint32_t rank, uint32_t world = 3, std::string token = "tok",
                                    uint32_t version = proto::PROTOCOL_VERSION, uint32_t incarnation = 0) {
     return make<proto::Join>([&](auto b) {
-      b.setRank(rank); b.setWorldSize(world); b.setRunId("run"); b.setToken(token);
-      b.setProtocolVersion(version); b.setIncarnation(incarnation);
+      b.setRank(rank);
+      b.setWorldSize(world);
+      b.setRunId("run");
+      b.setToken(token);
+      b.setProtocolVersion(version);
+      b.setIncarnation(incarnation);
     });
   }
 
@@ -67,8 +71,7 @@ struct fixture {
   template <class S>
   std::optional<msg<S>> next(size_t r) {
     std::optional<msg<S>> out;
-    w(r)->receive([&](msg<S>& m) { out = std::move(m); },
-                  caf::after(std::chrono::milliseconds(0)) >> [] {});
+    w(r)->receive([&](msg<S>& m) { out = std::move(m); }, caf::after(std::chrono::milliseconds(0)) >> [] {});
     return out;
   }
 
@@ -91,16 +94,22 @@ struct fixture {
 msg<proto::Claim> claim(uint32_t rank, uint64_t started) {
   return make<proto::Claim>([&](auto b) {
     auto n = b.initNotice();
-    n.setRank(rank); n.setSource(proto::NoticeSource::TEST); n.setDetail("test");
+    n.setRank(rank);
+    n.setSource(proto::NoticeSource::TEST);
+    n.setDetail("test");
     b.setStartedStep(started);
   });
 }
 
 msg<proto::Ack> ack(uint64_t id, uint32_t rank, uint64_t earliest) {
-  return make<proto::Ack>([&](auto b) { b.setAgreementId(id); b.setRank(rank); b.setEarliestStep(earliest); });
+  return make<proto::Ack>([&](auto b) {
+    b.setAgreementId(id);
+    b.setRank(rank);
+    b.setEarliestStep(earliest);
+  });
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("coordinator: joins are refused with a reason", "[coordinator]") {
   fixture f(3);
@@ -173,7 +182,10 @@ TEST_CASE("coordinator: key-value store is set-once with blocking get", "[coordi
     });
   };
   auto get = [](std::string k, uint32_t timeout) {
-    return make<proto::KvGet>([&](auto b) { b.setKey(k); b.setTimeoutMs(timeout); });
+    return make<proto::KvGet>([&](auto b) {
+      b.setKey(k);
+      b.setTimeoutMs(timeout);
+    });
   };
   f.w(1)->send(f.coord, get("late", 1000));
   f.run();
@@ -204,7 +216,11 @@ TEST_CASE("coordinator: key-value store is set-once with blocking get", "[coordi
 TEST_CASE("coordinator: a barrier releases when everyone arrived", "[coordinator]") {
   fixture f(3);
   auto barrier = [](uint32_t rank) {
-    return make<proto::Barrier>([&](auto b) { b.setName("b1"); b.setRank(rank); b.setCount(3); });
+    return make<proto::Barrier>([&](auto b) {
+      b.setName("b1");
+      b.setRank(rank);
+      b.setCount(3);
+    });
   };
   f.w(0)->send(f.coord, barrier(0));
   f.w(1)->send(f.coord, barrier(1));
@@ -242,8 +258,11 @@ TEST_CASE("coordinator: notice, agreement, acknowledgement, save, commit", "[coo
     CHECK(a->getExitAfter());
   }
   f.w(0)->send(f.coord, make<proto::CheckpointSaved>([&](auto b) {
-    b.setAgreementId(id); b.setRank(0); b.setStep(11); b.setOk(true);
-  }));
+                 b.setAgreementId(id);
+                 b.setRank(0);
+                 b.setStep(11);
+                 b.setOk(true);
+               }));
   f.run();
   for (size_t r = 0; r < 3; ++r) {
     auto c = f.expect<proto::Committed>(r);
@@ -288,8 +307,10 @@ TEST_CASE("coordinator: one member's error goes to all, naming its origin", "[co
   fixture f(3);
   f.join_all(3);
   f.w(2)->send(f.coord, make<proto::ErrorReport>([](auto b) {
-    b.setRank(2); b.setStep(33); b.setMessage("division by zero");
-  }));
+                 b.setRank(2);
+                 b.setStep(33);
+                 b.setMessage("division by zero");
+               }));
   f.run();
   for (size_t r = 0; r < 3; ++r) {
     auto e = f.expect<proto::ClusterError>(r);
@@ -303,7 +324,10 @@ TEST_CASE("coordinator: a silent member is declared dead in simulated time", "[c
   fixture f(3, "tok", std::chrono::milliseconds(1000));
   f.join_all(3);
   auto beat = [](uint32_t rank, uint64_t step) {
-    return make<proto::Heartbeat>([&](auto b) { b.setRank(rank); b.setCompletedStep(step); });
+    return make<proto::Heartbeat>([&](auto b) {
+      b.setRank(rank);
+      b.setCompletedStep(step);
+    });
   };
   // Ranks 0 and 1 keep sending heartbeats; rank 2 is frozen (SIGSTOP).
   for (int i = 1; i <= 6; ++i) {
@@ -326,7 +350,10 @@ TEST_CASE("coordinator: a member declared dead is reported to the host once", "[
   fixture f(3, "tok", std::chrono::milliseconds(1000));
   f.join_all(3);
   auto beat = [](uint32_t rank, uint64_t step) {
-    return make<proto::Heartbeat>([&](auto b) { b.setRank(rank); b.setCompletedStep(step); });
+    return make<proto::Heartbeat>([&](auto b) {
+      b.setRank(rank);
+      b.setCompletedStep(step);
+    });
   };
   // Rank 1 is frozen for good (SIGSTOP, never SIGCONT): silent.
   for (int i = 1; i <= 8; ++i) {
@@ -346,13 +373,15 @@ TEST_CASE("coordinator: a member declared dead is reported to the host once", "[
   CHECK(f.expect<proto::PeerLost>(2)->getRank() == 1);
 }
 
-TEST_CASE("coordinator: a lost connection is reported to the host, a deliberate leave is not",
-          "[coordinator][host]") {
+TEST_CASE("coordinator: a lost connection is reported to the host, a deliberate leave is not", "[coordinator][host]") {
   fixture f(3);
   f.join_all(3);
   // Rank 0 leaves on purpose (finished or stopping): the Leave is answered,
   // and its exit afterwards is no failure.
-  f.w(0)->send(f.coord, make<proto::Leave>([](auto b) { b.setRank(0); b.setExitCode(3); }));
+  f.w(0)->send(f.coord, make<proto::Leave>([](auto b) {
+                 b.setRank(0);
+                 b.setExitCode(3);
+               }));
   f.run();
   bool answered = false;
   f.w(0)->receive([&](bool ok) { answered = ok; }, caf::after(std::chrono::milliseconds(0)) >> [] {});

@@ -27,7 +27,7 @@ namespace {
 struct temp_dir : grace::testing::temp_dir {
   temp_dir() : grace::testing::temp_dir("grace-session-test") {}
 };
-} // namespace
+}  // namespace
 
 TEST_CASE("session: after a step error, run() returns stop with the abort handler disarmed", "[session]") {
   spdlog::set_level(spdlog::level::err);
@@ -122,7 +122,8 @@ TEST_CASE("session: blobs are saved with every checkpoint and handed back in att
   {
     session g(o);
     g.register_tensor({"w", dtype::f32, {4}, w.data()});
-    g.register_blob("rng", [&] { return rng; }, [](const std::string&) { FAIL("nothing to restore"); });
+    g.register_blob(
+        "rng", [&] { return rng; }, [](const std::string&) { FAIL("nothing to restore"); });
     REQUIRE(g.attach().ok());
     for (int i = 1; i <= 3; ++i) {
       REQUIRE(g.begin_step() == step_result::ok);
@@ -137,7 +138,8 @@ TEST_CASE("session: blobs are saved with every checkpoint and handed back in att
   std::string restored;
   session g(o);
   g.register_tensor({"w", dtype::f32, {4}, w2.data()});
-  g.register_blob("rng", [&] { return restored; }, [&](const std::string& b) { restored = b; });
+  g.register_blob(
+      "rng", [&] { return restored; }, [&](const std::string& b) { restored = b; });
   auto start = g.attach();
   REQUIRE(start.ok());
   CHECK(*start == 3);
@@ -154,7 +156,8 @@ TEST_CASE("session: an oversized blob fails the save without touching the checkp
   session g(o);
   std::vector<float> w(4, 0.0f);
   g.register_tensor({"w", dtype::f32, {4}, w.data()});
-  g.register_blob("big", [] { return std::string(max_blob_bytes + 1, 'x'); }, [](const std::string&) {});
+  g.register_blob(
+      "big", [] { return std::string(max_blob_bytes + 1, 'x'); }, [](const std::string&) {});
   REQUIRE(g.attach().ok());
   REQUIRE(g.run([](uint64_t) {}) == step_result::ok);
   auto st = g.finish();
@@ -193,10 +196,9 @@ uint16_t free_port() {
   ::close(fd);
   return ntohs(a.sin_port);
 }
-} // namespace
+}  // namespace
 
-TEST_CASE("session: a peer's step error aborts a collective blocked on it and never after stop",
-          "[session]") {
+TEST_CASE("session: a peer's step error aborts a collective blocked on it and never after stop", "[session]") {
   // Two workers in this process, rank 0 hosting the coordinator. Rank 1's
   // step raises; rank 0's step is "in a collective" that only the abort
   // handler can end. The handler must run (the error's broadcast aborts

@@ -58,6 +58,7 @@ public:
       return false;
     });
   }
+
 protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
     {
@@ -67,6 +68,7 @@ protected:
     cv_.notify_all();
   }
   void flush_() override {}
+
 private:
   std::mutex m_;
   std::condition_variable cv_;
@@ -89,7 +91,7 @@ struct notices {
     return cv.wait_for(lk, limit, [&] { return got.size() >= count; });
   }
 };
-} // namespace
+}  // namespace
 
 TEST_CASE("signal_watcher: its thread takes SIGTERM and SIGINT, the thread that made it blocks them", "[signals]") {
   notices seen;
@@ -136,8 +138,7 @@ TEST_CASE("signal_watcher: SIGTERM sent twice becomes exactly one notice and one
   CHECK(seen.got[0].deadline_ns == 0);
 }
 
-TEST_CASE("signal_watcher: a notice command that exits 0 becomes a notice, SIGINT meanwhile is not lost",
-          "[signals]") {
+TEST_CASE("signal_watcher: a notice command that exits 0 becomes a notice, SIGINT meanwhile is not lost", "[signals]") {
   // The command runs for a while; a SIGINT during it must still arrive
   // (std::system ignored SIGINT in the whole process while a command ran).
   signal_watcher_config cfg;
@@ -145,7 +146,7 @@ TEST_CASE("signal_watcher: a notice command that exits 0 becomes a notice, SIGIN
   cfg.poll_interval = std::chrono::milliseconds(10);
   notices seen;
   signal_watcher w(cfg, seen.sink());
-  std::this_thread::sleep_for(std::chrono::milliseconds(100)); // inside the first command
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // inside the first command
   REQUIRE(::kill(::getpid(), SIGINT) == 0);
   REQUIRE(seen.wait_for(2, std::chrono::seconds(10)));
   w.stop();

@@ -25,8 +25,10 @@ void read_every_field(capnp::DynamicStruct::Reader s) {
       case capnp::DynamicValue::STRUCT: read_every_field(v.as<capnp::DynamicStruct>()); break;
       case capnp::DynamicValue::LIST:
         for (auto e : v.as<capnp::DynamicList>())
-          if (e.getType() == capnp::DynamicValue::STRUCT) read_every_field(e.as<capnp::DynamicStruct>());
-          else if (e.getType() == capnp::DynamicValue::TEXT) (void)e.as<capnp::Text>().size();
+          if (e.getType() == capnp::DynamicValue::STRUCT)
+            read_every_field(e.as<capnp::DynamicStruct>());
+          else if (e.getType() == capnp::DynamicValue::TEXT)
+            (void)e.as<capnp::Text>().size();
         break;
       default: break;
     }
@@ -41,11 +43,16 @@ void fill_every_field(capnp::DynamicStruct::Builder s, uint64_t seed) {
     auto t = f.getType();
     switch (t.which()) {
       case capnp::schema::Type::BOOL: s.set(f, true); break;
-      case capnp::schema::Type::INT8: case capnp::schema::Type::INT16: case capnp::schema::Type::INT32:
+      case capnp::schema::Type::INT8:
+      case capnp::schema::Type::INT16:
+      case capnp::schema::Type::INT32:
       case capnp::schema::Type::INT64: s.set(f, int64_t(v)); break;
-      case capnp::schema::Type::UINT8: case capnp::schema::Type::UINT16: case capnp::schema::Type::UINT32:
+      case capnp::schema::Type::UINT8:
+      case capnp::schema::Type::UINT16:
+      case capnp::schema::Type::UINT32:
       case capnp::schema::Type::UINT64: s.set(f, v); break;
-      case capnp::schema::Type::FLOAT32: case capnp::schema::Type::FLOAT64: s.set(f, double(v) + 0.5); break;
+      case capnp::schema::Type::FLOAT32:
+      case capnp::schema::Type::FLOAT64: s.set(f, double(v) + 0.5); break;
       case capnp::schema::Type::TEXT: s.set(f, capnp::Text::Reader(("t" + std::to_string(v)).c_str())); break;
       case capnp::schema::Type::DATA: {
         std::vector<uint8_t> d{uint8_t(v), 0, uint8_t(v + 1)};
@@ -79,13 +86,15 @@ void check_every_field(capnp::DynamicStruct::Reader s, uint64_t seed) {
     switch (t.which()) {
       case capnp::schema::Type::BOOL: CHECK(x.as<bool>()); break;
       case capnp::schema::Type::INT8: CHECK(x.as<int64_t>() == int64_t(int8_t(v))); break;
-      case capnp::schema::Type::INT16: case capnp::schema::Type::INT32: case capnp::schema::Type::INT64:
-        CHECK(x.as<int64_t>() == int64_t(v)); break;
+      case capnp::schema::Type::INT16:
+      case capnp::schema::Type::INT32:
+      case capnp::schema::Type::INT64: CHECK(x.as<int64_t>() == int64_t(v)); break;
       case capnp::schema::Type::UINT8: CHECK(x.as<uint64_t>() == uint8_t(v)); break;
-      case capnp::schema::Type::UINT16: case capnp::schema::Type::UINT32: case capnp::schema::Type::UINT64:
-        CHECK(x.as<uint64_t>() == v); break;
-      case capnp::schema::Type::FLOAT32: case capnp::schema::Type::FLOAT64:
-        CHECK(x.as<double>() == double(v) + 0.5); break;
+      case capnp::schema::Type::UINT16:
+      case capnp::schema::Type::UINT32:
+      case capnp::schema::Type::UINT64: CHECK(x.as<uint64_t>() == v); break;
+      case capnp::schema::Type::FLOAT32:
+      case capnp::schema::Type::FLOAT64: CHECK(x.as<double>() == double(v) + 0.5); break;
       case capnp::schema::Type::TEXT: CHECK(std::string(x.as<capnp::Text>().cStr()) == "t" + std::to_string(v)); break;
       case capnp::schema::Type::DATA: {
         auto d = x.as<capnp::Data>();
@@ -112,12 +121,19 @@ void check_every_field(capnp::DynamicStruct::Reader s, uint64_t seed) {
   }
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("wire: every message type round-trips", "[wire]") {
   auto j = make<proto::Join>([](auto b) {
-    b.setRank(3); b.setWorldSize(4); b.setRunId("run-a"); b.setIncarnation(7); b.setToken("t0k");
-    b.setProtocolVersion(proto::PROTOCOL_VERSION); b.setHost("h"); b.setPid(42); b.setCompletedStep(99);
+    b.setRank(3);
+    b.setWorldSize(4);
+    b.setRunId("run-a");
+    b.setIncarnation(7);
+    b.setToken("t0k");
+    b.setProtocolVersion(proto::PROTOCOL_VERSION);
+    b.setHost("h");
+    b.setPid(42);
+    b.setCompletedStep(99);
   });
   auto r = decode(j);
   REQUIRE(r);
@@ -126,8 +142,13 @@ TEST_CASE("wire: every message type round-trips", "[wire]") {
   CHECK(r->get().getCompletedStep() == 99);
 
   auto c = make<proto::CheckpointAt>([](auto b) {
-    b.setAgreementId(5); b.setStep(120); b.setKind(proto::CheckpointKind::JIT); b.setAgreed(true);
-    b.setSaver(2); b.setExitAfter(true); b.setDeadlineNs(123456789);
+    b.setAgreementId(5);
+    b.setStep(120);
+    b.setKind(proto::CheckpointKind::JIT);
+    b.setAgreed(true);
+    b.setSaver(2);
+    b.setExitAfter(true);
+    b.setDeadlineNs(123456789);
   });
   auto rc = decode(c);
   REQUIRE(rc);
@@ -136,13 +157,19 @@ TEST_CASE("wire: every message type round-trips", "[wire]") {
 
   std::vector<uint8_t> value(300);
   for (size_t i = 0; i < value.size(); ++i) value[i] = uint8_t(i * 7);
-  auto kv = make<proto::KvSet>([&](auto b) { b.setKey("k/1"); b.setValue(as_data(value)); });
+  auto kv = make<proto::KvSet>([&](auto b) {
+    b.setKey("k/1");
+    b.setValue(as_data(value));
+  });
   auto rk = decode(kv);
   REQUIRE(rk);
   CHECK(bytes(rk->get().getValue()) == value);
 
   auto saved = make<proto::CheckpointSaved>([](auto b) {
-    b.setAgreementId(9); b.setStep(40); b.setOk(true); b.setBytes(1u << 30);
+    b.setAgreementId(9);
+    b.setStep(40);
+    b.setOk(true);
+    b.setBytes(1u << 30);
   });
   auto rs = decode(saved);
   REQUIRE(rs);
@@ -155,7 +182,11 @@ TEST_CASE("wire: every message type round-trips", "[wire]") {
 }
 
 TEST_CASE("wire: malformed input is rejected with a clear error", "[wire]") {
-  auto good = make<proto::Ack>([](auto b) { b.setAgreementId(1); b.setRank(2); b.setEarliestStep(3); });
+  auto good = make<proto::Ack>([](auto b) {
+    b.setAgreementId(1);
+    b.setRank(2);
+    b.setEarliestStep(3);
+  });
 
   SECTION("empty and truncated") {
     msg<proto::Ack> m;
@@ -243,17 +274,17 @@ TEST_CASE("wire: malformed input is rejected with a clear error", "[wire]") {
 
 TEST_CASE("wire: every field of every message type survives a round trip", "[wire]") {
   int types = 0;
-#define GRACE_ROUND_TRIP(T)                                            \
-  {                                                                    \
-    capnp::MallocMessageBuilder b;                                     \
-    auto root = b.initRoot<proto::T>();                                \
-    fill_every_field(capnp::DynamicStruct::Builder(root), 1);          \
+#define GRACE_ROUND_TRIP(T)                                              \
+  {                                                                      \
+    capnp::MallocMessageBuilder b;                                       \
+    auto root = b.initRoot<proto::T>();                                  \
+    fill_every_field(capnp::DynamicStruct::Builder(root), 1);            \
     auto m = msg<proto::T>{detail::frame(b, capnp::typeId<proto::T>())}; \
-    auto r = decode(m);                                                \
-    INFO(#T);                                                          \
-    REQUIRE(r);                                                        \
-    check_every_field(capnp::DynamicStruct::Reader(r->get()), 1);      \
-    ++types;                                                           \
+    auto r = decode(m);                                                  \
+    INFO(#T);                                                            \
+    REQUIRE(r);                                                          \
+    check_every_field(capnp::DynamicStruct::Reader(r->get()), 1);        \
+    ++types;                                                             \
   }
   GRACE_MESSAGE_TYPES(GRACE_ROUND_TRIP)
 #undef GRACE_ROUND_TRIP

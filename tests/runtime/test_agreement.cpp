@@ -33,7 +33,7 @@ std::optional<agreement_action> find(const actions& acts, ty t) {
 
 struct world {
   agreement machine{3};
-  std::vector<uint64_t> started;       // step each member has started
+  std::vector<uint64_t> started;  // step each member has started
   std::set<uint32_t> dead;
   std::vector<bool> claimed{false, false};
   std::map<uint64_t, agreement_action> proposals;  // id -> propose
@@ -59,9 +59,7 @@ struct explorer {
         case ty::claim_reply:
           if (a.won) ++w.wins;
           break;
-        case ty::propose:
-          w.proposals[a.id] = a;
-          break;
+        case ty::propose: w.proposals[a.id] = a; break;
         case ty::agreed: {
           REQUIRE(w.proposals.count(a.id));
           ++w.agreed_count[a.id];
@@ -88,7 +86,10 @@ struct explorer {
             for (uint32_t r = 0; r < 3; ++r) {
               if (w.dead.count(r)) continue;
               auto v = w.ack_values.at({r, a.id});
-              if (who == 99 || v > best) { best = v; who = r; }
+              if (who == 99 || v > best) {
+                best = v;
+                who = r;
+              }
             }
             REQUIRE(a.saver == who);
             REQUIRE(a.step == best);
@@ -102,8 +103,7 @@ struct explorer {
           REQUIRE(w.saved_ids.count(a.id));
           w.committed_ids.insert(a.id);
           break;
-        default:
-          break;
+        default: break;
       }
     }
   }
@@ -133,8 +133,8 @@ struct explorer {
         branch([&, r, id](world& n) {
           n.acked.insert({r, id});
           // jit: the completed step; otherwise max(lower bound, started).
-          uint64_t v = p.kind == checkpoint_kind::jit ? n.started[r] - (r == 2 ? 1 : 0)
-                                                : std::max(p.step, n.started[r]);
+          uint64_t v =
+              p.kind == checkpoint_kind::jit ? n.started[r] - (r == 2 ? 1 : 0) : std::max(p.step, n.started[r]);
           n.ack_values[{r, id}] = v;
           apply(n, n.machine.on_ack(r, id, v));
         });
@@ -144,7 +144,10 @@ struct explorer {
     if (w.agreed && !w.saved_ids.count(w.agreed->id) && !w.dead.count(w.agreed->saver))
       branch([&](world& n) {
         n.saved_ids.insert(n.agreed->id);
-        if (n.agreed->kind == checkpoint_kind::jit) ++jit_saves; else ++initial_saves;
+        if (n.agreed->kind == checkpoint_kind::jit)
+          ++jit_saves;
+        else
+          ++initial_saves;
         apply(n, n.machine.on_saved(n.agreed->saver, n.agreed->id, n.agreed->step, true, ""));
       });
     // One death, anywhere.
@@ -168,7 +171,7 @@ struct explorer {
   }
 };
 
-} // namespace
+}  // namespace
 
 TEST_CASE("agreement: every interleaving of two notices, acks, a save and one death", "[agreement]") {
   // Synchronous workers differ by at most one step: try every combination.
@@ -181,8 +184,10 @@ TEST_CASE("agreement: every interleaving of two notices, acks, a save and one de
       e.explore(w);
       CAPTURE(victim, mask, e.terminal_states);
       REQUIRE(e.terminal_states > 0);
-      if (victim == 3) REQUIRE(e.jit_saves == 0);
-      else REQUIRE(e.jit_saves > 0);
+      if (victim == 3)
+        REQUIRE(e.jit_saves == 0);
+      else
+        REQUIRE(e.jit_saves > 0);
     }
   }
 }

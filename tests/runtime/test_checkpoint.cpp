@@ -39,11 +39,11 @@ struct temp_dir : grace::testing::temp_dir {
 
 /// A few tensors of different dtypes with deterministic contents.
 struct model {
-  std::vector<float> w;       // F32 [4,5]
-  std::vector<int64_t> steps; // I64 [7]
-  std::vector<uint16_t> h;    // BF16 [3,2,2]
-  double scalar = 0;          // F64 []
-  std::vector<uint8_t> empty; // U8 [0,3]
+  std::vector<float> w;        // F32 [4,5]
+  std::vector<int64_t> steps;  // I64 [7]
+  std::vector<uint16_t> h;     // BF16 [3,2,2]
+  double scalar = 0;           // F64 []
+  std::vector<uint8_t> empty;  // U8 [0,3]
 
   explicit model(int seed) {
     std::mt19937 g(static_cast<unsigned>(seed));
@@ -60,18 +60,15 @@ struct model {
   }
   std::vector<tensor_ref> refs() {
     return {
-        {"layer.w", dtype::f32, {4, 5}, w.data()},
-        {"opt.steps", dtype::i64, {7}, steps.data()},
-        {"layer.h", dtype::bf16, {3, 2, 2}, h.data()},
-        {"scalar", dtype::f64, {}, &scalar},
+        {"layer.w", dtype::f32, {4, 5}, w.data()},     {"opt.steps", dtype::i64, {7}, steps.data()},
+        {"layer.h", dtype::bf16, {3, 2, 2}, h.data()}, {"scalar", dtype::f64, {}, &scalar},
         {"empty", dtype::u8, {0, 3}, empty.data()},
     };
   }
   bool operator==(const model& o) const {
     return std::memcmp(w.data(), o.w.data(), w.size() * 4) == 0 &&
            std::memcmp(steps.data(), o.steps.data(), steps.size() * 8) == 0 &&
-           std::memcmp(h.data(), o.h.data(), h.size() * 2) == 0 &&
-           std::memcmp(&scalar, &o.scalar, sizeof scalar) == 0;
+           std::memcmp(h.data(), o.h.data(), h.size() * 2) == 0 && std::memcmp(&scalar, &o.scalar, sizeof scalar) == 0;
   }
 };
 
@@ -99,9 +96,7 @@ void save_ok(checkpoint_store& store, model& m, uint64_t step) {
   REQUIRE(r.ok());
 }
 
-fs::path first_shard(const fs::path& step_dir) {
-  return step_dir / "model-00001-of-00001.safetensors";
-}
+fs::path first_shard(const fs::path& step_dir) { return step_dir / "model-00001-of-00001.safetensors"; }
 
 std::string read_all(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -112,11 +107,9 @@ void write_all(const fs::path& p, const std::string& s) {
   f << s;
 }
 
-bool has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+bool has(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("safetensors header encodes, pads and parses", "[checkpoint][safetensors]") {
   temp_dir td;
@@ -174,8 +167,7 @@ TEST_CASE("safetensors parsing is defensive", "[checkpoint][safetensors]") {
   expect_bad(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4, "exceed the data section");
   expect_bad(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8, "begin > end");
   expect_bad(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8, "non-negative");
-  expect_bad(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}})", 8,
-             "do not match");
+  expect_bad(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}})", 8, "do not match");
   expect_bad(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
              R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
              12, "overlap");
@@ -201,7 +193,7 @@ TEST_CASE("checkpoint round trip is bit-identical", "[checkpoint]") {
   REQUIRE(r.ok());
   CHECK(r->step == 120);
   CHECK(r->path == td.path / "ckpts" / "step-0000000120");
-  CHECK(r->files.size() == 2); // one shard + index (manifest not self-listed)
+  CHECK(r->files.size() == 2);  // one shard + index (manifest not self-listed)
   CHECK(r->total_bytes > 0);
   CHECK(r->write_seconds > 0);  // measured, not left at zero
   CHECK(r->fsync_seconds > 0);
@@ -277,8 +269,8 @@ TEST_CASE("tensors are split across shards of at most shard_bytes", "[checkpoint
   temp_dir td;
   checkpoint_store store(td.path);
   store.set_shard_bytes(100);
-  std::vector<std::vector<float>> data(5, std::vector<float>(20)); // 80 bytes each
-  std::vector<float> big(64);                                      // 256 bytes: own shard
+  std::vector<std::vector<float>> data(5, std::vector<float>(20));  // 80 bytes each
+  std::vector<float> big(64);                                       // 256 bytes: own shard
   std::vector<tensor_ref> refs;
   for (size_t i = 0; i < data.size(); ++i) {
     for (size_t j = 0; j < 20; ++j) data[i][j] = float(i * 100 + j);
@@ -288,7 +280,7 @@ TEST_CASE("tensors are split across shards of at most shard_bytes", "[checkpoint
   refs.insert(refs.begin() + 2, tensor_ref{"big", dtype::f32, {64}, big.data()});
   auto r = store.save(snap(refs), meta_for(3));
   REQUIRE(r.ok());
-  CHECK(r->files.size() == 7); // 6 shards + index
+  CHECK(r->files.size() == 7);  // 6 shards + index
   CHECK(fs::exists(r->path / "model-00001-of-00006.safetensors"));
   CHECK(fs::exists(r->path / "model-00006-of-00006.safetensors"));
 
@@ -315,11 +307,11 @@ TEST_CASE("keep_last deletes only older valid checkpoints", "[checkpoint]") {
   model m(1);
   save_ok(store, m, 1);
   save_ok(store, m, 2);
-  fs::remove(store.step_path(2) / "grace-manifest.json"); // step 2 now invalid
+  fs::remove(store.step_path(2) / "grace-manifest.json");  // step 2 now invalid
   save_ok(store, m, 3);
   save_ok(store, m, 4);
   CHECK_FALSE(fs::exists(store.step_path(1)));
-  CHECK(fs::exists(store.step_path(2))); // invalid: left in place, never deleted
+  CHECK(fs::exists(store.step_path(2)));  // invalid: left in place, never deleted
   CHECK(fs::exists(store.step_path(3)));
   CHECK(fs::exists(store.step_path(4)));
   save_ok(store, m, 5);
@@ -372,55 +364,63 @@ void check_fallback(const std::function<void(const fs::path&)>& mutate, const st
   REQUIRE(r->skipped.size() == 1);
   CHECK(r->skipped[0].step == 2);
   CHECK(has(r->skipped[0].reason, reason_part));
-  CHECK(fs::exists(store.step_path(2))); // never deleted
+  CHECK(fs::exists(store.step_path(2)));  // never deleted
 
   // Restoring that step explicitly is an error, not a silent fallback.
   CHECK(store.restore(2, back.refs()).err().code == errc::invalid_input);
 }
-} // namespace
+}  // namespace
 
 TEST_CASE("corrupt checkpoints are detected and skipped", "[checkpoint]") {
   SECTION("flipped byte") {
-    check_fallback([](const fs::path& d) {
-      auto p = first_shard(d);
-      auto s = read_all(p);
-      s[s.size() - 10] ^= 0x40;
-      write_all(p, s);
-    }, "checksum mismatch", false);
+    check_fallback(
+        [](const fs::path& d) {
+          auto p = first_shard(d);
+          auto s = read_all(p);
+          s[s.size() - 10] ^= 0x40;
+          write_all(p, s);
+        },
+        "checksum mismatch", false);
   }
   SECTION("truncated shard") {
-    check_fallback([](const fs::path& d) {
-      auto p = first_shard(d);
-      fs::resize_file(p, fs::file_size(p) - 16);
-    }, "truncated", true);
+    check_fallback(
+        [](const fs::path& d) {
+          auto p = first_shard(d);
+          fs::resize_file(p, fs::file_size(p) - 16);
+        },
+        "truncated", true);
   }
   SECTION("missing manifest") {
     check_fallback([](const fs::path& d) { fs::remove(d / "grace-manifest.json"); }, "missing", true);
   }
   SECTION("garbage manifest") {
-    check_fallback([](const fs::path& d) { write_all(d / "grace-manifest.json", "{\"step\": "); },
-                   "not valid JSON", true);
+    check_fallback([](const fs::path& d) { write_all(d / "grace-manifest.json", "{\"step\": "); }, "not valid JSON",
+                   true);
   }
   SECTION("unknown dtype in header") {
-    check_fallback([](const fs::path& d) {
-      auto p = first_shard(d);
-      auto s = read_all(p);
-      auto at = s.find("\"F32\"");
-      REQUIRE(at != std::string::npos);
-      s[at + 1] = 'Q';
-      write_all(p, s);
-      CHECK(has(safetensors::read_header(p).err().message, "unknown dtype 'Q32'"));
-    }, "checksum mismatch", false);
+    check_fallback(
+        [](const fs::path& d) {
+          auto p = first_shard(d);
+          auto s = read_all(p);
+          auto at = s.find("\"F32\"");
+          REQUIRE(at != std::string::npos);
+          s[at + 1] = 'Q';
+          write_all(p, s);
+          CHECK(has(safetensors::read_header(p).err().message, "unknown dtype 'Q32'"));
+        },
+        "checksum mismatch", false);
   }
   SECTION("header length bigger than the file") {
-    check_fallback([](const fs::path& d) {
-      auto p = first_shard(d);
-      auto s = read_all(p);
-      uint64_t n = s.size() + 1000;
-      for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(n >> (8 * i));
-      write_all(p, s);
-      CHECK(has(safetensors::read_header(p).err().message, "exceeds file size"));
-    }, "checksum mismatch", false);
+    check_fallback(
+        [](const fs::path& d) {
+          auto p = first_shard(d);
+          auto s = read_all(p);
+          uint64_t n = s.size() + 1000;
+          for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(n >> (8 * i));
+          write_all(p, s);
+          CHECK(has(safetensors::read_header(p).err().message, "exceeds file size"));
+        },
+        "checksum mismatch", false);
   }
 }
 
@@ -454,7 +454,7 @@ TEST_CASE("leftover temporary directories are ignored, listed and cleaned", "[ch
   CHECK(temps == 2);
   CHECK(store.stale_temporaries().size() == 2);
 
-  save_ok(store, a, 4); // the writer cleans stale temporaries first
+  save_ok(store, a, 4);  // the writer cleans stale temporaries first
   CHECK_FALSE(fs::exists(dead));
   CHECK_FALSE(fs::exists(own));
   CHECK(store.stale_temporaries().empty());
@@ -530,8 +530,7 @@ TEST_CASE("snapshot buffers capture into aligned regions", "[checkpoint][snapsho
   model m(3);
   auto layout = m.refs();
   auto set_a = std::make_shared<snapshot_buffers>(layout);
-  for (auto& t : set_a->view())
-    CHECK(reinterpret_cast<uintptr_t>(t.data) % snapshot_buffers::alignment == 0);
+  for (auto& t : set_a->view()) CHECK(reinterpret_cast<uintptr_t>(t.data) % snapshot_buffers::alignment == 0);
   CHECK(set_a->total_bytes() == 80 + 56 + 24 + 8);
   REQUIRE(set_a->capture(m.refs()).ok());
   REQUIRE(store.save(set_a->view(), meta_for(1)).ok());
@@ -571,7 +570,7 @@ fs::path direct_io_base() {
   if (::statfs("/tmp", &sf) == 0 && sf.f_type != TMPFS_MAGIC) return "/tmp";
   return "/var/tmp";
 }
-} // namespace
+}  // namespace
 
 TEST_CASE("O_DIRECT and buffered saves write identical files and manifests", "[checkpoint][odirect]") {
   const fs::path base = direct_io_base();
@@ -587,8 +586,10 @@ TEST_CASE("O_DIRECT and buffered saves write identical files and manifests", "[c
   {
     // Say so when the direct path cannot be exercised here.
     int fd = ::open((root / "probe").c_str(), O_WRONLY | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
-    if (fd < 0) WARN("O_DIRECT unsupported under " << base << ": both saves take the buffered path");
-    else ::close(fd);
+    if (fd < 0)
+      WARN("O_DIRECT unsupported under " << base << ": both saves take the buffered path");
+    else
+      ::close(fd);
     fs::remove(root / "probe");
   }
 
@@ -612,7 +613,7 @@ TEST_CASE("O_DIRECT and buffered saves write identical files and manifests", "[c
   auto b = buffered.save(snap(refs), meta_for(5));
   REQUIRE(a.ok());
   REQUIRE(b.ok());
-  REQUIRE(a->files.size() == 3); // two shards and the index
+  REQUIRE(a->files.size() == 3);  // two shards and the index
   REQUIRE(a->files.size() == b->files.size());
   for (size_t i = 0; i < a->files.size(); ++i) {
     INFO(a->files[i].name);
@@ -680,7 +681,7 @@ TEST_CASE("restore reads each file once and scatters across read chunks", "[chec
 
   std::vector<uint8_t> ra(a.size(), 0), rb(b.size(), 0), rc(c.size(), 0);
   auto back = refs_of(ra, rb, rc);
-  back.pop_back(); // "c" stays unregistered
+  back.pop_back();  // "c" stays unregistered
   snapshot_buffers staging(back);
 
   // The corrupt step, asked for explicitly: an error, and not one byte of
@@ -726,10 +727,10 @@ TEST_CASE("I/O staging prepared and kept warm while saves and restores use it", 
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
   std::vector<tensor_ref> refs{{"w", dtype::u8, {int64_t(w.size())}, w.data()}};
   checkpoint_store store(td.path, 2);
-  store.prepare_io(0);        // below the O_DIRECT size: nothing to do
-  store.keep_io_warm();       // nothing prepared yet: harmless
+  store.prepare_io(0);   // below the O_DIRECT size: nothing to do
+  store.keep_io_warm();  // nothing prepared yet: harmless
   store.prepare_io(w.size());
-  store.prepare_io(w.size()); // idempotent
+  store.prepare_io(w.size());  // idempotent
   std::atomic<bool> stop{false};
   // A session's warmer and writer thread run these alongside saves and
   // restores on other threads; the bytes written and read must not change.
@@ -763,7 +764,7 @@ std::string mount_tmpfs(const fs::path& at, const char* options) {
     return std::string("cannot mount a tmpfs on ") + at.string() + ": " + std::strerror(errno);
   return {};
 }
-} // namespace
+}  // namespace
 
 TEST_CASE("large checkpoints on a filesystem without O_DIRECT round trip", "[checkpoint][odirect]") {
   // tmpfs refuses O_DIRECT on older kernels and accepts it on newer ones:
@@ -804,7 +805,7 @@ TEST_CASE("a full disk fails cleanly and keeps earlier checkpoints", "[checkpoin
   checkpoint_store store(mnt / "ckpts");
   model small(1);
   save_ok(store, small, 1);
-  std::vector<float> big(1u << 20); // 4 MiB
+  std::vector<float> big(1u << 20);  // 4 MiB
   for (size_t i = 0; i < big.size(); ++i) big[i] = float(i);
   std::vector<tensor_ref> refs{{"big", dtype::f32, {int64_t(big.size())}, big.data()}};
   auto r = store.save(snap(refs), meta_for(2));
@@ -813,8 +814,7 @@ TEST_CASE("a full disk fails cleanly and keeps earlier checkpoints", "[checkpoin
   INFO(r.err().message);
   CHECK(has(r.err().message, "No space left on device"));
   CHECK_FALSE(fs::exists(store.step_path(2)));
-  for (auto& e : fs::directory_iterator(mnt / "ckpts"))
-    CHECK_FALSE(has(e.path().filename().string(), ".tmp-"));
+  for (auto& e : fs::directory_iterator(mnt / "ckpts")) CHECK_FALSE(has(e.path().filename().string(), ".tmp-"));
   CHECK(store.verify(1).ok());
   model back(0);
   back.zero();
@@ -839,7 +839,7 @@ fs::path checker_script() {
   // GRACE_SOURCE_DIR: the source tree, defined by tests/CMakeLists.txt.
   return fs::path(GRACE_SOURCE_DIR) / "tests/python/check_safetensors.py";
 }
-} // namespace
+}  // namespace
 
 TEST_CASE("an independent numpy reader agrees with the checkpoint", "[checkpoint][python]") {
   auto py = python_with_numpy();
@@ -847,7 +847,7 @@ TEST_CASE("an independent numpy reader agrees with the checkpoint", "[checkpoint
   if (py.empty() || !fs::exists(script)) GRACE_SKIP("python3 with numpy or " << script << " not found");
   temp_dir td;
   checkpoint_store store(td.path / "ckpts");
-  store.set_shard_bytes(64); // several shards
+  store.set_shard_bytes(64);  // several shards
   model m(42);
   auto r = store.save(snap(m.refs()), meta_for(9));
   REQUIRE(r.ok());
@@ -860,8 +860,8 @@ TEST_CASE("an independent numpy reader agrees with the checkpoint", "[checkpoint
     spec["tensors"][t.name] = {{"dtype", dtype_name(t.type)}, {"shape", t.shape}, {"file", file}};
   }
   write_all(td.path / "expected.json", spec.dump());
-  std::string cmd = py + " '" + script.string() + "' '" + r->path.string() + "' '" +
-                    (td.path / "expected.json").string() + "'";
+  std::string cmd =
+      py + " '" + script.string() + "' '" + r->path.string() + "' '" + (td.path / "expected.json").string() + "'";
   CHECK(std::system(cmd.c_str()) == 0);
   // For trying grace-ckpt by hand on a checkpoint this test wrote.
   if (const char* keep = std::getenv("GRACE_TEST_KEEP_CKPT"))

@@ -26,7 +26,7 @@ void save_step(const fs::path& dir, uint64_t step) {
   REQUIRE(store.save({{"w", dtype::f32, {1000}, w.data(), w.size() * 4}}, m));
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("checkpoint fetch: plan the newest step a peer has and we lack", "[fetch]") {
   std::vector<peer_checkpoints> peers = {{"a:1", {10, 20}}, {"b:2", {20, 30}}, {"c:3", {}}};
@@ -57,7 +57,7 @@ TEST_CASE("checkpoint fetch: a peer's newest checkpoint is copied, verified and 
   checkpoint_store store(local.path);
   CHECK(store.verify(20));
   CHECK(*fetch_remote(ep, "tok", 20, local.path, 2000ms) == 0);  // already there and valid
-  for (auto& c : store.list()) CHECK_FALSE(c.temporary);          // no temporary left
+  for (auto& c : store.list()) CHECK_FALSE(c.temporary);         // no temporary left
 
   auto wrong = list_remote(ep, "other-job", 2000ms);
   REQUIRE_FALSE(wrong);

@@ -31,15 +31,13 @@ std::string fresh_prefix() {
 }
 
 /// Connects `world` ranks in parallel threads; fails the test on error.
-std::vector<std::unique_ptr<gloo_comm>> connect_all(int world,
-                                                    std::chrono::milliseconds timeout = 10000ms) {
+std::vector<std::unique_ptr<gloo_comm>> connect_all(int world, std::chrono::milliseconds timeout = 10000ms) {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   const std::string prefix = fresh_prefix();
   std::vector<std::future<result<std::unique_ptr<gloo_comm>>>> fs;
   for (int r = 0; r < world; ++r)
-    fs.push_back(std::async(std::launch::async, [=] {
-      return gloo_comm::connect(store, prefix, r, world, timeout, "127.0.0.1");
-    }));
+    fs.push_back(std::async(std::launch::async,
+                            [=] { return gloo_comm::connect(store, prefix, r, world, timeout, "127.0.0.1"); }));
   std::vector<std::unique_ptr<gloo_comm>> comms;
   for (auto& f : fs) {
     auto c = f.get();
@@ -58,7 +56,7 @@ void on_all_ranks(int world, const std::function<void(int)>& fn) {
   for (auto& t : ts) t.join();
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("gloo_comm: connect rejects bad arguments", "[gloo]") {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
@@ -100,7 +98,10 @@ TEST_CASE("gloo_comm: allreduce sums exactly for several sizes", "[gloo]") {
         bool all_ok = true;
         for (size_t i = 0; i < n; ++i) {
           const float expect = float(world * (world + 1) / 2) + float(world) * 0.5f * float(i % 97);
-          if (data[r][i] != expect) { all_ok = false; break; }
+          if (data[r][i] != expect) {
+            all_ok = false;
+            break;
+          }
         }
         CHECK(all_ok);
       }
@@ -122,8 +123,7 @@ TEST_CASE("gloo_comm: allreduce is bit-identical across ranks and runs", "[gloo]
       for (int rep = 0; rep < 3; ++rep) ok[r] += comms[r]->allreduce_sum(data[r].data(), n).ok();
     });
     for (int r = 0; r < world; ++r) REQUIRE(ok[r] == 3);
-    for (int r = 1; r < world; ++r)
-      CHECK(std::memcmp(data[0].data(), data[r].data(), n * sizeof(float)) == 0);
+    for (int r = 1; r < world; ++r) CHECK(std::memcmp(data[0].data(), data[r].data(), n * sizeof(float)) == 0);
     return data[0];
   };
   const auto a = run();
@@ -161,7 +161,7 @@ TEST_CASE("gloo_comm: abort from another thread unblocks a pending allreduce", "
   status st;
   std::thread trainer([&] {
     started = true;
-    st = comms[0]->allreduce_sum(v.data(), v.size()); // rank 1 never joins
+    st = comms[0]->allreduce_sum(v.data(), v.size());  // rank 1 never joins
   });
   while (!started) std::this_thread::yield();
   // Real sockets: give the trainer time to block inside Gloo, so the abort
@@ -171,8 +171,7 @@ TEST_CASE("gloo_comm: abort from another thread unblocks a pending allreduce", "
   comms[0]->abort();
   trainer.join();
   const auto took = clock_type::now() - aborted_at;
-  INFO("returned " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
-                   << " ms after abort");
+  INFO("returned " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms after abort");
   CHECK(took < 2s);
   REQUIRE_FALSE(st.ok());
   CHECK(st.err().code == errc::disconnected);
@@ -181,7 +180,7 @@ TEST_CASE("gloo_comm: abort from another thread unblocks a pending allreduce", "
   auto again = comms[0]->allreduce_sum(v.data(), v.size());
   REQUIRE_FALSE(again.ok());
   CHECK(again.err().code == errc::disconnected);
-  comms[0]->abort(); // idempotent
+  comms[0]->abort();  // idempotent
 
   // The peer sees the connection go and fails too (instead of hanging).
   const auto t0 = clock_type::now();
@@ -203,7 +202,7 @@ TEST_CASE("gloo_comm: a peer that goes away makes allreduce fail, not hang", "[g
   while (!started) std::this_thread::yield();
   std::this_thread::sleep_for(100ms);
   const auto t0 = clock_type::now();
-  comms[1].reset(); // the peer's comm is destroyed: its sockets close
+  comms[1].reset();  // the peer's comm is destroyed: its sockets close
   trainer.join();
   const auto took = clock_type::now() - t0;
   INFO("failed " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
@@ -236,8 +235,7 @@ TEST_CASE("gloo_comm: rendezvous times out when a rank is missing", "[gloo]") {
   CHECK(clock_type::now() - t0 < 60s);
 }
 
-TEST_CASE("mlp + gloo_comm: 2-worker training is bit-identical across workers and runs",
-          "[gloo][mlp]") {
+TEST_CASE("mlp + gloo_comm: 2-worker training is bit-identical across workers and runs", "[gloo][mlp]") {
   mlp_config cfg;
   cfg.input_dim = 16;
   cfg.hidden = {32, 32};
@@ -353,8 +351,8 @@ TEST_CASE("gloo_comm: abort unblocks every collective waiting on a peer that nev
     for (auto& t : ts) t.join();
     aborter.join();
     const auto took = clock_type::now() - t0;
-    INFO("op " << int(o) << ": returned "
-               << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms after abort");
+    INFO("op " << int(o) << ": returned " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+               << " ms after abort");
     CHECK(took < 2s);
     for (int r = 0; r < 2; ++r) {
       REQUIRE_FALSE(st[r].ok());
@@ -388,22 +386,21 @@ private:
   std::shared_future<void> release_;
 };
 
-} // namespace
+}  // namespace
 
 TEST_CASE("gloo_comm: a cancelled rendezvous returns at once while a peer never connects its pairs", "[gloo]") {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   const std::string prefix = fresh_prefix();
   std::promise<void> release;
   auto stalled = std::make_shared<stalling_store>(store, release.get_future().share());
-  auto r2 = std::async(std::launch::async, [=] { return gloo_comm::connect(stalled, prefix, 2, 3, 3000ms, "127.0.0.1"); });
+  auto r2 =
+      std::async(std::launch::async, [=] { return gloo_comm::connect(stalled, prefix, 2, 3, 3000ms, "127.0.0.1"); });
   // Ranks 0 and 1 with Gloo's timeout far away: only the cancel can end them.
-  std::vector<std::shared_ptr<cancel_token>> tokens{std::make_shared<cancel_token>(),
-                                                    std::make_shared<cancel_token>()};
+  std::vector<std::shared_ptr<cancel_token>> tokens{std::make_shared<cancel_token>(), std::make_shared<cancel_token>()};
   std::vector<std::future<result<std::unique_ptr<gloo_comm>>>> fs;
   for (int r = 0; r < 2; ++r)
-    fs.push_back(std::async(std::launch::async, [=] {
-      return gloo_comm::connect(store, prefix, r, 3, 60000ms, "127.0.0.1", tokens[r]);
-    }));
+    fs.push_back(std::async(std::launch::async,
+                            [=] { return gloo_comm::connect(store, prefix, r, 3, 60000ms, "127.0.0.1", tokens[r]); }));
   store->wait({prefix + "/2"});  // rank 2 published its pairs' addresses
   for (auto& t : tokens) t->cancel();
   for (auto& f : fs) {

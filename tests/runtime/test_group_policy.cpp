@@ -59,7 +59,7 @@ group_end ended(std::initializer_list<std::pair<int, int>> exits) {  // (code, s
     g.add(classify_exit(code, sig, 42), code == 45, "rank " + std::to_string(rank++) + " code " + std::to_string(code));
   return g;
 }
-} // namespace
+}  // namespace
 
 TEST_CASE("after a group: stop with the right code or restart", "[launcher]") {
   group_context c;

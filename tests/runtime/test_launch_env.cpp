@@ -18,7 +18,7 @@ struct fake_env {
   }
 };
 
-} // namespace
+}  // namespace
 
 TEST_CASE("launch env: nothing set, nothing found", "[launch_env]") {
   fake_env e{{{"WORLD_SIZE", "8"}, {"RANK", "3"}, {"HOME", "/root"}}};
@@ -44,8 +44,13 @@ TEST_CASE("launch env: a torchrun-style job (PyTorchJob per pod)", "[launch_env]
 }
 
 TEST_CASE("launch env: torchrun's own node-level variables win over WORLD_SIZE/RANK", "[launch_env]") {
-  fake_env e{{{"PET_MASTER_ADDR", "10.0.0.1"}, {"PET_MASTER_PORT", "29500"}, {"PET_NNODES", "2"},
-              {"PET_NODE_RANK", "1"}, {"PET_NPROC_PER_NODE", "8"}, {"WORLD_SIZE", "16"}, {"RANK", "9"},
+  fake_env e{{{"PET_MASTER_ADDR", "10.0.0.1"},
+              {"PET_MASTER_PORT", "29500"},
+              {"PET_NNODES", "2"},
+              {"PET_NODE_RANK", "1"},
+              {"PET_NPROC_PER_NODE", "8"},
+              {"WORLD_SIZE", "16"},
+              {"RANK", "9"},
               {"TORCHELASTIC_RUN_ID", "exp7"}}};
   auto s = launch_settings_from_environment(e.lookup());
   REQUIRE(s);
@@ -56,8 +61,8 @@ TEST_CASE("launch env: torchrun's own node-level variables win over WORLD_SIZE/R
 }
 
 TEST_CASE("launch env: a SLURM allocation", "[launch_env]") {
-  fake_env e{{{"SLURM_JOB_ID", "4711"}, {"SLURM_NNODES", "3"}, {"SLURM_NODEID", "2"},
-              {"SLURM_JOB_NODELIST", "gpu[07-09]"}}};
+  fake_env e{
+      {{"SLURM_JOB_ID", "4711"}, {"SLURM_NNODES", "3"}, {"SLURM_NODEID", "2"}, {"SLURM_JOB_NODELIST", "gpu[07-09]"}}};
   auto s = launch_settings_from_environment(e.lookup());
   REQUIRE(s);
   CHECK(s->run_id->value == "slurm-4711");
@@ -70,8 +75,12 @@ TEST_CASE("launch env: a SLURM allocation", "[launch_env]") {
 }
 
 TEST_CASE("launch env: torchrun's variables before SLURM's, field by field", "[launch_env]") {
-  fake_env e{{{"SLURM_JOB_ID", "12"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "1"}, {"SLURM_JOB_NODELIST", "a,b"},
-              {"MASTER_ADDR", "a"}, {"MASTER_PORT", "7000"}}};
+  fake_env e{{{"SLURM_JOB_ID", "12"},
+              {"SLURM_NNODES", "2"},
+              {"SLURM_NODEID", "1"},
+              {"SLURM_JOB_NODELIST", "a,b"},
+              {"MASTER_ADDR", "a"},
+              {"MASTER_PORT", "7000"}}};
   auto s = launch_settings_from_environment(e.lookup());
   REQUIRE(s);
   CHECK(s->coordinator->value == "a:7000");

@@ -27,11 +27,10 @@ mlp_config tiny_config() {
 
 float xent_loss(const std::vector<float>& logits, int label) {
   std::vector<float> g(logits.size());
-  return kernels::softmax_xent_row(logits.data(), label, static_cast<int>(logits.size()),
-                                   g.data(), 1.0f);
+  return kernels::softmax_xent_row(logits.data(), label, static_cast<int>(logits.size()), g.data(), 1.0f);
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("kernels: relu forward and backward", "[kernels]") {
   CHECK(kernels::relu(-1.5f) == 0.0f);
@@ -71,8 +70,7 @@ TEST_CASE("kernels: softmax cross-entropy gradient matches finite differences", 
   for (int label = 0; label < 5; ++label) {
     std::vector<float> g(5);
     const float scale = 0.25f;
-    const float loss =
-        kernels::softmax_xent_row(logits.data(), label, 5, g.data(), scale);
+    const float loss = kernels::softmax_xent_row(logits.data(), label, 5, g.data(), scale);
     CHECK(loss == Approx(xent_loss(logits, label)));
     for (int k = 0; k < 5; ++k) {
       const float eps = 1e-2f;
@@ -96,13 +94,13 @@ TEST_CASE("kernels: sgd with momentum gives exact values", "[kernels]") {
   CHECK(v == 1.0f);  // 0.5*1 + 0.5
   CHECK(w == 1.5f);  // 2 - 0.5*1
   kernels::sgd_momentum(w, v, 0.25f, 0.5f, 0.5f, 0.0f);
-  CHECK(v == 0.75f);  // 0.5*1 + 0.25
-  CHECK(w == 1.125f); // 1.5 - 0.5*0.75
+  CHECK(v == 0.75f);   // 0.5*1 + 0.25
+  CHECK(w == 1.125f);  // 1.5 - 0.5*0.75
 
   float w2 = 2.0f, v2 = 1.0f;
   kernels::sgd_momentum(w2, v2, 0.5f, 0.5f, 0.5f, /*wd=*/0.25f);
-  CHECK(v2 == 1.5f);  // g = 0.5 + 0.25*2 = 1; v = 0.5 + 1
-  CHECK(w2 == 1.25f); // 2 - 0.75
+  CHECK(v2 == 1.5f);   // g = 0.5 + 0.25*2 = 1; v = 0.5 + 1
+  CHECK(w2 == 1.25f);  // 2 - 0.75
 }
 
 TEST_CASE("kernels: counter RNG is a pure function with sane distributions", "[kernels]") {
@@ -255,8 +253,8 @@ TEST_CASE("mlp: gradient matches finite differences of the loss", "[mlp]") {
       ++probes;
       if (std::fabs(fd - grad[off + e]) > 1e-3 + 0.02 * std::fabs(fd)) {
         ++mismatches;
-        report += ts[t].name + "[" + std::to_string(e) + "]: analytic " +
-                  std::to_string(grad[off + e]) + ", numeric " + std::to_string(fd) + "\n";
+        report += ts[t].name + "[" + std::to_string(e) + "]: analytic " + std::to_string(grad[off + e]) + ", numeric " +
+                  std::to_string(fd) + "\n";
       }
     }
     off += n;

@@ -10,9 +10,8 @@ namespace {
 
 /// A host with loopback, a cluster-facing interface and a second one, and
 /// a routing table given as destination -> source (missing: unreachable).
-host_probe two_nics(std::map<std::string, std::string> routes = {{"192.0.2.1", "192.0.2.2"},
-                                                                  {"127.0.0.1", "127.0.0.1"},
-                                                                  {"198.51.100.7", "198.51.100.2"}}) {
+host_probe two_nics(std::map<std::string, std::string> routes = {
+                        {"192.0.2.1", "192.0.2.2"}, {"127.0.0.1", "127.0.0.1"}, {"198.51.100.7", "198.51.100.2"}}) {
   host_probe h;
   h.interfaces = {{"lo", "127.0.0.1", true}, {"eth0", "192.0.2.2", false}, {"eth1", "198.51.100.2", false}};
   h.route_source = [routes](const std::string& dest) -> result<std::string> {
@@ -29,7 +28,7 @@ address_request to(const std::string& coordinator) {
   return r;
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("address: by default the interface that routes to the coordinator", "[net]") {
   auto c = choose_advertise_address(to("192.0.2.1"), two_nics());

@@ -122,7 +122,12 @@ struct key_writer {
   void put_order(const std::optional<checkpoint_order>& o) {
     put(o.has_value());
     if (!o) return;
-    put(o->id); put(o->step); put(o->kind); put(o->agreed); put(o->saver); put(o->exit_after);
+    put(o->id);
+    put(o->step);
+    put(o->kind);
+    put(o->agreed);
+    put(o->saver);
+    put(o->exit_after);
   }
 };
 
@@ -132,22 +137,54 @@ uint64_t key(const world& w) {
   k.put_str(w.coord.state_key());
   k.put(w.coordinator_alive);
   for (auto s : w.disk) k.put(s);
-  k.put(w.notices); k.put(w.deaths); k.put(w.save_failures); k.put(w.coordinator_deaths);
-  k.put(w.time_up); k.put(w.fault); k.put(w.save_failed); k.put(w.rescue);
+  k.put(w.notices);
+  k.put(w.deaths);
+  k.put(w.save_failures);
+  k.put(w.coordinator_deaths);
+  k.put(w.time_up);
+  k.put(w.fault);
+  k.put(w.save_failed);
+  k.put(w.rescue);
   for (auto& x : w.m) {
     auto& c = x.ctl;
-    k.put(x.alive); k.put(x.joined); k.put(x.detected); k.put(x.stopped); k.put(x.coordinator_seen);
-    k.put(x.code); k.put(x.started); k.put(x.completed); k.put(x.t); k.put(x.mode); k.put(x.pending);
-    k.put(x.aborted); k.put(x.dirty);
+    k.put(x.alive);
+    k.put(x.joined);
+    k.put(x.detected);
+    k.put(x.stopped);
+    k.put(x.coordinator_seen);
+    k.put(x.code);
+    k.put(x.started);
+    k.put(x.completed);
+    k.put(x.t);
+    k.put(x.mode);
+    k.put(x.pending);
+    k.put(x.aborted);
+    k.put(x.dirty);
     k.put_order(c.order);
     k.put(c.committed.has_value());
-    if (c.committed) { k.put(c.committed->id); k.put(c.committed->step); k.put(c.committed->exit_after); }
-    k.put(c.failure.has_value()); k.put(c.lost.has_value()); k.put(c.coordinator_gone);
-    k.put(c.deadline_ns != 0); k.put(c.acked_for_trainer);
+    if (c.committed) {
+      k.put(c.committed->id);
+      k.put(c.committed->step);
+      k.put(c.committed->exit_after);
+    }
+    k.put(c.failure.has_value());
+    k.put(c.lost.has_value());
+    k.put(c.coordinator_gone);
+    k.put(c.deadline_ns != 0);
+    k.put(c.acked_for_trainer);
     k.put_str(x.policy.state_key());
-    k.put(x.writing); k.put(x.w_sync); k.put(x.w_step); k.put(x.w_id); k.put(x.last_ok_step);
+    k.put(x.writing);
+    k.put(x.w_sync);
+    k.put(x.w_step);
+    k.put(x.w_id);
+    k.put(x.last_ok_step);
     k.put(x.in.size());
-    for (auto& q : x.in) { k.put(q.kind); k.put_order(q.o); k.put(q.c.id); k.put(q.c.step); }
+    for (auto& q : x.in) {
+      k.put(q.kind);
+      k.put_order(q.o);
+      k.put(q.c.id);
+      k.put(q.c.step);
+    }
   }
   return std::hash<std::string>{}(k.buf);
 }
@@ -313,9 +350,7 @@ private:
     // the write in flight finished (finish_write marks the trainer dirty).
     if (x.writing && (d.what == ty::save_own || (d.what == ty::reach && d.save))) return;
     switch (d.what) {
-      case ty::run:
-        x.t = tstate::in_step;
-        break;
+      case ty::run: x.t = tstate::in_step; break;
       case ty::run_clear:
         x.pending = false;
         x.t = tstate::in_step;
@@ -344,8 +379,7 @@ private:
         start_write(x, d.step, 0, true, w);
         x.dirty = true;
         break;
-      case ty::wait:
-        break;
+      case ty::wait: break;
       case ty::stop:
         REQUIRE(d.message.find("protocol violation") == std::string::npos);
         stop(w, x, d.code, d.message);
@@ -432,8 +466,7 @@ private:
             y.dirty = true;
           });
         break;
-      case tstate::saving:
-        break;
+      case tstate::saving: break;
     }
     if (x.writing) {
       branch([this, r](world& n) { finish_write(n, n.m[r], true); });
@@ -586,11 +619,14 @@ private:
     uint64_t best = 0;
     for (auto& x : w.m) {
       if (!x.alive) continue;
-      INFO("rank " << x.rank << " stopped " << x.stopped << " code " << x.code << " why " << x.why << " agreement " << w.coord.state_key());
+      INFO("rank " << x.rank << " stopped " << x.stopped << " code " << x.code << " why " << x.why << " agreement "
+                   << w.coord.state_key());
       REQUIRE(x.stopped);  // no live member left waiting
       best = std::max(best, x.completed);
-      if (w.save_failed) REQUIRE((x.code == 3 || x.code == 42));
-      else if (w.fault) REQUIRE(x.code == 42);
+      if (w.save_failed)
+        REQUIRE((x.code == 3 || x.code == 42));
+      else if (w.fault)
+        REQUIRE(x.code == 42);
       summary += std::to_string(x.code) + ",";
     }
     if (w.fault && !w.save_failed && (w.m[0].alive || w.coordinator_alive)) {
@@ -612,23 +648,20 @@ void explore(scenario sc) {
   CAPTURE(sc.notices, sc.deaths, sc.save_failures, sc.coordinator_deaths, sc.deadline, sc.late_join, e.states,
           e.terminals, e.checked, e.incomplete);
   REQUIRE(e.checked > 0);
-  WARN("states " << e.states << " terminals " << e.terminals << " checked " << e.checked << " incomplete " << e.incomplete << " outcomes " << e.outcomes.size());
+  WARN("states " << e.states << " terminals " << e.terminals << " checked " << e.checked << " incomplete "
+                 << e.incomplete << " outcomes " << e.outcomes.size());
 }
 
-} // namespace
+}  // namespace
 
-TEST_CASE("protocol model: one notice no fault on top", "[model]") {
-  explore({1, 0, 0, 0, false, false});
-}
+TEST_CASE("protocol model: one notice no fault on top", "[model]") { explore({1, 0, 0, 0, false, false}); }
 
 TEST_CASE("protocol model: a death alone and a death during every phase of an agreement", "[model]") {
   explore({0, 1, 0, 0, false, false});
   explore({1, 1, 0, 0, false, false});
 }
 
-TEST_CASE("protocol model: two notices and a death", "[model]") {
-  explore({2, 1, 0, 0, false, false});
-}
+TEST_CASE("protocol model: two notices and a death", "[model]") { explore({2, 1, 0, 0, false, false}); }
 
 TEST_CASE("protocol model: two deaths with and without a notice", "[model]") {
   explore({0, 2, 0, 0, false, false});
@@ -663,7 +696,8 @@ TEST_CASE("protocol model: grace period initial save training on and the final s
   explore(grace_from_start(2, restored + 2));
 }
 
-TEST_CASE("protocol model: a death or a death and a second notice anywhere in a grace-period countdown", "[model][grace]") {
+TEST_CASE("protocol model: a death or a death and a second notice anywhere in a grace-period countdown",
+          "[model][grace]") {
   explore(countdown(2, 1, 0));
   explore(countdown(2, 1, 1));
 }
@@ -676,7 +710,8 @@ TEST_CASE("protocol model full: three members and a death in a grace-period coun
   explore(countdown(3, 1, 0));
 }
 
-TEST_CASE("protocol model full: three members a death and a second notice in a grace-period countdown", "[.][full][grace]") {
+TEST_CASE("protocol model full: three members a death and a second notice in a grace-period countdown",
+          "[.][full][grace]") {
   explore(countdown(3, 1, 1));
 }
 
@@ -695,4 +730,3 @@ TEST_CASE("protocol model: a member that joins late dies before joining or joins
   explore({0, 1, 0, 0, false, true});
   explore({1, 1, 0, 0, false, true});
 }
-

@@ -9,7 +9,7 @@ using gty = rendezvous_table::get_result::type;
 
 namespace {
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-} // namespace
+}  // namespace
 
 TEST_CASE("rendezvous_table: keys are set once and a get finds them", "[rendezvous]") {
   rendezvous_table t;

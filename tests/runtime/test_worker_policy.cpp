@@ -44,7 +44,7 @@ checkpoint_order order(uint64_t id, uint64_t step, checkpoint_kind kind, bool ag
   return o;
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("worker_policy: nothing pending lowers the flag", "[policy]") {
   worker_policy p(cfg(), 0);
@@ -84,8 +84,7 @@ TEST_CASE("worker_policy: a proposal above the completed step runs on at it wait
   CHECK(late.message.find("100 ms") != std::string::npos);
 }
 
-TEST_CASE("worker_policy: the agreed step is reached once: the saver saves exit waits for the commit",
-          "[policy]") {
+TEST_CASE("worker_policy: the agreed step is reached once: the saver saves exit waits for the commit", "[policy]") {
   worker_policy saver(cfg(0, true), 0), other(cfg(1), 0);
   control_state s;
   s.order = order(3, 12, checkpoint_kind::initial, true, 0, true);
@@ -249,8 +248,7 @@ TEST_CASE("worker_policy: the coordinator lost: the chief saves a newer step the
   CHECK(other.next(s, at(14)).what == ty::stop);
 }
 
-TEST_CASE("worker_policy: the coordinator lost during a just-in-time round: the saver's save comes first",
-          "[policy]") {
+TEST_CASE("worker_policy: the coordinator lost during a just-in-time round: the saver's save comes first", "[policy]") {
   control_state s;
   s.order = order(5, 14, checkpoint_kind::jit, true, 0, true);
   s.coordinator_gone = true;
