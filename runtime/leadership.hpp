@@ -1,0 +1,67 @@
+#pragma once
+/// The coordination service's host when it may move (the optional etcd
+/// backend, `grace-launch --etcd`): the pure rules, unit-tested.
+///
+/// Every launcher may host the service. The one that creates etcd's leader
+/// key (under a lease) hosts it; the key's create revision is the service's
+/// epoch (etcd revisions only grow, so a later leader always has a larger
+/// one). The others follow the key. When the leader's host is lost, etcd
+/// deletes the key once its lease runs out, and a follower takes over with
+/// a larger epoch; the workers that survive rejoin the new service, which
+/// saves them just in time.
+///
+/// No split brain: a new leader can only be elected once etcd dropped the
+/// old lease, `ttl` after the last renewal etcd saw. A leader that has not
+/// renewed for half its TTL stops deciding anything (it closes its
+/// coordination service), so its last decision comes at least half a TTL
+/// before its successor's first, as long as clock rates differ by less
+/// than that margin.
+
+#include "runtime/error.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace grace {
+
+/// When a leader may act and when it renews its lease.
+class leader_lease {
+public:
+  explicit leader_lease(int64_t ttl_ns) : ttl_ns_(ttl_ns) {}
+  /// etcd granted or renewed the lease at `now_ns`.
+  void renewed(int64_t now_ns) noexcept { last_ = now_ns; }
+  /// True while the last renewal is less than half the TTL old.
+  bool may_lead(int64_t now_ns) const noexcept { return last_ >= 0 && now_ns - last_ < ttl_ns_ / 2; }
+  /// When to renew next: a sixth of the TTL after the last renewal, so two
+  /// more tries fit before may_lead() turns false.
+  int64_t renew_at() const noexcept { return last_ + ttl_ns_ / 6; }
+  int64_t ttl_ns() const noexcept { return ttl_ns_; }
+
+private:
+  int64_t ttl_ns_;
+  int64_t last_ = -1;
+};
+
+/// Where the coordination service is: what the leader key holds and what a
+/// launcher tells its workers (in the file named by GRACE_COORDINATOR_FILE).
+struct coordinator_location {
+  std::string endpoint;   ///< "address:port"
+  uint64_t epoch = 0;     ///< the leader key's create revision
+  uint32_t node = 0;      ///< the node rank of the launcher hosting it
+  /// "address:port epoch node", one line.
+  std::string to_line() const;
+  /// An error names what is malformed.
+  static result<coordinator_location> parse(const std::string& line);
+};
+
+/// What a follower does with what it last saw of the leader key.
+enum class follow_action {
+  keep,      ///< the same leader: nothing to do
+  moved,     ///< a leader with a larger epoch: reconnect to it
+  campaign,  ///< no leader (its lease ran out): try to become one
+};
+follow_action next_follow_action(const std::optional<coordinator_location>& known,
+                                 const std::optional<coordinator_location>& seen);
+
+} // namespace grace

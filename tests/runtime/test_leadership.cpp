@@ -1,0 +1,48 @@
+#include "runtime/leadership.hpp"
+
+#include <catch2/catch.hpp>
+
+using namespace grace;
+
+TEST_CASE("leader lease: a leader acts only while its last renewal is under half the TTL old", "[leadership]") {
+  const int64_t s = 1'000'000'000;
+  leader_lease l(2 * s);
+  CHECK_FALSE(l.may_lead(0));  // never granted
+  l.renewed(10 * s);
+  CHECK(l.may_lead(10 * s));
+  CHECK(l.may_lead(10 * s + s - 1));
+  CHECK_FALSE(l.may_lead(10 * s + s));  // half the TTL: stop deciding
+  CHECK(l.renew_at() == 10 * s + 2 * s / 6);
+  l.renewed(11 * s);
+  CHECK(l.may_lead(11 * s + s / 2));
+  // The successor can be elected only after etcd dropped the lease (TTL
+  // after the last renewal it saw): at least half a TTL after the last
+  // moment this leader may act.
+  CHECK(11 * s + 2 * s - (11 * s + s) >= s);
+}
+
+TEST_CASE("coordinator location: one line, parsed back, bad lines named", "[leadership]") {
+  coordinator_location c{"192.0.2.2:29400", 17, 1};
+  CHECK(c.to_line() == "192.0.2.2:29400 17 1");
+  auto back = coordinator_location::parse(c.to_line());
+  REQUIRE(back);
+  CHECK(back->endpoint == "192.0.2.2:29400");
+  CHECK(back->epoch == 17);
+  CHECK(back->node == 1);
+  for (const char* bad : {"", "192.0.2.2:29400", "192.0.2.2:29400 x 1", "192.0.2.2 17 1", "a:1 1 1 extra",
+                          "192.0.2.2:29400 17 -1"}) {
+    INFO(bad);
+    auto r = coordinator_location::parse(bad);
+    REQUIRE_FALSE(r);
+    CHECK(r.err().code == errc::invalid_input);
+  }
+}
+
+TEST_CASE("a follower keeps its leader, follows a newer one, campaigns when there is none", "[leadership]") {
+  coordinator_location a{"192.0.2.1:29400", 5, 0}, b{"192.0.2.2:29400", 9, 1};
+  CHECK(next_follow_action(a, a) == follow_action::keep);
+  CHECK(next_follow_action(a, b) == follow_action::moved);
+  CHECK(next_follow_action(std::nullopt, a) == follow_action::moved);
+  CHECK(next_follow_action(b, a) == follow_action::keep);  // an older epoch never wins back
+  CHECK(next_follow_action(a, std::nullopt) == follow_action::campaign);
+}
