@@ -60,7 +60,11 @@ void record(spdlog::logger& log, const save_outcome& o) {
            o.stats.already_existed ? " [already on disk]" : "");
   emit_event(
       "committed_local",
-      {{"step", o.step}, {"bytes", o.stats.total_bytes}, {"write_ns", o.write_ns}, {"path", o.stats.path.string()}});
+      {{"step", o.step},
+       {"kind", to_string(o.kind)},
+       {"bytes", o.stats.total_bytes},
+       {"write_ns", o.write_ns},
+       {"path", o.stats.path.string()}});
 }
 
 checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_config cfg) {

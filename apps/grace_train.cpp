@@ -151,8 +151,8 @@ struct train_args {
   int index = -1, keep = 3, restart_code = 42, step_delay_ms = 0, grace_ms = 0;
   uint64_t save_every = 0, fail_at = 0;
   int fail_rank = 0;
-  double save_every_seconds = 0;
-  bool keep_checkpoints = false;
+  double save_every_seconds = 0, mtbf_prior_hours = 6;
+  bool save_every_auto = false, keep_checkpoints = false;
   int collective_timeout_ms = 30000;
   mutants broken;
   grace::broken_on_purpose broken_runtime;
@@ -183,7 +183,24 @@ void add_training_options(CLI::App& app, train_args& a) {
 void add_grace_options(CLI::App& app, train_args& a) {
   app.add_option("--checkpoint-dir", a.checkpoint_dir, "checkpoint directory (default $GRACE_CHECKPOINT_DIR)");
   app.add_option("--keep", a.keep, "checkpoints to keep")->check(CLI::Range(1, 1000));
-  app.add_option("--save-every", a.save_every, "periodic checkpoint every N steps (0: off)");
+  const CLI::Validator steps_or_auto(
+      [](std::string& v) -> std::string {
+        bool digits = !v.empty() && v.size() < 20 && v.find_first_not_of("0123456789") == std::string::npos;
+        return v == "auto" || digits ? "" : "expects a number of steps or 'auto', got '" + v + "'";
+      },
+      "N|auto");
+  app.add_option_function<std::string>(
+         "--save-every",
+         [&a](const std::string& v) {
+           a.save_every_auto = v == "auto";
+           a.save_every = a.save_every_auto ? 0 : std::stoull(v);
+         },
+         "periodic checkpoint every N steps (0: off), or 'auto': Daly's interval for the measured save cost and "
+         "the failure history beside the checkpoints")
+      ->check(steps_or_auto);
+  app.add_option("--mtbf-prior-hours", a.mtbf_prior_hours,
+                 "with --save-every auto: the mean time between failures assumed until failures are seen")
+      ->check(CLI::PositiveNumber);
   app.add_option("--save-every-seconds", a.save_every_seconds, "periodic checkpoint every T seconds (0: off)");
   app.add_flag("--keep-checkpoints", a.keep_checkpoints, "keep backups after a successful finish");
   app.add_option("--grace-period-ms", a.grace_ms, "time from a notice to the kill (0: exit after the first save)");
@@ -249,6 +266,8 @@ grace::result<grace::options> make_options(const train_args& a) {
   opts.restart_exit_code = a.restart_code;
   opts.save_every_steps = a.save_every;
   opts.save_every_seconds = a.save_every_seconds;
+  opts.save_every_auto = a.save_every_auto;
+  opts.mtbf_prior_seconds = a.mtbf_prior_hours * 3600;
   opts.keep_checkpoints_on_success = a.keep_checkpoints;
   opts.notice_file = a.notice_file;
   opts.notice_command = a.notice_command;

@@ -529,6 +529,10 @@ grace::options make_options(const py::kwargs& kw) {
       o.save_every_steps = v.cast<uint64_t>();
     else if (key == "save_every_seconds")
       o.save_every_seconds = v.cast<double>();
+    else if (key == "save_every_auto")
+      o.save_every_auto = v.cast<bool>();
+    else if (key == "mtbf_prior_seconds")
+      o.mtbf_prior_seconds = v.cast<double>();
     else if (key == "keep_checkpoints_on_success")
       o.keep_checkpoints_on_success = v.cast<bool>();
     else if (key == "notice_file")

@@ -16,6 +16,7 @@
 #include "runtime/device_copy.hpp"
 #include "runtime/events.hpp"
 #include "runtime/net_address.hpp"
+#include "runtime/save_interval.hpp"
 #include "runtime/snapshot.hpp"
 #include "runtime/system.hpp"
 #include "runtime/worker_policy.hpp"
@@ -32,8 +33,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 #include <unistd.h>
 
@@ -106,6 +109,9 @@ struct session::impl {
   int code = 0;
   std::string reason;
   int64_t last_periodic_ns = 0;
+  int64_t attached_ns = 0;
+  std::optional<save_interval> auto_interval;  ///< --save-every auto
+  double announced_interval_s = 0;             ///< the interval last logged
   bool first_step_logged = false;
   bool in_step = false;  // between begin() and complete() / a failure
   int64_t step_t0 = 0;
@@ -290,6 +296,7 @@ struct session::impl {
   status join();
   void start_signal_watcher();
   void maybe_periodic_save(uint64_t k);
+  void auto_periodic_save(uint64_t k);
   void remove_backups();
   void finish_barrier();
 
@@ -490,7 +497,11 @@ result<uint64_t> session::attach() {
   if (auto st = d.start_actors(); !st) return st.err();
   if (auto st = d.join(); !st) return st.err();
   d.start_signal_watcher();
-  d.last_periodic_ns = mono_ns();
+  d.last_periodic_ns = d.attached_ns = mono_ns();
+  if (d.opts.save_every_auto)
+    d.auto_interval.emplace(
+        d.opts.mtbf_prior_seconds,
+        read_failure_history((std::filesystem::path(d.opts.checkpoint_dir) / failure_history_file).string()));
   d.attached = true;
   return d.completed;
 }
@@ -704,12 +715,33 @@ step_result session::fail_step(const std::string& what, bool collective) {
 }
 
 void session::impl::maybe_periodic_save(uint64_t k) {
+  if (auto_interval) return auto_periodic_save(k);
   bool due = opts.save_every_steps && k % opts.save_every_steps == 0;
   if (!due && opts.save_every_seconds > 0 && double(mono_ns() - last_periodic_ns) >= opts.save_every_seconds * 1e9)
     due = true;
   if (!due) return;
   last_periodic_ns = mono_ns();
   save(k, checkpoint_kind::periodic, 0, false);
+}
+
+/// --save-every auto: the first save measures the cost (what the trainer
+/// waits for: earlier writes still in flight, then the snapshot); after
+/// it, the interval is Daly's for that cost and the estimated MTBF.
+void session::impl::auto_periodic_save(uint64_t k) {
+  auto& ai = *auto_interval;
+  auto now = mono_ns();
+  ai.set_running(double(now - attached_ns) / 1e9);
+  if (ai.measured() && double(now - last_periodic_ns) < ai.seconds() * 1e9) return;
+  save(k, checkpoint_kind::periodic, 0, false);
+  last_periodic_ns = mono_ns();
+  ai.on_save_cost(last_periodic_ns - now);
+  double s = ai.seconds();
+  if (std::abs(s - announced_interval_s) <= 0.1 * announced_interval_s) return;
+  announced_interval_s = s;
+  log->info("periodic saves every {:.2f} s (Daly's rule: save cost {:.2f} ms, MTBF estimate {:.0f} s)", s,
+            ai.cost_s() * 1e3, ai.mtbf_s());
+  emit_event("save_interval",
+             {{"seconds", s}, {"mtbf_s", ai.mtbf_s()}, {"cost_s", ai.cost_s()}, {"step", k}});
 }
 
 int session::stop_after_failure(const error& e, int no_verdict_code) {

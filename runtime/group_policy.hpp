@@ -62,6 +62,7 @@ exit_effect classify_exit(int code, int signal, int restart_code);
 struct group_end {
   bool restart = false;            ///< some worker's exit asks for a restart
   bool fatal = false;              ///< some worker failed (no restart)
+  bool crashed = false;            ///< some worker died by a signal: a failure, not a notice
   bool usage = false;              ///< ... with a usage error
   bool rendezvous_failed = false;  ///< some worker exited 45
   std::string cause;               ///< the first exit that was not a success, described

@@ -9,11 +9,14 @@
 #include "runtime/events.hpp"
 #include "runtime/exit_codes.hpp"
 #include "runtime/group_policy.hpp"
+#include "runtime/save_interval.hpp"
 #include "runtime/net_address.hpp"
 #include "runtime/system.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/system_messages.hpp>
+#include <caf/after.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
@@ -321,6 +324,7 @@ private:
   status host_or_join_coordinator();
   void start_checkpoint_server();
   void enter_incarnation();
+  void stop_coordinator();
   status start_group();
   group_end watch_group();
   void kill_declared_dead();
@@ -538,6 +542,7 @@ void launcher::reap(group_end& g, std::optional<std::chrono::steady_clock::time_
         w.code = 128 + w.signal;
       }
       emit_event("worker_exit", {{"worker_rank", w.rank}, {"code", w.code}, {"signal", w.signal}});
+      g.crashed |= w.signal != 0;
       auto effect = classify_exit(w.code, w.signal, o_.restart_code);
       if (effect == exit_effect::finished) break;
       caf::anon_send(coord_, exited_atom::value, static_cast<uint32_t>(w.rank), incarnation_,
@@ -602,13 +607,21 @@ int launcher::run() {
                         "): check that every node's address is reachable from the others "
                         "(--host, --iface)";
   launcher_decision d;
+  // The failure history (--save-every auto) is node 0's: its chief saves.
+  const bool keeps_history = o_.node_rank == 0 && !o_.checkpoint_dir.empty();
   for (;;) {
     enter_incarnation();
     if (auto st = start_group(); !st) {
       spdlog::error("grace-launch: {}", st.err().message);
       return exit_code::unhealthy;
     }
+    auto started = std::chrono::steady_clock::now();
+    if (keeps_history) record_incarnation_start(o_.checkpoint_dir, incarnation_);
     auto g = watch_group();
+    if (keeps_history)
+      record_incarnation_end(o_.checkpoint_dir, incarnation_,
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+                             g.crashed || g.fatal);
     ctx.notice_forwarded = notice_forwarded_;
     ctx.restarts = restarts_;
     d = decide_after_group(g, ctx, streak);
@@ -621,9 +634,24 @@ int launcher::run() {
   }
   say("exit " + std::to_string(d.code) + ": " + d.reason);
   write_reason(o_, d.code, d.reason, restarts_);
-  if (o_.node_rank == 0) caf::anon_send_exit(coord_, caf::exit_reason::user_shutdown);
+  if (o_.node_rank == 0) stop_coordinator();
   ::close(sfd_);
   return d.code;
+}
+
+/// Closes the coordination service's port and stops it, waiting (at most
+/// 2 s) until it is down: its state holds the workers' remote handles, and
+/// an actor system destroyed while it still ran could leave it and CAF's
+/// connection broker referring to each other, never freed.
+void launcher::stop_coordinator() {
+  auto& sys = rt_->sys();
+  caf::scoped_actor self{sys};
+  self->monitor(coord_);
+  if (auto r = sys.middleman().unpublish(coord_, port_); !r)
+    spdlog::debug("grace-launch: unpublish: {}", sys.render(r.error()));
+  self->send_exit(coord_, caf::exit_reason::user_shutdown);
+  self->receive([](const caf::down_msg&) {},
+                caf::after(std::chrono::seconds(2)) >> [] { spdlog::warn("grace-launch: the coordination service did not stop within 2 s"); });
 }
 
 }  // namespace
