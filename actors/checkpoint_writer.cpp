@@ -34,6 +34,7 @@ save_outcome write(checkpoint_store& store, const save_request& req) {
   o.snap_ns = req.snap_ns;
   const int64_t t0 = mono_ns();
   try {
+    if (req.make_room) store.keep_only_newest();
     auto r = store.save(req.buffers->view(), req.meta);
     o.ok = static_cast<bool>(r);
     if (r)
@@ -51,20 +52,20 @@ save_outcome write(checkpoint_store& store, const save_request& req) {
 /// The log line and event of a finished save.
 void record(spdlog::logger& log, const save_outcome& o) {
   if (!o.ok) {
-    log.error("checkpoint step {} failed: {}", o.step, o.error);
+    // A periodic save's failure is the session's to retry (a warning there).
+    log.log(o.kind == checkpoint_kind::periodic ? spdlog::level::warn : spdlog::level::err,
+            "checkpoint step {} ({}) failed: {}", o.step, to_string(o.kind), o.error);
     emit_event("save_failed", {{"step", o.step}, {"kind", to_string(o.kind)}, {"error", o.error}});
     return;
   }
   log.info("checkpoint step {} ({}) committed: {:.1f} MiB in {:.0f} ms (snapshot {:.1f} ms){}", o.step,
            to_string(o.kind), o.stats.total_bytes / 1048576.0, o.write_ns / 1e6, o.snap_ns / 1e6,
            o.stats.already_existed ? " [already on disk]" : "");
-  emit_event(
-      "committed_local",
-      {{"step", o.step},
-       {"kind", to_string(o.kind)},
-       {"bytes", o.stats.total_bytes},
-       {"write_ns", o.write_ns},
-       {"path", o.stats.path.string()}});
+  emit_event("committed_local", {{"step", o.step},
+                                 {"kind", to_string(o.kind)},
+                                 {"bytes", o.stats.total_bytes},
+                                 {"write_ns", o.write_ns},
+                                 {"path", o.stats.path.string()}});
 }
 
 checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_config cfg) {

@@ -37,6 +37,9 @@ struct save_request {
   checkpoint_meta meta;
   uint64_t agreement_id = 0;  ///< 0: not under an agreement (nothing reported)
   int64_t snap_ns = 0;        ///< the capture's duration (reported with the write's)
+  /// Before writing, remove every committed checkpoint but the newest (a
+  /// retry after a failed save, when the trainer allows it: make room).
+  bool make_room = false;
 };
 
 /// The answer to a save_request.

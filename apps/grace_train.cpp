@@ -152,7 +152,8 @@ struct train_args {
   uint64_t save_every = 0, fail_at = 0;
   int fail_rank = 0;
   double save_every_seconds = 0, mtbf_prior_hours = 6;
-  bool save_every_auto = false, keep_checkpoints = false;
+  bool save_every_auto = false, keep_checkpoints = false, prune_on_save_failure = false;
+  int save_retry_max_ms = 300000;
   int collective_timeout_ms = 30000;
   mutants broken;
   grace::broken_on_purpose broken_runtime;
@@ -203,6 +204,11 @@ void add_grace_options(CLI::App& app, train_args& a) {
       ->check(CLI::PositiveNumber);
   app.add_option("--save-every-seconds", a.save_every_seconds, "periodic checkpoint every T seconds (0: off)");
   app.add_flag("--keep-checkpoints", a.keep_checkpoints, "keep backups after a successful finish");
+  app.add_option("--save-retry-max-ms", a.save_retry_max_ms,
+                 "a failed periodic save is retried after 1 s, doubling up to this (training goes on)")
+      ->check(CLI::Range(1000, 86400000));
+  app.add_flag("--prune-on-save-failure", a.prune_on_save_failure,
+               "before retrying a failed periodic save, remove every checkpoint but the newest that verifies");
   app.add_option("--grace-period-ms", a.grace_ms, "time from a notice to the kill (0: exit after the first save)");
   app.add_option("--notice-file", a.notice_file, "a file whose appearance is a preemption notice");
   app.add_option("--notice-command", a.notice_command, "a command whose exit 0 is a preemption notice");
@@ -267,6 +273,8 @@ grace::result<grace::options> make_options(const train_args& a) {
   opts.save_every_steps = a.save_every;
   opts.save_every_seconds = a.save_every_seconds;
   opts.save_every_auto = a.save_every_auto;
+  opts.save_retry_max = std::chrono::milliseconds(a.save_retry_max_ms);
+  opts.prune_on_save_failure = a.prune_on_save_failure;
   opts.mtbf_prior_seconds = a.mtbf_prior_hours * 3600;
   opts.keep_checkpoints_on_success = a.keep_checkpoints;
   opts.notice_file = a.notice_file;

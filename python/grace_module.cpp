@@ -533,6 +533,10 @@ grace::options make_options(const py::kwargs& kw) {
       o.save_every_auto = v.cast<bool>();
     else if (key == "mtbf_prior_seconds")
       o.mtbf_prior_seconds = v.cast<double>();
+    else if (key == "save_retry_max_ms")
+      o.save_retry_max = std::chrono::milliseconds(v.cast<int64_t>());
+    else if (key == "prune_on_save_failure")
+      o.prune_on_save_failure = v.cast<bool>();
     else if (key == "keep_checkpoints_on_success")
       o.keep_checkpoints_on_success = v.cast<bool>();
     else if (key == "notice_file")

@@ -343,6 +343,36 @@ result<save_stats> checkpoint_store::save(const std::vector<snapshot_tensor>& te
   return stats;
 }
 
+int checkpoint_store::keep_only_newest() {
+  auto all = list();
+  std::vector<const checkpoint_info*> valid;
+  for (auto& c : all)
+    if (c.valid && !c.temporary && !c.set_aside) valid.push_back(&c);
+  std::sort(valid.begin(), valid.end(), [](auto* a, auto* b) { return a->step > b->step; });
+  // The one kept must restore: checksums verified, not only the quick check.
+  const checkpoint_info* newest = nullptr;
+  for (auto* c : valid)
+    if (verify(c->path)) {
+      newest = c;
+      break;
+    }
+  if (!newest) return 0;
+  int removed = 0;
+  for (auto* cp : valid) {
+    auto& c = *cp;
+    if (c.step >= newest->step) continue;  // the kept one, or newer ones that failed to verify (inspection)
+    std::error_code ec;
+    fs::remove_all(c.path, ec);
+    if (ec) {
+      spdlog::warn("checkpoint {}: cannot remove it to make room: {}", c.path.string(), ec.message());
+      continue;
+    }
+    spdlog::warn("checkpoint {}: removed to make room (the newest, step {}, is kept)", c.path.string(), newest->step);
+    ++removed;
+  }
+  return removed;
+}
+
 void checkpoint_store::prune(uint64_t committed_step) {
   if (keep_last_ <= 0) return;
   auto all = list();

@@ -209,6 +209,10 @@ public:
   /// `<dir>/step-<10-digit N>`.
   std::filesystem::path step_path(uint64_t step) const;
 
+  /// Removes every valid committed checkpoint but the newest (never an
+  /// invalid one: it is left for inspection). Returns how many went.
+  int keep_only_newest();
+
 private:
   /// Verifies and restores one step directory. `corrupt`: the failure is
   /// the checkpoint's (skip it), not the caller's.

@@ -112,6 +112,7 @@ struct session::impl {
   int64_t attached_ns = 0;
   std::optional<save_interval> auto_interval;  ///< --save-every auto
   double announced_interval_s = 0;             ///< the interval last logged
+  save_backoff periodic_retry;                 ///< failed periodic saves
   bool first_step_logged = false;
   bool in_step = false;  // between begin() and complete() / a failure
   int64_t step_t0 = 0;
@@ -197,6 +198,7 @@ struct session::impl {
     o.error = e.message;
     o.snap_ns = snap_ns;
     if (id) to_coordinator(saved_report(cluster.rank, o));
+    absorb(o);
     return e;
   }
 
@@ -205,6 +207,23 @@ struct session::impl {
   void absorb(const save_outcome& o) {
     last_save = o;
     if (o.ok && policy) policy->save_time(o.snap_ns + o.write_ns);
+    if (o.kind == checkpoint_kind::periodic) periodic_result(o);
+  }
+
+  /// A periodic save that failed is a warning: training goes on and the
+  /// save is tried again after a growing delay (save_backoff).
+  void periodic_result(const save_outcome& o) {
+    auto& b = periodic_retry;
+    if (o.ok) {
+      if (b.pending())
+        log->info("periodic checkpoints resumed at step {} after {} failed attempt(s)", o.step, b.failures());
+      b.succeeded();
+      return;
+    }
+    auto delay = b.failed(mono_ns());
+    log->warn("periodic checkpoint of step {} failed ({}); training goes on, next attempt in {:.1f} s{}", o.step,
+              o.error, delay / 1e9, opts.prune_on_save_failure ? " (older checkpoints removed first)" : "");
+    emit_event("save_retry", {{"step", o.step}, {"error", o.error}, {"in_s", delay / 1e9}, {"failures", b.failures()}});
   }
 
   /// Takes the writer's answers: all that are due (`block`: waits for the
@@ -238,7 +257,7 @@ struct session::impl {
   /// Snapshot (blocking the trainer only for the copy), then the writer
   /// writes it. `sync`: wait for the commit. The writer reports to the
   /// coordinator when `agreement_id` is set.
-  status save(uint64_t step, checkpoint_kind kind, uint64_t agreement_id, bool sync) {
+  status save(uint64_t step, checkpoint_kind kind, uint64_t agreement_id, bool sync, bool make_room = false) {
     take_answers(true);  // the buffers of the previous write are free again
     if (reuse_save(step, agreement_id)) return {};
     auto meta = meta_for(step, kind);
@@ -249,7 +268,7 @@ struct session::impl {
     if (!st) return failed_save(step, kind, agreement_id, st.err(), snap_ns);
     emit_event("snapshot_done", {{"step", step}, {"kind", to_string(kind)}, {"ns", snap_ns}});
     buffers->set_busy(true);
-    (*self)->send(writer, save_atom::value, save_request{buffers, std::move(meta), agreement_id, snap_ns});
+    (*self)->send(writer, save_atom::value, save_request{buffers, std::move(meta), agreement_id, snap_ns, make_room});
     ++writes_in_flight;
     if (policy) policy->saved(step);
     if (!sync) return {};
@@ -498,6 +517,8 @@ result<uint64_t> session::attach() {
   if (auto st = d.join(); !st) return st.err();
   d.start_signal_watcher();
   d.last_periodic_ns = d.attached_ns = mono_ns();
+  d.periodic_retry =
+      save_backoff(1'000'000'000, std::max<int64_t>(1'000'000'000, d.opts.save_retry_max.count() * 1'000'000));
   if (d.opts.save_every_auto)
     d.auto_interval.emplace(
         d.opts.mtbf_prior_seconds,
@@ -715,6 +736,13 @@ step_result session::fail_step(const std::string& what, bool collective) {
 }
 
 void session::impl::maybe_periodic_save(uint64_t k) {
+  if (writes_in_flight) take_answers(false);  // a failed write starts the backoff at once
+  if (periodic_retry.pending()) {
+    if (!periodic_retry.due(mono_ns())) return;
+    last_periodic_ns = mono_ns();
+    save(k, checkpoint_kind::periodic, 0, false, opts.prune_on_save_failure);
+    return;
+  }
   if (auto_interval) return auto_periodic_save(k);
   bool due = opts.save_every_steps && k % opts.save_every_steps == 0;
   if (!due && opts.save_every_seconds > 0 && double(mono_ns() - last_periodic_ns) >= opts.save_every_seconds * 1e9)
@@ -740,8 +768,7 @@ void session::impl::auto_periodic_save(uint64_t k) {
   announced_interval_s = s;
   log->info("periodic saves every {:.2f} s (Daly's rule: save cost {:.2f} ms, MTBF estimate {:.0f} s)", s,
             ai.cost_s() * 1e3, ai.mtbf_s());
-  emit_event("save_interval",
-             {{"seconds", s}, {"mtbf_s", ai.mtbf_s()}, {"cost_s", ai.cost_s()}, {"step", k}});
+  emit_event("save_interval", {{"seconds", s}, {"mtbf_s", ai.mtbf_s()}, {"cost_s", ai.cost_s()}, {"step", k}});
 }
 
 int session::stop_after_failure(const error& e, int no_verdict_code) {

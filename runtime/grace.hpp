@@ -47,13 +47,19 @@ struct options {
   std::string checkpoint_dir = "grace-checkpoints";
   int keep_last = 3;  ///< checkpoints kept (older deleted after a newer commit)
   int restart_exit_code = exit_code::restart;
-  uint64_t save_every_steps = 0;             ///< periodic backup (0: off)
-  double save_every_seconds = 0;             ///< periodic backup by time (0: off)
+  uint64_t save_every_steps = 0;  ///< periodic backup (0: off)
+  double save_every_seconds = 0;  ///< periodic backup by time (0: off)
   /// Periodic backups at the interval Daly's rule gives for the measured
   /// save cost and the failure history beside the checkpoints
   /// (runtime/save_interval.hpp); the two settings above are then unused.
   bool save_every_auto = false;
   double mtbf_prior_seconds = 6 * 3600.0;  ///< the MTBF assumed until failures are seen
+  /// A periodic save that failed is retried after a delay doubling from 1 s
+  /// up to this (training goes on meanwhile).
+  std::chrono::milliseconds save_retry_max{300000};
+  /// Before retrying a failed periodic save, remove every checkpoint but
+  /// the newest that verifies (room on a full disk).
+  bool prune_on_save_failure = false;
   bool keep_checkpoints_on_success = false;  ///< finish() keeps backups (else only the final one)
   // notices
   std::string notice_file;                ///< a file whose appearance is a notice

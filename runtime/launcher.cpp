@@ -651,7 +651,8 @@ void launcher::stop_coordinator() {
     spdlog::debug("grace-launch: unpublish: {}", sys.render(r.error()));
   self->send_exit(coord_, caf::exit_reason::user_shutdown);
   self->receive([](const caf::down_msg&) {},
-                caf::after(std::chrono::seconds(2)) >> [] { spdlog::warn("grace-launch: the coordination service did not stop within 2 s"); });
+                caf::after(std::chrono::seconds(2)) >>
+                    [] { spdlog::warn("grace-launch: the coordination service did not stop within 2 s"); });
 }
 
 }  // namespace

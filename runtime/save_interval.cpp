@@ -97,4 +97,17 @@ double save_interval::cost_s() const {
 
 double save_interval::seconds() const { return costs_.empty() ? 0 : daly_interval(cost_s(), mtbf_s()); }
 
+int64_t save_backoff::failed(int64_t now_ns) {
+  int64_t d = delay_ns_;
+  next_ns_ = now_ns + d;
+  delay_ns_ = std::min(2 * delay_ns_, longest_ns_);
+  ++failures_;
+  return d;
+}
+
+void save_backoff::succeeded() {
+  failures_ = 0;
+  delay_ns_ = first_ns_;
+}
+
 }  // namespace grace

@@ -58,7 +58,7 @@ bool record_incarnation_end(const std::string& dir, uint32_t incarnation, double
 /// The running choice: measured save costs and the history in, seconds
 /// between saves out.
 class save_interval {
- public:
+public:
   save_interval(double prior_mtbf_s, failure_history h) : prior_s_(prior_mtbf_s), history_(std::move(h)) {}
 
   /// A periodic save's cost on the training thread (what the trainer waited
@@ -75,11 +75,33 @@ class save_interval {
   /// caller saves once early to measure it).
   double seconds() const;
 
- private:
+private:
   double prior_s_;
   failure_history history_;
   double running_s_ = 0;
   std::vector<int64_t> costs_;  ///< the last few save costs (their median is used)
+};
+
+/// After a periodic save failed (a full disk, an I/O error, a directory
+/// that vanished): training goes on, and the save is tried again after a
+/// delay that doubles from `first_ns` up to `longest_ns`; a success resets
+/// it. While a retry is pending it replaces the regular schedule (a disk
+/// that just filled up is not tried again every few steps).
+class save_backoff {
+public:
+  explicit save_backoff(int64_t first_ns = 1'000'000'000, int64_t longest_ns = 300'000'000'000)
+      : first_ns_(first_ns), longest_ns_(longest_ns), delay_ns_(first_ns) {}
+  /// A periodic save failed at `now_ns`; returns the delay until the retry.
+  int64_t failed(int64_t now_ns);
+  void succeeded();
+  bool pending() const { return failures_ > 0; }
+  bool due(int64_t now_ns) const { return pending() && now_ns >= next_ns_; }
+  int failures() const { return failures_; }
+
+private:
+  int64_t first_ns_, longest_ns_, delay_ns_;
+  int64_t next_ns_ = 0;
+  int failures_ = 0;
 };
 
 }  // namespace grace

@@ -8,8 +8,9 @@
 # module (an interpreter that is not instrumented), the GPU tests (no CUDA in
 # a sanitizer build), the network-namespace and SLURM beds and the
 # grace-period test (their deadlines and timeouts assume native speed; under
-# a sanitizer every step is 5-20x slower). The same code paths run in the
-# integration tests that stay.
+# a sanitizer every step is 5-20x slower), the install test (it builds an
+# uninstrumented program against the instrumented libraries). The same code
+# paths run in the integration tests that stay.
 # Suppressions (third-party internals only, each justified there):
 # scripts/sanitizers/tsan.supp, lsan.supp. A report from Grace's own code
 # aborts the process, which fails its test.
@@ -39,4 +40,4 @@ export LSAN_OPTIONS="suppressions=$supp/lsan.supp"
 export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1"
 echo "==> running the unit, actor and integration tests under the $kind sanitizer"
 # A sanitizer report aborts the process, and the test fails with it.
-ctest --test-dir "$dir" --output-on-failure -LE "chaos|model|gpu|python|netns|slurm" -E "integration.grace_period" -j1
+ctest --test-dir "$dir" --output-on-failure -LE "chaos|model|gpu|python|netns|slurm|install" -E "integration.grace_period" -j1

@@ -52,7 +52,10 @@ class Session:
     --checkpoint-dir), else "grace-checkpoints". save_every: periodic
     checkpoint every N steps (0: off), or "auto": Daly's interval for the
     measured save cost and the failure history grace-launch keeps beside the
-    checkpoints (mtbf_prior_hours until failures are seen). grace_period_ms: time from a notice to
+    checkpoints (mtbf_prior_hours until failures are seen). A periodic save
+    that fails is a warning: training goes on and it is retried after 1 s,
+    doubling up to save_retry_max_ms; prune_on_save_failure removes every
+    checkpoint but the newest that verifies before a retry. grace_period_ms: time from a notice to
     the kill (0: save and exit at once). exit_on_stop: when the session stops
     (a notice, a lost peer, an error elsewhere), end the process with its exit
     code (42: restart me); False leaves the loop instead, and the caller exits
@@ -63,7 +66,8 @@ class Session:
     def __init__(self, checkpoint_dir=None, *, save_every=0, save_every_seconds=0.0, keep_last=3,
                  keep_checkpoints_on_success=False, grace_period_ms=0, notice_file=None, notice_command=None,
                  poll_interval_ms=1000, restart_exit_code=None, exit_on_stop=True, wait_timeout_ms=60000,
-                 heartbeat_ms=200, dead_after_ms=3000, collective_timeout_ms=30000, mtbf_prior_hours=6.0):
+                 heartbeat_ms=200, dead_after_ms=3000, collective_timeout_ms=30000, mtbf_prior_hours=6.0,
+                 save_retry_max_ms=300000, prune_on_save_failure=False):
         checkpoint_dir = checkpoint_dir or os.environ.get("GRACE_CHECKPOINT_DIR") or "grace-checkpoints"
         if restart_exit_code is None:
             restart_exit_code = int(os.environ.get("GRACE_RESTART_CODE", _grace.RESTART))
@@ -73,6 +77,7 @@ class Session:
             checkpoint_dir=str(checkpoint_dir), keep_last=keep_last, restart_exit_code=restart_exit_code,
             save_every_steps=0 if save_every == "auto" else save_every, save_every_auto=save_every == "auto",
             mtbf_prior_seconds=float(mtbf_prior_hours) * 3600, save_every_seconds=save_every_seconds,
+            save_retry_max_ms=save_retry_max_ms, prune_on_save_failure=prune_on_save_failure,
             keep_checkpoints_on_success=keep_checkpoints_on_success, notice_file=notice_file,
             notice_command=notice_command, poll_interval_ms=poll_interval_ms, grace_period_ms=grace_period_ms,
             wait_timeout_ms=wait_timeout_ms, heartbeat_ms=heartbeat_ms, dead_after_ms=dead_after_ms)

@@ -63,8 +63,8 @@ TEST_CASE("save interval: from simulated failures the expected lost time is with
       REQUIRE(si.seconds() == 0);  // nothing measured yet: save early to measure
       si.on_save_cost(5'000'000'000);
       double chosen = si.seconds(), best = brute_force_optimum(5, mtbf);
-      INFO("mtbf " << mtbf << " seed " << seed << " estimated " << si.mtbf_s() << " chosen " << chosen
-                   << " optimum " << best);
+      INFO("mtbf " << mtbf << " seed " << seed << " estimated " << si.mtbf_s() << " chosen " << chosen << " optimum "
+                   << best);
       CHECK(lost(chosen, 5, mtbf) <= 1.10 * lost(best, 5, mtbf));
     }
   }
@@ -111,12 +111,12 @@ TEST_CASE("save interval: the launcher's failure history file", "[save_interval]
   ::close(fd);
   {
     std::ofstream f(tmpl);
-    f << "{\"start\":true}\n{\"run_s\":100,\"failure\":false}\n"   // a preemption: run time only
-      << "{\"start\":true}\n{\"run_s\":50,\"failure\":true}\n"      // a failure after 150 s in all
-      << "not json\n"                                                // a damaged line: skipped
-      << "{\"start\":true}\n"                                        // its launcher was killed
+    f << "{\"start\":true}\n{\"run_s\":100,\"failure\":false}\n"  // a preemption: run time only
+      << "{\"start\":true}\n{\"run_s\":50,\"failure\":true}\n"    // a failure after 150 s in all
+      << "not json\n"                                             // a damaged line: skipped
+      << "{\"start\":true}\n"                                     // its launcher was killed
       << "{\"start\":true}\n{\"run_s\":30,\"failure\":false}\n"
-      << "{\"start\":true}\n";                                       // the running incarnation
+      << "{\"start\":true}\n";  // the running incarnation
   }
   auto h = read_failure_history(tmpl);
   REQUIRE(h.gaps_s.size() == 2);
@@ -127,4 +127,25 @@ TEST_CASE("save interval: the launcher's failure history file", "[save_interval]
   auto missing = read_failure_history("/nonexistent/grace-failures.jsonl");
   CHECK(missing.gaps_s.empty());
   CHECK(missing.open_s == 0);
+}
+
+TEST_CASE("save backoff: a failed periodic save is retried after a doubling delay, reset by a success",
+          "[save_interval]") {
+  const int64_t s = 1'000'000'000;
+  save_backoff b(1 * s, 4 * s);
+  CHECK_FALSE(b.pending());
+  CHECK_FALSE(b.due(100 * s));
+  CHECK(b.failed(10 * s) == 1 * s);
+  CHECK(b.pending());
+  CHECK_FALSE(b.due(10 * s + s - 1));
+  CHECK(b.due(11 * s));
+  CHECK(b.failed(11 * s) == 2 * s);
+  CHECK(b.failed(13 * s) == 4 * s);
+  CHECK(b.failed(17 * s) == 4 * s);  // capped
+  CHECK(b.failures() == 4);
+  CHECK_FALSE(b.due(20 * s));
+  CHECK(b.due(21 * s));
+  b.succeeded();
+  CHECK_FALSE(b.pending());
+  CHECK(b.failed(30 * s) == 1 * s);  // from the first delay again
 }
