@@ -8,12 +8,14 @@ as clear exceptions, grace.load without the runtime.
 Run by CTest with /usr/bin/python3 and PYTHONPATH=<build>/python; exits 77
 (skipped) only when torch is missing.
 """
+import ctypes
 import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import unittest
 
 import numpy as np
@@ -140,6 +142,60 @@ class NumpyState(unittest.TestCase):
                             1 / 0
             self.assertEqual(g.exit_code, grace.FATAL)
             self.assertIn("ZeroDivisionError", g.stop_reason)
+
+
+class Gil(unittest.TestCase):
+    def test_a_blocking_call_lets_other_python_threads_run(self):
+        """finish() writes 256 MiB; a Python thread keeps ticking meanwhile
+        (with the GIL held by finish() it could not tick at all)."""
+        with TempDir() as d:
+            w = np.ones(64 * 1024 * 1024, np.float32)
+            ticks, stop = [], threading.Event()
+
+            def count():
+                while not stop.is_set():
+                    ticks.append(time.monotonic_ns())
+                    time.sleep(0.0005)
+
+            with session(d) as g:
+                g.register_array("w", w)
+                g.attach()
+                for _ in g.steps(1):
+                    w += 1
+                t = threading.Thread(target=count)
+                t.start()
+                while not ticks:
+                    time.sleep(0.001)
+                t0 = time.monotonic_ns()
+                g.finish()
+                t1 = time.monotonic_ns()
+                stop.set()
+                t.join()
+            inside = sum(1 for x in ticks if t0 < x < t1)
+            self.assertGreater(inside, 0, "no other Python thread ran during finish() (%.0f ms)" % ((t1 - t0) / 1e6))
+
+    def test_a_notice_is_taken_while_python_holds_the_gil(self):
+        """SIGTERM while the trainer thread holds the GIL for a second (a C
+        call through ctypes.PyDLL keeps it): Grace's threads take the notice
+        during that second, without the GIL; the stop comes at the next step
+        boundary."""
+        hold_gil_usleep = ctypes.PyDLL(None).usleep
+        with TempDir() as d:
+            w = np.zeros(3, np.float32)
+            with session(d) as g:
+                g.register_array("w", w)
+                g.attach()
+                before = len(events("notice"))
+                os.kill(os.getpid(), signal.SIGTERM)
+                hold_gil_usleep(1000000)
+                t1 = time.time_ns()
+                notices = events("notice")[before:]
+                self.assertTrue(notices, "no notice taken while the GIL was held")
+                self.assertLess(notices[0]["t_ns"], t1)
+                for _ in g.steps(FOREVER):
+                    pass
+                self.assertTrue(g.stopped)
+                self.assertEqual(g.exit_code, grace.RESTART)
 
 
 class BadInput(unittest.TestCase):
