@@ -5,6 +5,7 @@
 #include "runtime/agreement.hpp"
 #include "runtime/deadline.hpp"
 #include "runtime/events.hpp"
+#include "runtime/job_token.hpp"
 #include "runtime/membership.hpp"
 #include "runtime/rendezvous_table.hpp"
 
@@ -294,7 +295,7 @@ std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Read
   if (j.getProtocolVersion() != proto::PROTOCOL_VERSION)
     return refuse("protocol version " + std::to_string(j.getProtocolVersion()) + " != coordinator's " +
                   std::to_string(proto::PROTOCOL_VERSION));
-  if (str(j.getToken()) != st.cfg.token) return refuse("wrong job token");
+  if (!constant_time_equal(str(j.getToken()), st.cfg.token)) return refuse("wrong job token");
   if (j.getWorldSize() != st.cfg.world_size)
     return refuse("world size " + std::to_string(j.getWorldSize()) + " != job's " + std::to_string(st.cfg.world_size));
   if (j.getRank() >= st.cfg.world_size) return refuse("rank " + std::to_string(j.getRank()) + " out of range");

@@ -66,6 +66,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-restarts", o.max_restarts, "group restarts before giving up")->check(CLI::Range(0, 1000000));
   app.add_option("--restart-code", o.restart_code, "worker exit code that means 'restart me'");
   app.add_option("--run-id", o.run_id, "job id (same on every node)");
+  app.add_option("--token-file", o.token_file,
+                 "the job's secret, the same file content on every node (mode 600; default: GRACE_TOKEN, or "
+                 "a random secret on one node)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "exported as GRACE_CHECKPOINT_DIR; the reason "
                  "file grace-exit.json is written there");

@@ -3,6 +3,7 @@
 #include "runtime/tcp.hpp"
 
 #include "runtime/checkpoint.hpp"
+#include "runtime/job_token.hpp"
 #include "runtime/posix_file.hpp"
 
 #include <arpa/inet.h>
@@ -153,7 +154,7 @@ void checkpoint_server::answer(int fd) {
   auto w = words(*line);
   auto err = [&](const std::string& m) { send_str(fd, "ERR " + m + "\n"); };
   if (w.size() < 3 || w[0] != magic) return err("not a checkpoint request");
-  if (w[1] != token_) return err("wrong job token");
+  if (!constant_time_equal(w[1], token_)) return err("wrong job token");
   checkpoint_store store(dir_);
   if (w[2] == "LIST" && w.size() == 3) {
     std::string body;

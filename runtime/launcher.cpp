@@ -9,6 +9,7 @@
 #include "runtime/events.hpp"
 #include "runtime/exit_codes.hpp"
 #include "runtime/group_policy.hpp"
+#include "runtime/job_token.hpp"
 #include "runtime/save_interval.hpp"
 #include "runtime/net_address.hpp"
 #include "runtime/system.hpp"
@@ -373,9 +374,9 @@ status launcher::setup_addresses() {
   ep_ = *ep;
   host_ = ep_.coordinator_ip;
   world_ = static_cast<uint32_t>(o_.nproc * o_.nnodes);
-  // The token must be the same on every node: derive it from the run id
-  // unless GRACE_TOKEN is set (then every node must set the same).
-  token_ = std::getenv("GRACE_TOKEN") ? std::getenv("GRACE_TOKEN") : "tok-" + o_.run_id;
+  auto token = launcher_token(o_.token_file, std::getenv("GRACE_TOKEN"), o_.nnodes);
+  if (!token) return token.err();
+  token_ = *token;
   if (const char* inc = std::getenv("GRACE_INCARNATION")) incarnation_ = static_cast<uint32_t>(std::atoi(inc));
   initial_incarnation_ = incarnation_;
   return {};

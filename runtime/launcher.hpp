@@ -16,6 +16,7 @@ struct launch_options {
   int nnodes = 1;
   int node_rank = 0;
   std::string coordinator;  ///< host:port (multi-node); default 127.0.0.1, any free port
+  std::string token_file;   ///< the job's secret (runtime/job_token.hpp); several nodes need it or GRACE_TOKEN
   int max_restarts = 3;
   int restart_code = 42;
   std::string run_id;                             ///< default: random

@@ -13,6 +13,7 @@ D="$WORK/mn"
 mkdir -p "$D"
 cd "$D"
 export GRACE_EVENTS_FILE="$D/events.jsonl"
+export GRACE_TOKEN=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')   # several nodes share one secret
 "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank 0 --coordinator 127.0.0.1:$PORT --run-id mn --checkpoint-dir ck \
   -- "$GRACE_TRAIN" "${ARGS[@]}" --output out.json >n0.log 2>&1 &
 N0=$!

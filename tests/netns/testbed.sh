@@ -23,6 +23,9 @@
 TB_SKIP=77
 TB_NS=()
 TB_PREFIX="gtb$$"
+# The hosts of one job share its secret (grace-launch refuses several nodes
+# without one).
+export GRACE_TOKEN=${GRACE_TOKEN:-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')}
 TB=""
 
 tb_skip() { echo "skipped: $*"; trap - EXIT; rm -rf "$WORK"; exit "$TB_SKIP"; }
