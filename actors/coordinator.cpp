@@ -43,6 +43,11 @@ struct coordinator_state {
   std::set<uint32_t> left;
   std::set<uint32_t> lost;       ///< declared lost in this incarnation
   std::set<uint32_t> refused;    ///< refused (restartable) in this incarnation: their exit is expected
+  /// Member messages refused because they did not come from the process
+  /// that joined as their rank (from_member), and the senders already
+  /// logged (one line per sender).
+  uint64_t forged = 0;
+  std::set<std::string> forged_from;
   int64_t rescue_armed_for = 0;  ///< the deadline (wall ns) the rescue timer is armed for
   uint64_t rescue_gen = 0;       ///< tags the armed timers; older ones are ignored
   int64_t rescue_cutoff_ns = 0;
@@ -354,6 +359,25 @@ msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {
   return welcome;
 }
 
+/// A message naming a member's rank is accepted only from the process (CAF
+/// node) that joined as that rank in this incarnation: a process that can
+/// reach the port without having joined, or a worker of an older
+/// incarnation, cannot speak for a member. A refusal changes nothing; it is
+/// counted, and logged once per sender.
+bool from_member(self_ptr self, uint32_t rank, const char* what) {
+  auto& st = self->state;
+  auto it = st.workers.find(rank);
+  auto sender = self->current_sender();
+  if (it != st.workers.end() && sender && sender->node() == it->second.node()) return true;
+  ++st.forged;
+  auto who = sender ? "node " + caf::to_string(sender->node()) : std::string("an anonymous sender");
+  if (st.forged_from.insert(who).second)
+    st.log->warn("refused {} for rank {} from {}: not the process that joined as rank {} in incarnation {} "
+                 "(further refusals from it are counted, not logged)",
+                 what, rank, who, rank, st.cfg.incarnation);
+  return false;
+}
+
 msg<proto::ClaimReply> on_claim(self_ptr self, msg<proto::Claim>& m) {
   auto& st = self->state;
   auto r = decode(m);
@@ -363,6 +387,12 @@ msg<proto::ClaimReply> on_claim(self_ptr self, msg<proto::Claim>& m) {
       b.setHolder(launcher_rank);
     });
   auto n = r->get().getNotice();
+  // The launchers' own notices (forwarded SIGTERM) carry launcher_rank.
+  if (n.getRank() != launcher_rank && !from_member(self, n.getRank(), "a claim"))
+    return make<proto::ClaimReply>([&](auto b) {
+      b.setWon(false);
+      b.setHolder(launcher_rank);
+    });
   emit_event("claim", {{"by", n.getRank()},
                        {"source", static_cast<int>(n.getSource())},
                        {"deadline_ns", n.getDeadlineNs()},
@@ -421,6 +451,7 @@ void on_saved(self_ptr self, msg<proto::CheckpointSaved>& m) {
   auto r = decode(m);
   if (!r) return;
   auto s = r->get();
+  if (!from_member(self, s.getRank(), "a save report")) return;
   emit_event("saved", {{"by", s.getRank()},
                        {"step", s.getStep()},
                        {"ok", s.getOk()},
@@ -436,6 +467,7 @@ void on_error_report(self_ptr self, msg<proto::ErrorReport>& m) {
   auto r = decode(m);
   if (!r) return;
   auto e = r->get();
+  if (!from_member(self, e.getRank(), "an error report")) return;
   dispatch(self, self->state.agree->on_error(e.getRank(), e.getStep(),
                                              "rank " + std::to_string(e.getRank()) + " at step " +
                                                  std::to_string(e.getStep()) + ": " + str(e.getMessage())));
@@ -448,7 +480,7 @@ bool on_leave(self_ptr self, msg<proto::Leave>& m) {
   auto r = decode(m);
   if (!r) return false;
   auto rank = r->get().getRank();
-  if (!st.workers.count(rank)) return false;
+  if (!st.workers.count(rank) || !from_member(self, rank, "a leave")) return false;
   st.left.insert(rank);
   st.members->remove(rank);
   dispatch(self, st.agree->on_leave(rank, r->get().getExitCode()));
@@ -553,7 +585,7 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
       },
       [self](msg<proto::Barrier>& m) { return on_barrier(self, m); },
       [self](msg<proto::Ack>& m) {
-        if (auto r = decode(m))
+        if (auto r = decode(m); r && from_member(self, r->get().getRank(), "an acknowledgement"))
           dispatch(self, self->state.agree->on_ack(r->get().getRank(), r->get().getAgreementId(),
                                                    r->get().getEarliestStep()));
       },
@@ -561,12 +593,13 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
         auto r = decode(m);
         if (!r || r->get().getIncarnation() != self->state.cfg.incarnation) return;
         auto h = r->get();
+        if (!from_member(self, h.getRank(), "a heartbeat")) return;
         self->state.members->heartbeat(h.getRank(), now_ns(self), h.getCompletedStep(), h.getLastStepNs(),
                                        h.getLastSaveNs());
       },
       [self](msg<proto::CheckpointSaved>& m) { on_saved(self, m); },
       [self](msg<proto::ProposeFinal>& m) {
-        if (auto r = decode(m))
+        if (auto r = decode(m); r && from_member(self, r->get().getRank(), "a final-save proposal"))
           dispatch(self, self->state.agree->on_propose_final(r->get().getRank(), r->get().getStartedStep()));
       },
       [self](msg<proto::ErrorReport>& m) { on_error_report(self, m); },
@@ -579,8 +612,8 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
       [self](ckpt_peer_atom, int32_t node, const std::string& ep) { return on_ckpt_peer(self, node, ep); },
       [self](status_atom) {
         auto& st = self->state;
-        return fmt::format("incarnation {}, {} members, phase {}", st.cfg.incarnation, st.workers.size(),
-                           to_string(st.agree->phase()));
+        return fmt::format("incarnation {}, {} members, phase {}, {} forged messages refused", st.cfg.incarnation,
+                           st.workers.size(), to_string(st.agree->phase()), st.forged);
       },
       [self](tick_atom) { on_tick(self); },
   };

@@ -119,9 +119,15 @@ struct session::impl {
 
   // ---------------------------------------------------------------- helpers
 
+  /// From the trainer thread's actor: the coordinator accepts a member's
+  /// messages only from the process that joined as it (an anonymous
+  /// message carries no sender to check).
   template <class M>
   void to_coordinator(M m) {
-    caf::anon_send(coord, std::move(m));
+    if (self)
+      (*self)->send(coord, std::move(m));
+    else
+      caf::anon_send(coord, std::move(m));
   }
 
   checkpoint_meta meta_for(uint64_t step, checkpoint_kind kind) {

@@ -8,6 +8,7 @@
 #include <caf/after.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 #include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
 
 #include <catch2/catch.hpp>
 #include <spdlog/spdlog.h>
@@ -395,4 +396,62 @@ TEST_CASE("coordinator: a lost connection is reported to the host, a deliberate 
   REQUIRE(f.host_verdicts.size() == 1);
   CHECK(std::get<0>(f.host_verdicts[0]) == 2);
   CHECK(std::get<2>(f.host_verdicts[0]).find("connection lost") != std::string::npos);
+}
+
+TEST_CASE("coordinator: messages naming a member are accepted only from the process that joined as it",
+          "[coordinator][security]") {
+  fixture f(3);
+  f.join_all(3);
+  // No sender (a process that never joined, or an anonymous message): an
+  // error report, a leave, a claim and a final-save proposal for member
+  // ranks change nothing.
+  caf::anon_send(f.coord, make<proto::ErrorReport>([](auto b) {
+                   b.setRank(1);
+                   b.setStep(3);
+                   b.setMessage("forged");
+                 }));
+  caf::anon_send(f.coord, make<proto::Leave>([](auto b) {
+                   b.setRank(2);
+                   b.setExitCode(3);
+                 }));
+  caf::anon_send(f.coord, claim(0, 5));
+  caf::anon_send(f.coord, make<proto::ProposeFinal>([](auto b) {
+                   b.setRank(0);
+                   b.setStartedStep(5);
+                 }));
+  f.run();
+  for (size_t r = 0; r < 3; ++r) {
+    CHECK_FALSE(f.next<proto::ClusterError>(r));
+    CHECK_FALSE(f.next<proto::PeerLost>(r));
+    CHECK_FALSE(f.next<proto::CheckpointAt>(r));
+  }
+  // The members themselves are still heard: a real claim, then forged
+  // acknowledgements and a forged save report do not advance the round.
+  f.w(1)->send(f.coord, claim(1, 10));
+  f.run();
+  REQUIRE(f.expect<proto::ClaimReply>(1)->getWon());
+  uint64_t id = 0;
+  for (size_t r = 0; r < 3; ++r) id = f.expect<proto::CheckpointAt>(r)->getAgreementId();
+  for (uint32_t r = 0; r < 3; ++r) caf::anon_send(f.coord, ack(id, r, 10));
+  f.run();
+  for (size_t r = 0; r < 3; ++r) CHECK_FALSE(f.next<proto::CheckpointAt>(r));  // not agreed on forged acks
+  for (uint32_t r = 0; r < 3; ++r) f.w(r)->send(f.coord, ack(id, r, 10));
+  f.run();
+  for (size_t r = 0; r < 3; ++r) REQUIRE(f.expect<proto::CheckpointAt>(r)->getAgreed());
+  caf::anon_send(f.coord, make<proto::CheckpointSaved>([&](auto b) {
+                   b.setAgreementId(id);
+                   b.setRank(0);
+                   b.setStep(10);
+                   b.setOk(true);
+                 }));
+  f.run();
+  for (size_t r = 0; r < 3; ++r) CHECK_FALSE(f.next<proto::Committed>(r));  // not committed on a forged report
+  f.w(0)->send(f.coord, make<proto::CheckpointSaved>([&](auto b) {
+                 b.setAgreementId(id);
+                 b.setRank(0);
+                 b.setStep(10);
+                 b.setOk(true);
+               }));
+  f.run();
+  for (size_t r = 0; r < 3; ++r) CHECK(f.expect<proto::Committed>(r)->getStep() == 10);
 }
