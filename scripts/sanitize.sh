@@ -40,4 +40,7 @@ export LSAN_OPTIONS="suppressions=$supp/lsan.supp"
 export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1"
 echo "==> running the unit, actor and integration tests under the $kind sanitizer"
 # A sanitizer report aborts the process, and the test fails with it.
-ctest --test-dir "$dir" --output-on-failure -LE "chaos|model|gpu|python|netns|slurm|install" -E "integration.grace_period" -j1
+# The model tests' binary is not built here: CTest lists it as a placeholder
+# (grace_model_tests_NOT_BUILT), which -E leaves out with the rest.
+ctest --test-dir "$dir" --output-on-failure -LE "chaos|model|gpu|python|netns|slurm|install" \
+  -E "integration.grace_period|_NOT_BUILT" -j1
