@@ -572,6 +572,9 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
   auto& st = self->state;
   st.cfg = cfg;
   st.log = cfg.log ? cfg.log : spdlog::default_logger();
+  rendezvous_table::limits lim;
+  lim.barrier_count = cfg.world_size;  // a barrier waiting for more members could never complete
+  st.table = rendezvous_table(lim);
   reset_incarnation(self, cfg.incarnation);
   self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
   self->send(self, tick_atom::value);

@@ -2,12 +2,22 @@
 
 namespace grace {
 
+namespace {
+std::string over(const char* what, size_t limit) {
+  return std::string("limit: ") + what + " (at most " + std::to_string(limit) + ")";
+}
+}  // namespace
+
 rendezvous_table::set_result rendezvous_table::set(const std::string& key, std::vector<uint8_t> value) {
   set_result out;
-  if (kv_.count(key)) {
-    out.error = "already exists: " + key;
-    return out;
-  }
+  if (key.size() > limits_.key_bytes) out.error = over("key too long", limits_.key_bytes);
+  else if (value.size() > limits_.value_bytes) out.error = over("value too large", limits_.value_bytes);
+  else if (kv_.count(key)) out.error = "already exists: " + key;
+  else if (kv_.size() >= limits_.keys) out.error = over("too many keys", limits_.keys);
+  else if (bytes_ + key.size() + value.size() > limits_.total_bytes)
+    out.error = over("keys and values take too many bytes", limits_.total_bytes);
+  if (!out.error.empty()) return out;
+  bytes_ += key.size() + value.size();
   auto& v = kv_[key] = std::move(value);
   out.ok = true;
   for (auto it = gets_.begin(); it != gets_.end();) {
@@ -23,6 +33,10 @@ rendezvous_table::set_result rendezvous_table::set(const std::string& key, std::
 
 rendezvous_table::get_result rendezvous_table::get(const std::string& key, uint64_t waiter, bool may_wait) {
   get_result out;
+  if (key.size() > limits_.key_bytes) {
+    out.error = over("key too long", limits_.key_bytes);
+    return out;
+  }
   auto it = kv_.find(key);
   if (it != kv_.end()) {
     out.what = get_result::type::found;
@@ -35,6 +49,10 @@ rendezvous_table::get_result rendezvous_table::get(const std::string& key, uint6
   }
   if (broken_) {
     out.error = *broken_ + "; key " + key + " will not come";
+    return out;
+  }
+  if (gets_.size() >= limits_.pending_gets) {
+    out.error = over("too many gets waiting", limits_.pending_gets);
     return out;
   }
   gets_[waiter] = key;
@@ -61,6 +79,11 @@ rendezvous_table::barrier_result rendezvous_table::arrive(const std::string& nam
     out.error = "barrier '" + name + "': count must be at least 1";
     return out;
   }
+  if (name.size() > limits_.key_bytes) out.error = over("barrier name too long", limits_.key_bytes);
+  else if (count > limits_.barrier_count) out.error = over("barrier count", limits_.barrier_count);
+  else if (!barriers_.count(name) && barriers_.size() >= limits_.barriers)
+    out.error = over("too many barriers waiting", limits_.barriers);
+  if (!out.error.empty()) return out;
   auto& b = barriers_[name];
   if (b.count == 0) b.count = count;
   if (b.count != count) {
@@ -97,6 +120,7 @@ std::vector<rendezvous_table::reply> rendezvous_table::break_group(const std::st
 std::vector<rendezvous_table::reply> rendezvous_table::reset(const std::string& why) {
   auto out = fail_waiters(why);
   kv_.clear();
+  bytes_ = 0;
   broken_.reset();
   return out;
 }

@@ -13,7 +13,10 @@
 /// - once the group is broken (a member lost or gone) every pending wait
 ///   fails at once, and later waits that cannot be answered fail at once:
 ///   the keys and barriers of a broken group will never complete;
-/// - a new incarnation starts empty (its keys use a fresh prefix anyway).
+/// - a new incarnation starts empty (its keys use a fresh prefix anyway);
+/// - everything a member can make the table hold is bounded (`limits`): a
+///   request past a bound fails with an error naming it, and the table's
+///   state is unchanged.
 
 #include <cstdint>
 #include <map>
@@ -26,6 +29,20 @@ namespace grace {
 
 class rendezvous_table {
 public:
+  /// Bounds on what members can make the table hold. The defaults leave
+  /// room for a 4096-member job's Gloo and NCCL rendezvous many times over.
+  struct limits {
+    size_t key_bytes = 4096;                     ///< a key or a barrier name
+    size_t value_bytes = 1u << 20;               ///< one value
+    size_t keys = 1u << 16;                      ///< keys stored
+    size_t total_bytes = size_t(256) << 20;      ///< keys and values stored
+    size_t pending_gets = 1u << 16;              ///< gets waiting for a key
+    size_t barriers = 4096;                      ///< barriers not yet complete
+    uint32_t barrier_count = 1u << 20;           ///< the most members a barrier may wait for
+  };
+  rendezvous_table() = default;
+  explicit rendezvous_table(limits l) : limits_(l) {}
+
   /// An answer to a waiter registered earlier (by its id).
   struct reply {
     uint64_t waiter = 0;
@@ -83,6 +100,8 @@ private:
   std::map<uint64_t, std::string> gets_;  ///< waiter -> key
   std::map<std::string, barrier> barriers_;
   std::optional<std::string> broken_;
+  limits limits_;
+  size_t bytes_ = 0;  ///< keys and values stored
 };
 
 }  // namespace grace

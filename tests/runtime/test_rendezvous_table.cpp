@@ -97,3 +97,50 @@ TEST_CASE("rendezvous_table: a new incarnation starts empty and whole", "[rendez
   REQUIRE(r.size() == 1);
   CHECK(r[0].error == "the group restarted (waiting for key new/k)");
 }
+
+TEST_CASE("rendezvous_table: what a member can make it hold is bounded, and a refusal changes nothing",
+          "[rendezvous][limits]") {
+  rendezvous_table::limits lim;
+  lim.key_bytes = 8;
+  lim.value_bytes = 16;
+  lim.keys = 3;
+  lim.total_bytes = 40;
+  lim.pending_gets = 2;
+  lim.barriers = 1;
+  lim.barrier_count = 4;
+  rendezvous_table t(lim);
+  auto refused = [](const std::string& error, const std::string& what) {
+    INFO(error);
+    CHECK(error.find("limit: " + what) == 0);
+  };
+  refused(t.set("012345678", bytes("v")).error, "key too long");
+  refused(t.set("k", std::vector<uint8_t>(17)).error, "value too large");
+  CHECK(t.keys() == 0);
+  CHECK(t.set("a", std::vector<uint8_t>(16)).ok);
+  CHECK(t.set("b", std::vector<uint8_t>(16)).ok);
+  refused(t.set("c", std::vector<uint8_t>(16)).error, "keys and values take too many bytes");  // 51 > 40
+  CHECK(t.set("c", bytes("x")).ok);
+  refused(t.set("d", bytes("x")).error, "too many keys");
+  CHECK(t.keys() == 3);
+  CHECK(t.get("c", 1, false).what == gty::found);  // what was stored is intact
+
+  refused(t.get("012345678", 1, true).error, "key too long");
+  CHECK(t.get("w1", 1, true).what == gty::pending);
+  CHECK(t.get("w2", 2, true).what == gty::pending);
+  auto third = t.get("w3", 3, true);
+  CHECK(third.what == gty::failed);
+  refused(third.error, "too many gets waiting");
+  CHECK(t.pending_gets() == 2);
+
+  refused(t.arrive("b1", 0, 5, 10).error, "barrier count");
+  refused(t.arrive("012345678", 0, 2, 10).error, "barrier name too long");
+  CHECK(t.arrive("b1", 0, 2, 10).pending);
+  CHECK(t.arrive("b1", 1, 2, 11).released.size() == 2);  // an existing barrier still completes
+  CHECK(t.arrive("b2", 0, 2, 12).pending);
+  refused(t.arrive("b3", 0, 2, 13).error, "too many barriers waiting");
+  CHECK(t.pending_barriers() == 1);
+
+  t.reset("next incarnation");  // a new incarnation has the whole budget again
+  CHECK(t.set("a", std::vector<uint8_t>(16)).ok);
+  CHECK(t.set("b", std::vector<uint8_t>(16)).ok);
+}
