@@ -197,7 +197,8 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
         break;
       case ty::peer_lost:
         st.log->warn("rank {} lost at step {}: {}", a.rank, a.step, a.message);
-        emit_event("peer_lost", {{"lost_rank", a.rank}, {"step", a.step}, {"why", a.message}});
+        emit_event("peer_lost",
+                   {{"lost_rank", a.rank}, {"step", a.step}, {"why", a.message}, {"verdict", to_string(a.reason)}});
         to_all(make<proto::PeerLost>([&](auto b) {
           b.setRank(a.rank);
           b.setLastStep(a.step);
@@ -599,6 +600,8 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
         if (!from_member(self, h.getRank(), "a heartbeat")) return;
         self->state.members->heartbeat(h.getRank(), now_ns(self), h.getCompletedStep(), h.getLastStepNs(),
                                        h.getLastSaveNs());
+        if (self->state.cfg.on_progress)
+          self->state.cfg.on_progress(h.getRank(), h.getCompletedStep(), h.getLastStepNs());
       },
       [self](msg<proto::CheckpointSaved>& m) { on_saved(self, m); },
       [self](msg<proto::ProposeFinal>& m) {

@@ -56,6 +56,11 @@ struct coordinator_config {
   /// at once (a frozen process would otherwise hold the restart until the
   /// exit timeout). Must not block.
   std::function<void(uint32_t rank, uint32_t incarnation, const std::string& why)> on_member_lost;
+  /// The host's hook for progress: called (on the actor thread) for every
+  /// heartbeat accepted from a member, with its last completed step and the
+  /// duration of that step. grace-launch's metrics and goodput account use
+  /// it. Must not block.
+  std::function<void(uint32_t rank, uint64_t completed, int64_t last_step_ns)> on_progress;
 };
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg);

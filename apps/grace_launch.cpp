@@ -87,6 +87,15 @@ int main(int argc, char** argv) {
   app.add_option("--max-rendezvous-failures", o.max_rendezvous_failures,
                  "groups in a row that fail to rendezvous before giving up with exit 44 (0: never)")
       ->check(CLI::Range(0, 1000000));
+  app.add_option("--metrics-port", o.metrics_port,
+                 "serve Prometheus metrics (steps, saves, restarts, goodput...) on this port (0: off)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-host", o.metrics_host,
+                 "the address the metrics are served on (default 127.0.0.1; 0.0.0.0 for every interface)");
+  int linger_ms = 0;
+  app.add_option("--metrics-linger-ms", linger_ms,
+                 "after the job ends, serve the final metrics this long before exiting (a last scrape)")
+      ->check(CLI::Range(0, 3600000));
   bool ignore_env = false;
   app.add_flag("--no-scheduler-env", ignore_env,
                "do not read torchrun (MASTER_ADDR, ...) or SLURM (SLURM_JOB_ID, "
@@ -103,6 +112,7 @@ int main(int argc, char** argv) {
   o.exit_timeout = std::chrono::milliseconds(exit_timeout_ms);
   o.dead_after = std::chrono::milliseconds(dead_ms);
   o.hang_after = std::chrono::milliseconds(hang_ms);
+  o.metrics_linger = std::chrono::milliseconds(linger_ms);
   spdlog::set_pattern("[%H:%M:%S.%e] [launch] %v");
   return grace::run_launcher(o);
 }

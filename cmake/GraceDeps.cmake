@@ -20,6 +20,8 @@ find_package(Gloo CONFIG QUIET)
 grace_require(Gloo libgloo-dev)
 find_package(nlohmann_json CONFIG QUIET)
 grace_require(nlohmann_json nlohmann-json3-dev)
+find_package(prometheus-cpp CONFIG QUIET)
+grace_require(prometheus-cpp prometheus-cpp-dev)
 find_package(CLI11 CONFIG QUIET)
 grace_require(CLI11 libcli11-dev)
 

@@ -9,7 +9,7 @@ install(TARGETS grace-launch grace-train grace-ckpt grace-chaos RUNTIME DESTINAT
 if(TARGET grace-train-cuda)
   install(TARGETS grace-train-cuda RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
-install(TARGETS grace grace_core grace_messages EXPORT GraceTargets
+install(TARGETS grace grace_core grace_messages grace_ops EXPORT GraceTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/grace)
 foreach(dir runtime actors messages)

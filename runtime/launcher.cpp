@@ -9,6 +9,7 @@
 #include "runtime/events.hpp"
 #include "runtime/exit_codes.hpp"
 #include "runtime/group_policy.hpp"
+#include "runtime/job_monitor.hpp"
 #include "runtime/job_token.hpp"
 #include "runtime/save_interval.hpp"
 #include "runtime/net_address.hpp"
@@ -91,7 +92,8 @@ pid_t spawn_worker(const launch_options& o, const std::map<std::string, std::str
   ::_exit(127);
 }
 
-void write_reason(const launch_options& o, int code, const std::string& reason, int restarts) {
+void write_reason(const launch_options& o, int code, const std::string& reason, int restarts,
+                  const goodput_account& job) {
   if (o.checkpoint_dir.empty()) return;
   std::error_code ec;
   std::filesystem::create_directories(o.checkpoint_dir, ec);
@@ -101,7 +103,8 @@ void write_reason(const launch_options& o, int code, const std::string& reason, 
   {
     std::ofstream f(tmp);
     f << nlohmann::json{{"exit_code", code},        {"reason", reason},   {"restarts", restarts},
-                        {"node_rank", o.node_rank}, {"run_id", o.run_id}, {"time_ns", wall_ns()}}
+                        {"node_rank", o.node_rank}, {"run_id", o.run_id}, {"time_ns", wall_ns()},
+                        {"goodput", job.to_json()}}
              .dump(2)
       << "\n";
   }
@@ -322,6 +325,8 @@ public:
 
 private:
   status setup_addresses();
+  status start_monitor();
+  void report_goodput(const goodput_account& a) const;
   status host_or_join_coordinator();
   void start_checkpoint_server();
   void enter_incarnation();
@@ -354,6 +359,7 @@ private:
   std::vector<worker_proc> workers_;
   int restarts_ = 0;
   bool notice_forwarded_ = false;
+  std::shared_ptr<job_monitor> monitor_;  ///< shared with the coordinator's progress hook
 };
 
 void launcher::say(const std::string& line) const {
@@ -382,6 +388,35 @@ status launcher::setup_addresses() {
   return {};
 }
 
+/// Before the first event: the monitor picks the events file every process
+/// of this launcher appends to, and binds the metrics port.
+status launcher::start_monitor() {
+  monitor_config mc;
+  mc.checkpoint_dir = o_.checkpoint_dir;
+  mc.keeps_account = o_.node_rank == 0;
+  mc.metrics_host = o_.metrics_host;
+  mc.metrics_port = o_.metrics_port;
+  mc.run_id = o_.run_id;
+  auto m = job_monitor::start(mc);
+  if (!m) return m.err();
+  monitor_ = std::move(m.value());
+  if (!monitor_->url().empty()) say("metrics on " + monitor_->url());
+  return {};
+}
+
+/// One line for the job's account (node 0's, which sees every member).
+void launcher::report_goodput(const goodput_account& a) const {
+  if (o_.node_rank != 0) return;
+  std::string causes;
+  for (auto& c : goodput_causes)
+    if (a.*c.seconds >= 0.05)
+      causes += fmt::format("{}{} {:.1f} s", causes.empty() ? "" : ", ", c.name, a.*c.seconds);
+  say(fmt::format("goodput {:.1f}%: {:.1f} s of steps kept in {:.1f} s{}{}{}", 100 * a.ratio(), a.productive_s,
+                  a.wall_s, a.runs > 1 ? fmt::format(" over {} runs", a.runs) : "",
+                  causes.empty() ? "" : "; lost: " + causes,
+                  a.steps_recomputed ? fmt::format(" ({} steps done again)", a.steps_recomputed) : ""));
+}
+
 status launcher::host_or_join_coordinator() {
   system_options so;
   rt_ = std::make_unique<actor_runtime>(so);
@@ -404,6 +439,10 @@ status launcher::host_or_join_coordinator() {
   // declared dead (frozen, hung) is killed at once instead of holding the
   // restart until --exit-timeout-ms.
   cc.on_member_lost = [v = verdicts_](uint32_t rank, uint32_t inc, const std::string& why) { v->push(rank, inc, why); };
+  // Heartbeats feed the metrics and the goodput account.
+  cc.on_progress = [m = monitor_](uint32_t rank, uint64_t completed, int64_t last_step_ns) {
+    m->progress(rank, completed, last_step_ns);
+  };
   coord_ = spawn_coordinator(sys, cc);
   auto p = sys.middleman().publish(coord_, port_, ep_.listen_ip.c_str(), true);
   if (!p) {
@@ -587,6 +626,10 @@ int launcher::run() {
     spdlog::error("grace-launch: {}", st.err().message);
     return exit_code::usage;
   }
+  if (auto st = start_monitor(); !st) {
+    spdlog::error("grace-launch: {}", st.err().message);
+    return exit_code::usage;
+  }
   sfd_ = block_launcher_signals();
   if (auto st = host_or_join_coordinator(); !st) {
     spdlog::error("grace-launch: {}", st.err().message);
@@ -627,15 +670,22 @@ int launcher::run() {
     ctx.restarts = restarts_;
     d = decide_after_group(g, ctx, streak);
     if (!d.restart) break;
+    monitor_->restart(g.crashed, g.rendezvous_failed);
     ++restarts_;
     previous_group_ = incarnation_;
     ++incarnation_;
     say("restart " + std::to_string(restarts_) + "/" + std::to_string(o_.max_restarts) + " (incarnation " +
         std::to_string(incarnation_) + "): " + d.reason);
   }
-  say("exit " + std::to_string(d.code) + ": " + d.reason);
-  write_reason(o_, d.code, d.reason, restarts_);
   if (o_.node_rank == 0) stop_coordinator();
+  auto job = monitor_->finish();
+  report_goodput(job);
+  say("exit " + std::to_string(d.code) + ": " + d.reason);
+  write_reason(o_, d.code, d.reason, restarts_, job);
+  if (o_.metrics_linger.count() > 0 && !monitor_->url().empty()) {
+    pollfd p{sfd_, POLLIN, 0};
+    ::poll(&p, 1, static_cast<int>(o_.metrics_linger.count()));
+  }
   ::close(sfd_);
   return d.code;
 }

@@ -32,6 +32,12 @@ struct launch_options {
   std::string iface;
   /// Groups in a row that failed their rendezvous before giving up (exit 44).
   int max_rendezvous_failures = 3;
+  /// Serve Prometheus metrics on metrics_host:metrics_port (0: off).
+  int metrics_port = 0;
+  std::string metrics_host = "127.0.0.1";
+  /// After the job ends, go on serving the final metrics this long (a
+  /// scraper's last look); a signal ends the wait.
+  std::chrono::milliseconds metrics_linger{0};
   std::vector<std::string> command;
   bool quiet = false;
 };

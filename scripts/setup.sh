@@ -16,6 +16,8 @@ PACKAGES=(
   libxxhash-dev              # checkpoint checksums
   nlohmann-json3-dev         # manifests, safetensors headers, TF_CONFIG
   libcli11-dev               # command lines
+  prometheus-cpp-dev         # grace-launch --metrics-port (Prometheus text format over HTTP)
+  prometheus                 # tests/integration/metrics.sh scrapes a job with a real Prometheus server
   python3 python3-numpy      # the format check reads checkpoints with numpy only
   python3-dev pybind11-dev python3-pybind11  # the Python module `grace` (-DGRACE_PYTHON=AUTO builds it)
   python3-torch              # the PyTorch trainer, its tests and the torch baselines (Debian's 1.13)

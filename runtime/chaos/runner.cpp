@@ -784,39 +784,6 @@ private:
 
 }  // namespace
 
-std::vector<event> read_events(const fs::path& path, uint64_t& offset) {
-  std::vector<event> out;
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return out;
-  f.seekg(static_cast<std::streamoff>(offset));
-  std::string line;
-  while (true) {
-    auto pos = f.tellg();
-    if (!std::getline(f, line)) break;
-    if (f.eof()) {  // incomplete last line: read it next time
-      (void)pos;
-      break;
-    }
-    offset += line.size() + 1;
-    if (line.empty()) continue;
-    try {
-      auto j = nlohmann::json::parse(line);
-      event e;
-      e.name = j.value("event", "");
-      e.t_ns = j.value("t_ns", int64_t(0));
-      e.pid = j.value("pid", int64_t(0));
-      int64_t rank = j.value("rank", int64_t(-1));
-      e.rank = rank >= 4294967295LL ? -1 : rank;
-      e.incarnation = j.value("incarnation", int64_t(0));
-      e.j = std::move(j);
-      out.push_back(std::move(e));
-    } catch (...) {
-      // A torn or foreign line: skip it.
-    }
-  }
-  return out;
-}
-
 int run_command(const std::vector<std::string>& argv, std::string* output) {
   char tmpl[] = "/tmp/grace-chaos-cmd-XXXXXX";
   int fd = ::mkstemp(tmpl);

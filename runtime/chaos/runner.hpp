@@ -6,6 +6,7 @@
 /// invariant checks need; it judges nothing itself.
 
 #include "runtime/chaos/schedule.hpp"
+#include "runtime/event_log.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -47,16 +48,7 @@ struct run_config {
   bool verbose = false;
 };
 
-/// One JSON line of the events file.
-struct event {
-  std::string name;
-  int64_t t_ns = 0;
-  int64_t pid = 0;
-  int64_t rank = -1;  ///< -1: the launcher (it writes 2^32-1)
-  int64_t incarnation = 0;
-  nlohmann::json j;
-  int64_t step() const { return j.contains("step") && j["step"].is_number() ? j["step"].get<int64_t>() : -1; }
-};
+using grace::event;
 
 /// What happened to one scheduled fault.
 struct fault_record {
@@ -122,7 +114,6 @@ run_result run_job(const run_config& cfg, const std::vector<fault>& schedule);
 /// code (128 + signal if killed).
 int run_command(const std::vector<std::string>& argv, std::string* output = nullptr);
 
-/// Reads events appended to `path` since `offset` (complete lines only).
-std::vector<event> read_events(const std::filesystem::path& path, uint64_t& offset);
+using grace::read_events;
 
 }  // namespace grace::chaos
