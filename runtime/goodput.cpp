@@ -121,7 +121,7 @@ std::optional<uint64_t> goodput_tracker::on_event(const event& e) {
   } else if (e.name == "restored") {
     g.restore_ns = e.num("ns");
     auto step = static_cast<uint64_t>(std::max<int64_t>(e.step(), 0));
-    uint64_t lost = high_water_ > step ? high_water_ - step : 0;
+    uint64_t lost = ended_high_water_ > step ? ended_high_water_ - step : 0;
     steps_recomputed_ += lost;
     recompute_s_ += lost * mean_step_s();
     return lost;

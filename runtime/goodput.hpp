@@ -62,12 +62,16 @@ public:
   explicit goodput_tracker(int64_t run_start_ns) : run_start_ns_(run_start_ns) {}
 
   /// One event of the run. Returns the steps lost when it is the chief's
-  /// restore after a failure (the last completed step known before it,
-  /// minus the restored step), nothing otherwise.
+  /// restore (the newest completed step known when the previous group
+  /// ended, minus the restored step), nothing otherwise.
   std::optional<uint64_t> on_event(const event& e);
   /// A heartbeat: `rank` had completed `completed` steps at `t_ns`, the
   /// last of which took `last_step_ns`.
   void on_progress(uint32_t rank, uint64_t completed, int64_t last_step_ns, int64_t t_ns);
+  /// The group ended (all its events read): the steps its restart loses
+  /// are counted from the newest step known now, not from the heartbeats
+  /// of the next group, which may arrive before its restore is read.
+  void group_ended() { ended_high_water_ = high_water_; }
   /// The account as of `now_ns`.
   goodput_account account(int64_t now_ns) const;
   /// The newest completed step heard of (heartbeats and events).
@@ -92,6 +96,7 @@ private:
   std::map<int64_t, group> groups_;
   std::map<uint32_t, int64_t> last_heard_;  ///< rank -> newest heartbeat time
   uint64_t high_water_ = 0;
+  uint64_t ended_high_water_ = 0;  ///< high_water_ when the last group ended
   double step_ns_sum_ = 0;
   uint64_t step_samples_ = 0;
   uint64_t steps_recomputed_ = 0;

@@ -190,6 +190,7 @@ void job_monitor::restart(bool crashed, bool rendezvous_failed) {
   {
     std::lock_guard<std::mutex> g(d_->m);
     lost = std::exchange(d_->group_lost_member, false);
+    d_->tracker.group_ended();
   }
   d_->metrics.on_restart(restart_reason(crashed, rendezvous_failed, lost));
 }
