@@ -25,14 +25,9 @@ struct writer_state {
 
 using self_ptr = checkpoint_writer_actor::stateful_pointer<writer_state>;
 
-/// Writes one snapshot; never throws (an exception is a failed save).
-save_outcome write(checkpoint_store& store, const save_request& req) {
-  save_outcome o;
-  o.step = req.meta.step;
-  o.kind = req.meta.kind;
-  o.agreement_id = req.agreement_id;
-  o.snap_ns = req.snap_ns;
-  const int64_t t0 = mono_ns();
+/// Writes one snapshot to one store; never throws (an exception is a
+/// failed save).
+void write_to(checkpoint_store& store, const save_request& req, save_outcome& o) {
   try {
     if (req.make_room) store.keep_only_newest();
     auto r = store.save(req.buffers->view(), req.meta);
@@ -43,6 +38,28 @@ save_outcome write(checkpoint_store& store, const save_request& req) {
       o.error = r.err().message;
   } catch (const std::exception& e) {
     o.error = std::string("checkpoint save raised: ") + e.what();
+  }
+}
+
+/// Writes one snapshot; a save that must not be lost goes to the fallback
+/// directory when the primary cannot take it.
+save_outcome write(checkpoint_store& store, checkpoint_store* fallback, spdlog::logger& log, const save_request& req) {
+  save_outcome o;
+  o.step = req.meta.step;
+  o.kind = req.meta.kind;
+  o.agreement_id = req.agreement_id;
+  o.snap_ns = req.snap_ns;
+  const int64_t t0 = mono_ns();
+  write_to(store, req, o);
+  if (!o.ok && fallback && o.kind != checkpoint_kind::periodic) {
+    auto primary = o.error;
+    log.warn("checkpoint step {} ({}) could not be written to {} ({}): trying the fallback directory {}", o.step,
+             to_string(o.kind), store.dir().string(), primary, fallback->dir().string());
+    emit_event("save_fallback",
+               {{"step", o.step}, {"kind", to_string(o.kind)}, {"error", primary}, {"dir", fallback->dir().string()}});
+    o.error.clear();
+    write_to(*fallback, req, o);
+    o.error = o.ok ? primary : primary + "; fallback " + fallback->dir().string() + ": " + o.error;
   }
   o.write_ns = mono_ns() - t0;
   req.buffers->set_busy(false);
@@ -74,7 +91,7 @@ checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_c
   return {
       [self](save_atom, const save_request& req) -> save_outcome {
         auto& st = self->state;
-        auto o = write(*st.cfg.store, req);
+        auto o = write(*st.cfg.store, st.cfg.fallback, *st.cfg.log, req);
         // Reported before the trainer hears of it: a commit waits for this.
         if (o.agreement_id && st.cfg.coord) self->send(st.cfg.coord, saved_report(st.cfg.rank, o));
         if (o.ok && st.cfg.ctl) st.cfg.ctl->last_save_ns.store(o.snap_ns + o.write_ns, std::memory_order_relaxed);

@@ -48,7 +48,7 @@ struct save_outcome {
   checkpoint_kind kind = checkpoint_kind::periodic;
   uint64_t agreement_id = 0;
   bool ok = false;
-  std::string error;  ///< when !ok
+  std::string error;  ///< when !ok; when ok, the primary directory's failure if the fallback took the save
   save_stats stats;   ///< when ok
   int64_t snap_ns = 0;
   int64_t write_ns = 0;
@@ -66,6 +66,9 @@ using checkpoint_writer_actor =
 
 struct checkpoint_writer_config {
   checkpoint_store* store = nullptr;  ///< outlives the actor
+  /// Takes a save other than a periodic one that `store` failed (may be
+  /// null; outlives the actor).
+  checkpoint_store* fallback = nullptr;
   coordinator_actor coord;            ///< where agreement saves are reported (none: not reported)
   uint32_t rank = 0;
   /// Where the last successful save's duration is published for the peer

@@ -147,7 +147,7 @@ struct train_args {
   uint64_t steps = 200;
   std::string checkpoint_dir =
       std::getenv("GRACE_CHECKPOINT_DIR") ? std::getenv("GRACE_CHECKPOINT_DIR") : "grace-checkpoints";
-  std::string workers, output, device = "auto", notice_file, notice_command;
+  std::string workers, output, device = "auto", notice_file, notice_command, fallback_dir;
   int index = -1, keep = 3, restart_code = 42, step_delay_ms = 0, grace_ms = 0;
   uint64_t save_every = 0, fail_at = 0;
   int fail_rank = 0;
@@ -209,6 +209,9 @@ void add_grace_options(CLI::App& app, train_args& a) {
       ->check(CLI::Range(1000, 86400000));
   app.add_flag("--prune-on-save-failure", a.prune_on_save_failure,
                "before retrying a failed periodic save, remove every checkpoint but the newest that verifies");
+  app.add_option("--fallback-checkpoint-dir", a.fallback_dir,
+                 "where a preemption, final or just-in-time save goes when --checkpoint-dir cannot take it "
+                 "(restarts restore the newest of both)");
   app.add_option("--grace-period-ms", a.grace_ms, "time from a notice to the kill (0: exit after the first save)");
   app.add_option("--notice-file", a.notice_file, "a file whose appearance is a preemption notice");
   app.add_option("--notice-command", a.notice_command, "a command whose exit 0 is a preemption notice");
@@ -275,6 +278,7 @@ grace::result<grace::options> make_options(const train_args& a) {
   opts.save_every_auto = a.save_every_auto;
   opts.save_retry_max = std::chrono::milliseconds(a.save_retry_max_ms);
   opts.prune_on_save_failure = a.prune_on_save_failure;
+  opts.fallback_checkpoint_dir = a.fallback_dir;
   opts.mtbf_prior_seconds = a.mtbf_prior_hours * 3600;
   opts.keep_checkpoints_on_success = a.keep_checkpoints;
   opts.notice_file = a.notice_file;

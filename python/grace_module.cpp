@@ -537,6 +537,8 @@ grace::options make_options(const py::kwargs& kw) {
       o.save_retry_max = std::chrono::milliseconds(v.cast<int64_t>());
     else if (key == "prune_on_save_failure")
       o.prune_on_save_failure = v.cast<bool>();
+    else if (key == "fallback_checkpoint_dir")
+      o.fallback_checkpoint_dir = v.cast<std::string>();
     else if (key == "keep_checkpoints_on_success")
       o.keep_checkpoints_on_success = v.cast<bool>();
     else if (key == "notice_file")

@@ -63,6 +63,7 @@ struct session::impl {
   std::shared_ptr<control_block> ctl = std::make_shared<control_block>();
   std::unique_ptr<signal_watcher> signals;
   std::unique_ptr<checkpoint_store> store;
+  std::unique_ptr<checkpoint_store> fallback_store;  ///< opts.fallback_checkpoint_dir (may be null)
   std::shared_ptr<snapshot_buffers> buffers;
   checkpoint_writer_actor writer;
   /// The trainer thread's mailbox for the writer's answers.
@@ -317,6 +318,7 @@ struct session::impl {
   }
 
   status restore();
+  result<restored_checkpoint> restore_newest();
   status start_actors();
   status join();
   void start_signal_watcher();
@@ -533,8 +535,35 @@ result<uint64_t> session::attach() {
   return d.completed;
 }
 
+/// The newest valid checkpoint step in a store (0: none).
+uint64_t newest_listed(const checkpoint_store& s) {
+  uint64_t n = 0;
+  for (auto& c : s.list())
+    if (c.valid && !c.temporary && !c.set_aside) n = std::max(n, c.step);
+  return n;
+}
+
+/// Restores from the fallback directory when it holds a newer checkpoint
+/// (a preemption save the primary could not take), else from the primary.
+result<restored_checkpoint> session::impl::restore_newest() {
+  if (fallback_store) {
+    const uint64_t primary = newest_listed(*store);
+    if (newest_listed(*fallback_store) > primary) {
+      auto r = fallback_store->restore_latest(tensors, buffers->regions());
+      if (r && r->found && r->manifest.step > primary) {
+        log->warn("restoring step {} from the fallback directory {}: the newest checkpoint in {} is step {}",
+                  r->manifest.step, fallback_store->dir().string(), store->dir().string(), primary);
+        return r;
+      }
+    }
+  }
+  return store->restore_latest(tensors, buffers->regions());
+}
+
 status session::impl::restore() {
   store = std::make_unique<checkpoint_store>(opts.checkpoint_dir, opts.keep_last);
+  if (!opts.fallback_checkpoint_dir.empty())
+    fallback_store = std::make_unique<checkpoint_store>(opts.fallback_checkpoint_dir, opts.keep_last);
   if (opts.broken.restore_without_checksums) store->break_restore_checksums_on_purpose();
   if (opts.broken.keep_stale_temporaries) store->break_temporary_cleanup_on_purpose();
   if (cluster.is_chief()) store->remove_stale_temporaries();
@@ -542,7 +571,7 @@ status session::impl::restore() {
   // and a checkpoint that fails verification never touches the tensors).
   buffers = std::make_shared<snapshot_buffers>(tensors);
   auto t0 = mono_ns();
-  auto restored = store->restore_latest(tensors, buffers->regions());
+  auto restored = restore_newest();
   if (!restored) return restored.err();
   for (auto& s : restored->skipped) log->warn("skipped checkpoint {}: {}", s.path.string(), s.reason);
   if (restored->found) {
@@ -600,6 +629,7 @@ status session::impl::start_actors() {
   watcher = spawn_peer_watcher(sys, coord, ctl, pc);
   checkpoint_writer_config wc;
   wc.store = store.get();
+  wc.fallback = fallback_store.get();
   wc.coord = coord;
   wc.rank = cluster.rank;
   wc.ctl = ctl;

@@ -60,6 +60,11 @@ struct options {
   /// Before retrying a failed periodic save, remove every checkpoint but
   /// the newest that verifies (room on a full disk).
   bool prune_on_save_failure = false;
+  /// Where a save that must not be lost (preemption, grace-period final,
+  /// just-in-time, end of training) goes when checkpoint_dir cannot take it
+  /// (disk full, I/O error, the directory gone). A restart restores the
+  /// newest checkpoint that verifies in either directory. Empty: none.
+  std::string fallback_checkpoint_dir;
   bool keep_checkpoints_on_success = false;  ///< finish() keeps backups (else only the final one)
   // notices
   std::string notice_file;                ///< a file whose appearance is a notice

@@ -55,7 +55,9 @@ class Session:
     checkpoints (mtbf_prior_hours until failures are seen). A periodic save
     that fails is a warning: training goes on and it is retried after 1 s,
     doubling up to save_retry_max_ms; prune_on_save_failure removes every
-    checkpoint but the newest that verifies before a retry. grace_period_ms: time from a notice to
+    checkpoint but the newest that verifies before a retry. fallback_checkpoint_dir: where a
+    preemption, final or just-in-time save goes when checkpoint_dir cannot take it (a restart
+    restores the newest of both). grace_period_ms: time from a notice to
     the kill (0: save and exit at once). exit_on_stop: when the session stops
     (a notice, a lost peer, an error elsewhere), end the process with its exit
     code (42: restart me); False leaves the loop instead, and the caller exits
@@ -67,7 +69,7 @@ class Session:
                  keep_checkpoints_on_success=False, grace_period_ms=0, notice_file=None, notice_command=None,
                  poll_interval_ms=1000, restart_exit_code=None, exit_on_stop=True, wait_timeout_ms=60000,
                  heartbeat_ms=200, dead_after_ms=3000, collective_timeout_ms=30000, mtbf_prior_hours=6.0,
-                 save_retry_max_ms=300000, prune_on_save_failure=False):
+                 save_retry_max_ms=300000, prune_on_save_failure=False, fallback_checkpoint_dir=None):
         checkpoint_dir = checkpoint_dir or os.environ.get("GRACE_CHECKPOINT_DIR") or "grace-checkpoints"
         if restart_exit_code is None:
             restart_exit_code = int(os.environ.get("GRACE_RESTART_CODE", _grace.RESTART))
@@ -78,6 +80,7 @@ class Session:
             save_every_steps=0 if save_every == "auto" else save_every, save_every_auto=save_every == "auto",
             mtbf_prior_seconds=float(mtbf_prior_hours) * 3600, save_every_seconds=save_every_seconds,
             save_retry_max_ms=save_retry_max_ms, prune_on_save_failure=prune_on_save_failure,
+            fallback_checkpoint_dir=str(fallback_checkpoint_dir or ""),
             keep_checkpoints_on_success=keep_checkpoints_on_success, notice_file=notice_file,
             notice_command=notice_command, poll_interval_ms=poll_interval_ms, grace_period_ms=grace_period_ms,
             wait_timeout_ms=wait_timeout_ms, heartbeat_ms=heartbeat_ms, dead_after_ms=dead_after_ms)

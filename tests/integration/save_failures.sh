@@ -86,3 +86,30 @@ newest=$("$GRACE_CKPT" list "$D/ck" 2>/dev/null | awk '$1 ~ /^[0-9]+$/ {s=$1} EN
 "$GRACE_CKPT" verify "$D/ck" --step "$newest" > /dev/null || fail "preempt: the previous checkpoint (step $newest) is damaged"
 [ -z "$(find "$D/ck" -maxdepth 1 -name '.tmp-*')" ] || fail "preempt: temporary left after the failed save"
 pass "preemption save on a full disk: exit $JOB_RC with the reason, step $newest still verifies"
+
+# 4. The same with --fallback-checkpoint-dir: the preemption save goes to
+# the fallback directory (exit 42, restart me), the relaunch restores it
+# although the primary is still full, and the run ends bit-identical (its
+# end-of-training save also taken by the fallback).
+D="$WORK/fallback"
+mount_small "$D/ck" 2m
+FB=(--fallback-checkpoint-dir "$D/fb")
+train "$D" --steps 500 --save-every 20 --keep 2 "${FB[@]}"
+wait_for_save "$D" 40
+fill "$D/ck"
+primary=$("$GRACE_CKPT" list "$D/ck" 2>/dev/null | awk '$1 ~ /^[0-9]+$/ {s=$1} END {print s}')
+kill -TERM "$JOB_PID"
+wait_job
+[ "$JOB_RC" -eq 42 ] || { tail -20 "$D/log.txt"; fail "fallback: the preemption save should have gone to the fallback (exit $JOB_RC)"; }
+grep -q "trying the fallback directory" "$D/log.txt" || fail "fallback: no word of the fallback directory"
+saved=$("$GRACE_CKPT" list "$D/fb" 2>/dev/null | awk '$1 ~ /^[0-9]+$/ {s=$1} END {print s}')
+[ -n "$saved" ] && [ "$saved" -gt "$primary" ] || fail "fallback: expected a checkpoint newer than $primary in the fallback, got '$saved'"
+"$GRACE_CKPT" verify "$D/fb" --step "$saved" > /dev/null || fail "fallback: the fallback checkpoint does not verify"
+"$GRACE_CKPT" verify "$D/ck" --step "$primary" > /dev/null || fail "fallback: the primary's checkpoint was damaged"
+train "$D" --steps 500 --save-every 20 --keep 2 "${FB[@]}"
+wait_job
+[ "$JOB_RC" -eq 0 ] || { tail -20 "$D/log.txt"; fail "fallback: the relaunch exited $JOB_RC"; }
+[ "$(count_events "$D/events.jsonl" "e['event']=='restored' and e['step']==$saved")" -eq 1 ] || fail "fallback: the relaunch did not restore step $saved"
+grep -q "restoring step $saved from the fallback directory" "$D/log.txt" || fail "fallback: no word that the restore used the fallback"
+[ "$(json "$D/out.json" weights_checksum)" = "$REF" ] || fail "fallback: weights differ from the uninterrupted run"
+pass "preemption save on a full disk with a fallback: saved step $saved there (primary newest $primary), restored from it, weights identical"
