@@ -3,6 +3,7 @@
 // random from a seed), and proves the invariants of docs/RELIABILITY.md.
 #include "runtime/chaos/invariants.hpp"
 #include "runtime/error.hpp"
+#include "runtime/goodput.hpp"
 #include "runtime/chaos/report.hpp"
 #include "runtime/chaos/runner.hpp"
 #include "runtime/chaos/schedule.hpp"
@@ -21,6 +22,9 @@
 
 namespace fs = std::filesystem;
 using namespace grace::chaos;
+using grace::describe;
+using grace::goodput_account;
+using grace::read_goodput;
 
 namespace {
 
@@ -134,6 +138,7 @@ struct one_result {
   bool passed = false;
   int injected = 0;
   std::vector<std::string> failures;
+  std::optional<goodput_account> goodput;  ///< what grace-launch persisted for the job
 };
 
 one_result run_one(const run_config& base, const std::vector<fault>& schedule, const fs::path& out_dir,
@@ -142,6 +147,7 @@ one_result run_one(const run_config& base, const std::vector<fault>& schedule, c
   cfg.dir = out_dir / "run";
   if (ref.step_ns > 0) cfg.step_ns_hint = ref.step_ns;
   auto res = run_job(cfg, schedule);
+  one_result r;
   check_input in;
   in.cfg = &cfg;
   in.res = &res;
@@ -153,11 +159,12 @@ one_result run_one(const run_config& base, const std::vector<fault>& schedule, c
   extra["schedule"] = schedule_to_json(schedule);
   extra["reference"] = {{"weights_checksum", ref.checksum ? nlohmann::json(*ref.checksum) : nlohmann::json()},
                         {"note", ref.note}};
+  r.goodput = read_goodput(cfg.dir / "ckpt");
+  if (r.goodput) extra["goodput"] = r.goodput->to_json();
   auto report = make_report(cfg, res, chk, extra);
   auto note = draw_timeline(out_dir, cfg, res);
   report["timeline"] = note;
   std::ofstream(out_dir / "report.json") << report.dump(2) << "\n";
-  one_result r;
   r.passed = chk.passed();
   for (auto& f : res.faults) r.injected += f.status == "injected";
   for (auto& v : chk.verdicts)
@@ -165,6 +172,7 @@ one_result run_one(const run_config& base, const std::vector<fault>& schedule, c
   if (print_table) {
     std::cout << render_table(res, chk);
     for (auto& n : res.notes) std::cout << "note: " << n << "\n";
+    if (r.goodput) std::cout << describe(*r.goodput) << "\n";
     std::cout << note << "\nreport: " << (out_dir / "report.json").string() << "\n";
   }
   return r;
@@ -308,6 +316,7 @@ int run_soak(const chaos_args& a, const std::function<std::vector<fault>(uint64_
              const fs::path& out_dir, const reference& ref) {
   int failed = 0, total_faults = 0;
   std::map<std::string, int> kind_count;
+  goodput_account soak_goodput;
   auto runs = nlohmann::json::array();
   for (int i = 0; i < a.soak; ++i) {
     uint64_t s = a.seed + static_cast<uint64_t>(i);
@@ -323,8 +332,10 @@ int run_soak(const chaos_args& a, const std::function<std::vector<fault>(uint64_
     auto r = run_one(a.cfg, schedule, dir, ref, {{"seed", s}}, false);
     total_faults += r.injected;
     failed += !r.passed;
-    std::printf("seed %-6llu %s  %d/%zu faults injected  [%s]\n", (unsigned long long)s, r.passed ? "PASS" : "FAIL",
-                r.injected, schedule.size(), kinds_str.c_str());
+    std::printf("seed %-6llu %s  %d/%zu faults injected  [%s]%s\n", (unsigned long long)s, r.passed ? "PASS" : "FAIL",
+                r.injected, schedule.size(), kinds_str.c_str(),
+                r.goodput ? fmt::format("  goodput {:.1f}%", 100 * r.goodput->ratio()).c_str() : "");
+    if (r.goodput) soak_goodput += *r.goodput;
     for (auto& f : r.failures) std::printf("    %s\n", f.c_str());
     std::fflush(stdout);
     runs.push_back({{"seed", s},
@@ -334,10 +345,12 @@ int run_soak(const chaos_args& a, const std::function<std::vector<fault>(uint64_
                     {"schedule", schedule_to_json(schedule)}});
   }
   std::printf("soak: %d schedule(s), %d fault(s) injected, %d failed\n", a.soak, total_faults, failed);
+  if (soak_goodput.runs) std::printf("soak %s\n", describe(soak_goodput).c_str());
   std::ofstream(out_dir / "soak.json") << nlohmann::json{{"schedules", a.soak},
                                                          {"faults_injected", total_faults},
                                                          {"failed", failed},
                                                          {"kinds", kind_count},
+                                                         {"goodput", soak_goodput.to_json()},
                                                          {"runs", runs}}
                                               .dump(2)
                                        << "\n";

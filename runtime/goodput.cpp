@@ -1,8 +1,10 @@
 #include "runtime/goodput.hpp"
 
 #include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
+#include <fstream>
 
 namespace grace {
 
@@ -64,6 +66,28 @@ goodput_account goodput_account::from_json(const nlohmann::json& j) {
   return a;
 }
 
+std::optional<goodput_account> read_goodput(const std::filesystem::path& checkpoint_dir) {
+  std::ifstream f(checkpoint_dir / goodput_file);
+  if (!f) return std::nullopt;
+  try {
+    auto j = nlohmann::json::parse(f);
+    if (!j.is_object() || !j.contains("job")) return std::nullopt;
+    return goodput_account::from_json(j["job"]);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string describe(const goodput_account& a) {
+  std::string causes;
+  for (auto& c : goodput_causes)
+    if (a.*c.seconds >= 0.05) causes += fmt::format("{}{} {:.1f} s", causes.empty() ? "" : ", ", c.name, a.*c.seconds);
+  return fmt::format("goodput {:.1f}%: {:.1f} s of steps kept in {:.1f} s{}{}{}", 100 * a.ratio(), a.productive_s,
+                     a.wall_s, a.runs > 1 ? fmt::format(" over {} runs", a.runs) : "",
+                     causes.empty() ? "" : "; lost: " + causes,
+                     a.steps_recomputed ? fmt::format(" ({} steps done again)", a.steps_recomputed) : "");
+}
+
 void goodput_tracker::on_progress(uint32_t rank, uint64_t completed, int64_t last_step_ns, int64_t t_ns) {
   last_heard_[rank] = t_ns;
   if (completed > high_water_ && last_step_ns > 0) {
@@ -123,7 +147,6 @@ std::optional<uint64_t> goodput_tracker::on_event(const event& e) {
     auto step = static_cast<uint64_t>(std::max<int64_t>(e.step(), 0));
     uint64_t lost = ended_high_water_ > step ? ended_high_water_ - step : 0;
     steps_recomputed_ += lost;
-    recompute_s_ += lost * mean_step_s();
     return lost;
   }
   return std::nullopt;
@@ -165,7 +188,9 @@ goodput_account goodput_tracker::account(int64_t now_ns) const {
     first = false;
   }
   a.steps_recomputed = steps_recomputed_;
-  a.recompute_s = std::min(recompute_s_, std::max(0.0, training));
+  // Priced at the run's mean step time (a restore precedes its run's first
+  // heartbeats, so the price is taken when the account is).
+  a.recompute_s = std::min(steps_recomputed_ * mean_step_s(), std::max(0.0, training));
   a.productive_s = std::max(0.0, training - a.recompute_s);
   double lost = 0;
   for (auto& c : goodput_causes)

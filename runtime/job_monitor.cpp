@@ -23,7 +23,6 @@ namespace {
 
 constexpr auto poll_every = std::chrono::milliseconds(250);
 constexpr int persist_every_polls = 4;  ///< the account on disk lags at most a second
-const char* account_file = "grace-goodput.json";
 
 /// The events file all of this launcher's processes append to.
 fs::path choose_events_file(const monitor_config& c, bool& temporary) {
@@ -46,14 +45,17 @@ fs::path choose_events_file(const monitor_config& c, bool& temporary) {
 }
 
 /// The account of the runs before this one: what a previous launcher
-/// persisted (its finished runs plus the run it was in when it stopped).
-goodput_account load_previous(const fs::path& file) {
+/// persisted (its finished runs plus the run it was in when it stopped),
+/// and the newest step it knew of.
+goodput_account load_previous(const fs::path& file, uint64_t& high_water) {
+  high_water = 0;
   std::ifstream f(file);
   if (!f) return {};
   try {
     auto j = nlohmann::json::parse(f);
     auto a = goodput_account::from_json(j.value("previous", nlohmann::json::object()));
     a += goodput_account::from_json(j.value("current", nlohmann::json::object()));
+    if (auto it = j.find("high_water_step"); it != j.end() && it->is_number_unsigned()) high_water = *it;
     return a;
   } catch (const std::exception& e) {
     spdlog::warn("grace-launch: {} is not readable JSON ({}): the goodput account starts again", file.string(),
@@ -63,7 +65,7 @@ goodput_account load_previous(const fs::path& file) {
 }
 
 void save_account(const fs::path& file, const goodput_account& previous, const goodput_account& current,
-                  const std::string& run_id) {
+                  uint64_t high_water, const std::string& run_id) {
   auto tmp = file;
   tmp += ".tmp";
   {
@@ -71,7 +73,11 @@ void save_account(const fs::path& file, const goodput_account& previous, const g
     nlohmann::json total = previous.to_json();
     auto sum = previous;
     sum += current;
-    f << nlohmann::json{{"run_id", run_id}, {"job", sum.to_json()}, {"previous", total}, {"current", current.to_json()}}
+    f << nlohmann::json{{"run_id", run_id},
+                        {"job", sum.to_json()},
+                        {"previous", total},
+                        {"current", current.to_json()},
+                        {"high_water_step", high_water}}
              .dump(2)
       << "\n";
     if (!f) return;
@@ -106,11 +112,12 @@ struct job_monitor::impl {
   bool stopping = false;
   std::thread poller;
 
-  fs::path account_path() const { return cfg.checkpoint_dir / account_file; }
+  fs::path account_path() const { return cfg.checkpoint_dir / goodput_file; }
   bool persists() const { return cfg.keeps_account && !cfg.checkpoint_dir.empty(); }
 
   goodput_account poll(bool persist) {
     goodput_account now;
+    uint64_t high_water = 0;
     {
       std::lock_guard<std::mutex> g(m);
       for (auto& e : read_events(events, offset)) {
@@ -119,11 +126,12 @@ struct job_monitor::impl {
         metrics.on_event(e, lost);
       }
       now = tracker.account(wall_ns());
+      high_water = tracker.high_water();
     }
     auto job = previous;
     job += now;
     metrics.set_goodput(job);
-    if (persist && persists()) save_account(account_path(), previous, now, cfg.run_id);
+    if (persist && persists()) save_account(account_path(), previous, now, high_water, cfg.run_id);
     return job;
   }
 
@@ -145,7 +153,11 @@ result<std::unique_ptr<job_monitor>> job_monitor::start(const monitor_config& c)
   std::error_code ec;
   d->offset = fs::exists(d->events, ec) ? fs::file_size(d->events, ec) : 0;
   if (ec) d->offset = 0;
-  if (d->persists()) d->previous = load_previous(d->account_path());
+  if (d->persists()) {
+    uint64_t high_water = 0;
+    d->previous = load_previous(d->account_path(), high_water);
+    d->tracker.resume_from(high_water);
+  }
   if (c.metrics_port > 0) {
     auto bind = c.metrics_host + ":" + std::to_string(c.metrics_port);
     try {

@@ -406,15 +406,7 @@ status launcher::start_monitor() {
 
 /// One line for the job's account (node 0's, which sees every member).
 void launcher::report_goodput(const goodput_account& a) const {
-  if (o_.node_rank != 0) return;
-  std::string causes;
-  for (auto& c : goodput_causes)
-    if (a.*c.seconds >= 0.05)
-      causes += fmt::format("{}{} {:.1f} s", causes.empty() ? "" : ", ", c.name, a.*c.seconds);
-  say(fmt::format("goodput {:.1f}%: {:.1f} s of steps kept in {:.1f} s{}{}{}", 100 * a.ratio(), a.productive_s,
-                  a.wall_s, a.runs > 1 ? fmt::format(" over {} runs", a.runs) : "",
-                  causes.empty() ? "" : "; lost: " + causes,
-                  a.steps_recomputed ? fmt::format(" ({} steps done again)", a.steps_recomputed) : ""));
+  if (o_.node_rank == 0) say(describe(a));
 }
 
 status launcher::host_or_join_coordinator() {
