@@ -159,7 +159,9 @@ one_result run_one(const run_config& base, const std::vector<fault>& schedule, c
   extra["schedule"] = schedule_to_json(schedule);
   extra["reference"] = {{"weights_checksum", ref.checksum ? nlohmann::json(*ref.checksum) : nlohmann::json()},
                         {"note", ref.note}};
+  // A tmpfs checkpoint directory (fs_full) is copied to ckpt-final and unmounted.
   r.goodput = read_goodput(cfg.dir / "ckpt");
+  if (!r.goodput) r.goodput = read_goodput(cfg.dir / "ckpt-final");
   if (r.goodput) extra["goodput"] = r.goodput->to_json();
   auto report = make_report(cfg, res, chk, extra);
   auto note = draw_timeline(out_dir, cfg, res);

@@ -169,6 +169,9 @@ result<std::unique_ptr<job_monitor>> job_monitor::start(const monitor_config& c)
     d->exposer->RegisterCollectable(d->metrics.registry());
     d->url = "http://" + bind + "/metrics";
   }
+  // Counted as a run at once, even if it is killed before its first
+  // periodic write.
+  d->poll(true);
   std::unique_ptr<job_monitor> m(new job_monitor(std::move(d)));
   m->d_->poller = std::thread([p = m->d_.get()] { p->run(); });
   return m;

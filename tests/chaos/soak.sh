@@ -44,6 +44,21 @@ except Exception:
 print(" ".join(f["spec"]["fault"] for f in r["faults"] if f["status"] == "injected"))
 PY
 )"
+  # The goodput account grace-launch persisted: one run per launch (a launcher
+  # killed in its first moments may not have written it), a ratio in (0, 1].
+  if ! python3 - "$dir/report.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+g = r.get("goodput")
+assert g, "no goodput account in report.json"
+assert 1 <= g["runs"] <= len(r["launches"]), (g["runs"], len(r["launches"]))
+assert 0 < g["goodput"] <= 1 and g["wall_s"] > 0, g
+PY
+  then
+    echo "seed $spec: FAIL (goodput account)"
+    failed=1
+  fi
+  grep -q "^goodput [0-9.]*%" "$dir/chaos.log" || { echo "seed $spec: FAIL (grace-chaos printed no goodput)"; failed=1; }
 done
 missing=""
 for k in $ALL_KINDS; do
