@@ -618,11 +618,14 @@ int launcher::run() {
     spdlog::error("grace-launch: {}", st.err().message);
     return exit_code::usage;
   }
+  // Before any thread starts: a thread with SIGCHLD unblocked would take it
+  // (ignored) and the loop would see an exit only at its next poll timeout.
+  sfd_ = block_launcher_signals();
   if (auto st = start_monitor(); !st) {
     spdlog::error("grace-launch: {}", st.err().message);
+    ::close(sfd_);
     return exit_code::usage;
   }
-  sfd_ = block_launcher_signals();
   if (auto st = host_or_join_coordinator(); !st) {
     spdlog::error("grace-launch: {}", st.err().message);
     return exit_code::usage;
