@@ -6,7 +6,7 @@
 /// account persisted beside the checkpoints (grace-goodput.json), and puts
 /// both in grace-exit.json and its metrics.
 ///
-/// What each cause measures (the chief's view, rank 0; docs/OPERATIONS.md):
+/// What each cause measures (the chief's view, rank 0; README "Metrics and goodput"):
 ///   startup     first group of a run: from the launcher's start to its first step
 ///   detection   a member's failure (its exit, else its last heartbeat) to the verdict
 ///   agreement   the verdict to the agreed just-in-time step (nobody trains)

@@ -3,7 +3,7 @@
 /// from the events its workers and the coordination service already write
 /// and from the heartbeats the service receives: nothing is added to the
 /// trainer's step. Names follow Prometheus conventions (grace_ prefix,
-/// base units, _total counters); docs/OPERATIONS.md lists them.
+/// base units, _total counters); the README ("Metrics and goodput") lists them.
 
 #include "runtime/event_log.hpp"
 #include "runtime/goodput.hpp"
