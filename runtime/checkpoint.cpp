@@ -438,7 +438,12 @@ std::optional<checkpoint_info> describe_entry(const checkpoint_store& store, con
   info.path = store.dir() / name;
   uint64_t step = 0;
   long pid = 0;
-  if (parse_step_name(name, step)) {
+  std::error_code ec;
+  if (parse_step_name(name, step) && fs::is_symlink(fs::symlink_status(info.path, ec))) {
+    info.step = step;
+    info.reason = "a symbolic link, refused: a step directory must be inside the checkpoint directory";
+    return info;
+  } else if (parse_step_name(name, step)) {
     describe_step(store, step, info);
   } else if (name.rfind("step-", 0) == 0 && name.find(corrupt_marker) != std::string::npos) {
     parse_step_name(name.substr(0, name.find(corrupt_marker)), info.step);
@@ -557,6 +562,9 @@ status check_index(const fs::path& ip, const std::vector<shard_layout>& shards) 
 /// not parse is first checked against its checksum: "file corrupted" says
 /// more than the parse error it causes.
 result<step_contents> check_structure(const checkpoint_store& store, const fs::path& step_dir, io_staging& io) {
+  std::error_code ec;
+  if (fs::is_symlink(fs::symlink_status(step_dir, ec)))
+    return invalid_file(step_dir, "a symbolic link, refused: a step directory must be inside the checkpoint directory");
   auto m = store.read_manifest(step_dir);
   if (!m) return m.err();
   uint64_t name_step = 0;
@@ -569,7 +577,9 @@ result<step_contents> check_structure(const checkpoint_store& store, const fs::p
   for (auto& f : out.manifest.files) {
     auto p = step_dir / f.name;
     std::error_code ec;
-    if (!fs::is_regular_file(fs::status(p, ec))) return invalid_file(p, "missing");
+    auto st = fs::symlink_status(p, ec);
+    if (fs::is_symlink(st)) return invalid_file(p, open_failure(ELOOP));
+    if (!fs::is_regular_file(st)) return invalid_file(p, fs::exists(st) ? "not a regular file" : "missing");
     if (f.name == index_file_name) index = &f;
     if (!is_shard(f.name)) continue;
     auto h = safetensors::read_header(p);

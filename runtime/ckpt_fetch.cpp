@@ -181,7 +181,7 @@ void checkpoint_server::answer(int fd) {
     return;
   }
   if (w[2] == "GET" && w.size() == 5 && plain_name(w[4])) {
-    int f = ::open((sdir / w[4]).c_str(), O_RDONLY | O_CLOEXEC);
+    int f = open_no_follow(sdir / w[4], O_RDONLY);
     if (f < 0) return err("cannot open " + w[4] + " of step " + std::to_string(*step) + ": " + std::strerror(errno));
     fd_guard g{f};
     struct stat st {};

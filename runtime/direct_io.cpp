@@ -273,11 +273,11 @@ namespace {
 /// checks that it is a regular file of `expected_size` bytes.
 status open_sized(const fs::path& p, uint64_t expected_size, bool& direct, fd_guard& f) {
   if (direct) {
-    f.fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    f.fd = open_no_follow(p, O_RDONLY | O_DIRECT);
     direct = f.fd >= 0;
   }
-  if (f.fd < 0) f.fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) return invalid_file(p, errno == ENOENT ? "missing" : "cannot open: " + errno_str(errno));
+  if (f.fd < 0) f.fd = open_no_follow(p, O_RDONLY);
+  if (f.fd < 0) return invalid_file(p, open_failure(errno));
   struct stat sb {};
   if (::fstat(f.fd, &sb) != 0) return invalid_file(p, "cannot stat: " + errno_str(errno));
   if (!S_ISREG(sb.st_mode)) return invalid_file(p, "not a regular file");

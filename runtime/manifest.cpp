@@ -114,11 +114,8 @@ bool safe_file_name(const std::string& n) {
 // ------------------------------------------------------------------ JSON
 
 result<json> read_json(const fs::path& p) {
-  fd_guard f(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f.fd < 0) {
-    if (errno == ENOENT) return invalid_file(p, "missing");
-    return invalid_file(p, "cannot open: " + errno_str(errno));
-  }
+  fd_guard f(open_no_follow(p, O_RDONLY));
+  if (f.fd < 0) return invalid_file(p, open_failure(errno));
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) return invalid_file(p, "cannot stat: " + errno_str(errno));
   if (!S_ISREG(st.st_mode)) return invalid_file(p, "not a regular file");

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <cerrno>
+#include <fcntl.h>
 #include <filesystem>
 #include <string>
 
@@ -27,6 +29,19 @@ struct fd_guard {
 
 /// `strerror(e)` as a string.
 inline std::string errno_str(int e) { return std::strerror(e); }
+
+/// Opens a checkpoint file without following a symbolic link: a link in a
+/// checkpoint directory could point anywhere (checkpoints are input).
+inline int open_no_follow(const std::filesystem::path& p, int flags) {
+  return ::open(p.c_str(), flags | O_NOFOLLOW | O_CLOEXEC);
+}
+
+/// What a failed open of a checkpoint file means, for its error message.
+inline std::string open_failure(int e) {
+  if (e == ELOOP) return "not a regular file (a symbolic link, refused: it could point outside the checkpoint directory)";
+  if (e == ENOENT) return "missing";
+  return "cannot open: " + errno_str(e);
+}
 
 /// A bad-input error about one file: "<path>: <what>".
 inline error invalid_file(const std::filesystem::path& p, const std::string& what) {

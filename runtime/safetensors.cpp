@@ -174,8 +174,8 @@ result<header> parse_header(const std::string& label, const char* json_bytes, si
 result<header> read_header(const std::filesystem::path& file) {
   const std::string label = file.string();
   fd_guard f;
-  f.fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) return error{errc::invalid_input, sys_error(label, "cannot open", errno)};
+  f.fd = open_no_follow(file, O_RDONLY);
+  if (f.fd < 0) return invalid_file(file, open_failure(errno));
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) return error{errc::invalid_input, sys_error(label, "cannot stat", errno)};
   if (!S_ISREG(st.st_mode)) return bad(label, "not a regular file");
@@ -202,8 +202,8 @@ status read_tensor(const std::filesystem::path& file, const header& h, const ten
   const std::string label = file.string();
   if (entry.bytes() == 0) return {};
   fd_guard f;
-  f.fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) return error{errc::invalid_input, sys_error(label, "cannot open", errno)};
+  f.fd = open_no_follow(file, O_RDONLY);
+  if (f.fd < 0) return invalid_file(file, open_failure(errno));
   if (!pread_all(f.fd, dst, entry.bytes(), h.data_start + entry.begin)) {
     if (errno) return error{errc::invalid_input, sys_error(label, "read of '" + entry.name + "' failed", errno)};
     return bad(label, "truncated while reading '" + entry.name + "'");

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "runtime/checkpoint.hpp"
 #include "runtime/safetensors.hpp"
@@ -182,7 +183,7 @@ TEST_CASE("safetensors parsing is defensive", "[checkpoint][safetensors]") {
   auto r = safetensors::read_header(f);
   CHECK(r.err().code == errc::invalid_input);
   CHECK(has(r.err().message, "exceeds file size"));
-  CHECK(has(safetensors::read_header(td.path / "nope").err().message, "cannot open"));
+  CHECK(has(safetensors::read_header(td.path / "nope").err().message, "missing"));
 }
 
 TEST_CASE("checkpoint round trip is bit-identical", "[checkpoint]") {
@@ -421,6 +422,92 @@ TEST_CASE("corrupt checkpoints are detected and skipped", "[checkpoint]") {
           CHECK(has(safetensors::read_header(p).err().message, "exceeds file size"));
         },
         "checksum mismatch", false);
+  }
+}
+
+/// Rewrites a JSON file of a step directory and, as an attacker would, its
+/// size and checksum in the manifest (xxh3 is no MAC).
+void edit_json(const fs::path& p, const std::function<void(nlohmann::json&)>& f) {
+  auto j = nlohmann::json::parse(read_all(p));
+  f(j);
+  auto text = j.dump();
+  write_all(p, text);
+  auto mp = p.parent_path() / "grace-manifest.json";
+  if (p == mp) return;
+  auto m = nlohmann::json::parse(read_all(mp));
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+  for (auto& e : m["files"])
+    if (e["name"] == p.filename().string()) {
+      e["size"] = text.size();
+      e["xxh3"] = hex;
+    }
+  write_all(mp, m.dump());
+}
+
+TEST_CASE("hostile checkpoints: nothing outside the directory is read", "[checkpoint][hostile]") {
+  // A copy of the shard outside the checkpoint directory: same bytes, so a
+  // checksum alone would accept it (xxh3 is no MAC).
+  SECTION("a manifest entry with ..") {
+    check_fallback(
+        [](const fs::path& d) {
+          edit_json(d / "grace-manifest.json", [](nlohmann::json& j) { j["files"][0]["name"] = "../outside.safetensors"; });
+        },
+        "../outside.safetensors", true);
+  }
+  SECTION("a manifest entry with an absolute path") {
+    check_fallback(
+        [](const fs::path& d) {
+          edit_json(d / "grace-manifest.json", [](nlohmann::json& j) { j["files"][0]["name"] = "/etc/passwd"; });
+        },
+        "/etc/passwd", true);
+  }
+  SECTION("an index entry with ..") {
+    check_fallback(
+        [](const fs::path& d) {
+          fs::copy_file(first_shard(d), d.parent_path() / "outside.safetensors");
+          edit_json(d / "model.safetensors.index.json",
+                    [](nlohmann::json& j) { j["weight_map"]["layer.w"] = "../outside.safetensors"; });
+        },
+        "../outside.safetensors", false);
+  }
+  SECTION("a step directory that is a symlink to one outside") {
+    temp_dir td, elsewhere;
+    checkpoint_store store(td.path);
+    model a(1), b(2);
+    save_ok(store, a, 1);
+    checkpoint_store other(elsewhere.path);
+    save_ok(other, b, 2);
+    fs::create_directory_symlink(other.step_path(2), store.step_path(2));
+    auto l = store.list();
+    REQUIRE(l.size() == 2);
+    CHECK_FALSE(l[1].valid);
+    CHECK(has(l[1].reason, "symbolic link"));
+    model back(0);
+    back.zero();
+    auto r = store.restore_latest(back.refs());
+    REQUIRE(r.ok());
+    CHECK(r->manifest.step == 1);
+    CHECK(back == a);
+    REQUIRE(r->skipped.size() == 1);
+    CHECK(has(r->skipped[0].reason, "symbolic link"));
+  }
+  SECTION("a shard that is a symlink to a file outside") {
+    check_fallback(
+        [](const fs::path& d) {
+          auto outside = d.parent_path() / "outside.safetensors";
+          fs::copy_file(first_shard(d), outside);
+          fs::remove(first_shard(d));
+          fs::create_symlink(outside, first_shard(d));
+        },
+        "symbolic link", false);
+  }
+  SECTION("a deeply nested manifest") {
+    check_fallback(
+        [](const fs::path& d) {
+          write_all(d / "grace-manifest.json", std::string(100000, '[') + std::string(100000, ']'));
+        },
+                   "grace-manifest.json", true);
   }
 }
 

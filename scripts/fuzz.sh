@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harnesses (tests/fuzz) with clang, ASan and UBSan
+# into build-fuzz/ and runs each for a bounded time, starting from the seed
+# corpora in the repo. A crash fails the run; its input is kept in
+# build-fuzz/crashes/<harness>/ - add it to tests/fuzz/regressions/<harness>/
+# (replayed by the ordinary tests) with the fix.
+#   bash scripts/fuzz.sh            # 30 s per harness
+#   FUZZ_SECONDS=600 bash scripts/fuzz.sh messages checkpoint
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CXX=${FUZZ_CXX:-clang++-14}
+CC=${FUZZ_CC:-clang-14}
+command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang-14 libclang-rt-14-dev)"; exit 2; }
+SECONDS_EACH=${FUZZ_SECONDS:-30}
+HARNESSES=("$@")
+[ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(messages safetensors manifest config checkpoint)
+dir=build-fuzz
+flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+echo "==> configuring $dir ($CXX, $flags)"
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRACE_CUDA=OFF -DGRACE_PYTHON=OFF -DGRACE_FUZZ=ON \
+  -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
+  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > "$dir.configure.log" || { cat "$dir.configure.log"; exit 1; }
+targets=()
+for h in "${HARNESSES[@]}"; do targets+=("fuzz_$h"); done
+echo "==> building ${targets[*]} (-j2)"
+cmake --build "$dir" -j2 --target "${targets[@]}" > "$dir.build.log" 2>&1 || { grep -E "error" -A5 "$dir.build.log" | head -40; exit 1; }
+export ASAN_OPTIONS="detect_leaks=1 abort_on_error=1"
+export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1"
+failed=0
+for h in "${HARNESSES[@]}"; do
+  work="$dir/corpus/$h" crashes="$dir/crashes/$h"
+  mkdir -p "$work" "$crashes"
+  seeds=(tests/fuzz/corpus/$h)
+  [ -d tests/fuzz/regressions/$h ] && seeds+=(tests/fuzz/regressions/$h)
+  echo "==> fuzz_$h: ${SECONDS_EACH} s from $(find "${seeds[@]}" -type f | wc -l) seed(s)"
+  # The first directory collects new inputs; the seeds are read only.
+  if "$dir/tests/fuzz/fuzz_$h" "$work" "${seeds[@]}" -max_total_time="$SECONDS_EACH" -timeout=10 \
+       -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 -artifact_prefix="$crashes/" \
+       > "$dir/fuzz_$h.log" 2>&1; then
+    runs=$(grep -o "stat::number_of_executed_units: *[0-9]*" "$dir/fuzz_$h.log" | grep -o "[0-9]*$" || echo "?")
+    echo "    ok: $runs inputs, corpus $(find "$work" -type f | wc -l) files, no crash"
+  else
+    echo "    FAIL: fuzz_$h crashed; input in $crashes/, log $dir/fuzz_$h.log"
+    grep -E "ERROR|SUMMARY|runtime error" "$dir/fuzz_$h.log" | head -5
+    failed=1
+  fi
+done
+[ $failed -eq 0 ] && echo "fuzz: PASS" || echo "fuzz: FAIL"
+exit $failed

@@ -1,0 +1,15 @@
+// libFuzzer: a checkpoint's grace-manifest.json (runtime/manifest.hpp).
+#include "runtime/manifest.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  auto j = nlohmann::json::parse(data, data + size, nullptr, false);
+  if (j.is_discarded()) return 0;
+  auto m = grace::manifest_from_json("fuzz/grace-manifest.json", j);
+  (void)m;
+  return 0;
+}
