@@ -471,6 +471,13 @@ std::optional<checkpoint_info> describe_entry(const checkpoint_store& store, con
 
 }  // namespace
 
+uint64_t checkpoint_store::newest_valid_step() const {
+  uint64_t n = 0;
+  for (auto& c : list())
+    if (c.valid && !c.temporary && !c.set_aside) n = std::max(n, c.step);
+  return n;
+}
+
 result<std::vector<checkpoint_info>> checkpoint_store::try_list() const {
   std::vector<checkpoint_info> out;
   std::error_code ec;

@@ -171,6 +171,8 @@ public:
   /// Every `step-*` and leftover `.tmp-*` directory, oldest first, with a
   /// quick validity check (no checksums). Empty if the directory is missing.
   std::vector<checkpoint_info> list() const;
+  /// The newest step that passes the quick check (0: none).
+  uint64_t newest_valid_step() const;
   /// As `list`, but an unreadable directory is an error.
   result<std::vector<checkpoint_info>> try_list() const;
 

@@ -535,20 +535,12 @@ result<uint64_t> session::attach() {
   return d.completed;
 }
 
-/// The newest valid checkpoint step in a store (0: none).
-uint64_t newest_listed(const checkpoint_store& s) {
-  uint64_t n = 0;
-  for (auto& c : s.list())
-    if (c.valid && !c.temporary && !c.set_aside) n = std::max(n, c.step);
-  return n;
-}
-
 /// Restores from the fallback directory when it holds a newer checkpoint
 /// (a preemption save the primary could not take), else from the primary.
 result<restored_checkpoint> session::impl::restore_newest() {
   if (fallback_store) {
-    const uint64_t primary = newest_listed(*store);
-    if (newest_listed(*fallback_store) > primary) {
+    const uint64_t primary = store->newest_valid_step();
+    if (fallback_store->newest_valid_step() > primary) {
       auto r = fallback_store->restore_latest(tensors, buffers->regions());
       if (r && r->found && r->manifest.step > primary) {
         log->warn("restoring step {} from the fallback directory {}: the newest checkpoint in {} is step {}",

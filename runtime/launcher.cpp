@@ -225,9 +225,7 @@ void fetch_newer_checkpoint(caf::actor_system& sys, coordinator_actor& coord, co
   std::vector<peer_checkpoints> peers;
   for (auto& ep : checkpoint_peers(sys, coord, o, ""))
     if (auto steps = list_remote(ep, token, std::chrono::seconds(2))) peers.push_back({ep, *steps});
-  uint64_t local = 0;
-  for (auto& c : checkpoint_store(o.checkpoint_dir).list())
-    if (c.valid && !c.temporary && !c.set_aside) local = std::max(local, c.step);
+  const uint64_t local = checkpoint_store(o.checkpoint_dir).newest_valid_step();
   auto plan = plan_fetch(local, peers);
   if (!plan) return;
   auto t0 = mono_ns();
