@@ -329,6 +329,7 @@ private:
   void start_checkpoint_server();
   void enter_incarnation();
   void stop_coordinator();
+  void linger_for_scrapes();
   status start_group();
   group_end watch_group();
   void kill_declared_dead();
@@ -675,12 +676,25 @@ int launcher::run() {
   report_goodput(job);
   say("exit " + std::to_string(d.code) + ": " + d.reason);
   write_reason(o_, d.code, d.reason, restarts_, job);
-  if (o_.metrics_linger.count() > 0 && !monitor_->url().empty()) {
-    pollfd p{sfd_, POLLIN, 0};
-    ::poll(&p, 1, static_cast<int>(o_.metrics_linger.count()));
-  }
+  if (o_.metrics_linger.count() > 0 && !monitor_->url().empty()) linger_for_scrapes();
   ::close(sfd_);
   return d.code;
+}
+
+/// Keeps the final metrics up for --metrics-linger-ms so a last scrape sees
+/// them. SIGCHLDs still queued from the workers' exits are drained and do not
+/// end the wait; SIGTERM or SIGINT does.
+void launcher::linger_for_scrapes() {
+  auto until = std::chrono::steady_clock::now() + o_.metrics_linger;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
+    pollfd p{sfd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    signalfd_siginfo si;
+    while (::read(sfd_, &si, sizeof(si)) == sizeof(si))
+      if (si.ssi_signo != SIGCHLD) return;
+  }
 }
 
 /// Closes the coordination service's port and stops it, waiting (at most
