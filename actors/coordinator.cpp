@@ -7,7 +7,9 @@
 #include "runtime/events.hpp"
 #include "runtime/job_token.hpp"
 #include "runtime/membership.hpp"
+#include "runtime/net_address.hpp"
 #include "runtime/rendezvous_table.hpp"
+#include "runtime/tcp.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
@@ -17,7 +19,10 @@
 #include <caf/typed_response_promise.hpp>
 #include <caf/io/middleman.hpp>
 
+#include <algorithm>
 #include <thread>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -631,15 +636,38 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config c
   return sys.spawn(coordinator, std::move(cfg));
 }
 
+namespace {
+/// A plain TCP connect bounded by `t`: CAF's remote_actor blocks for the
+/// kernel's SYN retries (a minute or more) when the host is gone, so it is
+/// only called once the port has answered.
+status probe_port(const std::string& host, uint16_t port, std::chrono::milliseconds t) {
+  auto ip = resolve_ipv4(host);
+  if (!ip) return ip.err();
+  auto fd = tcp::connect_to(*ip + ":" + std::to_string(port), t);
+  if (!fd) return fd.err();
+  ::close(*fd);
+  return {};
+}
+}  // namespace
+
 result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
                                               std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  using clock = std::chrono::steady_clock;
+  auto deadline = clock::now() + timeout;
+  auto where = host + ":" + std::to_string(port);
   for (;;) {
-    auto h = sys.middleman().remote_actor<coordinator_actor>(host, port);
-    if (h) return *h;
-    if (std::chrono::steady_clock::now() > deadline)
-      return error{errc::disconnected, "cannot reach the coordination service at " + host + ":" + std::to_string(port) +
-                                           ": " + sys.render(h.error())};
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+    auto probe = probe_port(host, port, std::clamp(left, std::chrono::milliseconds(100), std::chrono::milliseconds(2000)));
+    std::string why;
+    if (probe) {
+      auto h = sys.middleman().remote_actor<coordinator_actor>(host, port);
+      if (h) return *h;
+      why = sys.render(h.error());
+    } else {
+      why = probe.err().message;
+    }
+    if (clock::now() > deadline)
+      return error{errc::disconnected, "cannot reach the coordination service at " + where + ": " + why};
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }

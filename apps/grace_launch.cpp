@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
       "restart code; forward SIGTERM/SIGINT as a preemption notice.\n"
       "  grace-launch --nproc 4 -- grace-train --steps 1000"};
   grace::launch_options o;
-  int grace_ms = 0, exit_timeout_ms = 15000, dead_ms = 3000, hang_ms = 0;
+  int grace_ms = 0, exit_timeout_ms = 15000, dead_ms = 3000, hang_ms = 0, coord_wait_ms = 30000;
   app.add_option("--nproc", o.nproc, "workers on this node")->check(CLI::Range(1, 4096));
   app.add_option("--nnodes", o.nnodes, "nodes in the job")->check(CLI::Range(1, 4096));
   app.add_option("--node-rank", o.node_rank, "this node's index (0 hosts the coordinator)");
@@ -76,6 +76,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--exit-timeout-ms", exit_timeout_ms, "wait this long for the rest of the group to exit");
   app.add_option("--dead-after-ms", dead_ms, "declare a silent worker dead after this long");
+  app.add_option("--coordinator-wait-ms", coord_wait_ms,
+                 "node > 0: after a group ended, how long the coordination service (node 0) may stay "
+                 "unreachable before this launcher stops with the restart code")
+      ->check(CLI::PositiveNumber);
   app.add_option("--hang-timeout-ms", hang_ms,
                  "declare a worker hung (and treat it as dead) when its "
                  "completed step does not move for this long (0: off)");
@@ -110,6 +114,7 @@ int main(int argc, char** argv) {
   if (!ignore_env && !apply_scheduler_environment(app, o)) return grace::exit_code::usage;
   o.grace_period = std::chrono::milliseconds(grace_ms);
   o.exit_timeout = std::chrono::milliseconds(exit_timeout_ms);
+  o.coordinator_wait = std::chrono::milliseconds(coord_wait_ms);
   o.dead_after = std::chrono::milliseconds(dead_ms);
   o.hang_after = std::chrono::milliseconds(hang_ms);
   o.metrics_linger = std::chrono::milliseconds(linger_ms);

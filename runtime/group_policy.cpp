@@ -48,4 +48,21 @@ launcher_decision decide_after_group(const group_end& g, const group_context& c,
   return {true, 0, g.cause};
 }
 
+launcher_decision coordinator_gone(const std::string& where, int64_t waited_ms, uint64_t newest_step,
+                                   int restart_code, const std::string& signal_name) {
+  launcher_decision d;
+  d.code = restart_code;
+  std::string resume = newest_step ? "it resumes from the newest committed checkpoint, step " +
+                                         std::to_string(newest_step)
+                                   : "there is no committed checkpoint yet: it starts over";
+  if (!signal_name.empty())
+    d.reason = "received " + signal_name + " while the coordination service at " + where +
+               " was unreachable: nothing to save here (the workers have exited); " + resume + " when relaunched";
+  else
+    d.reason = "the coordination service at " + where + " (node 0) is gone: unreachable for " +
+               std::to_string(waited_ms / 1000) + " s after this node's group ended, and without it no step can be "
+               "agreed; relaunch the job (node 0 with it): " + resume;
+  return d;
+}
+
 }  // namespace grace

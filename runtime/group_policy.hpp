@@ -96,4 +96,13 @@ struct group_context {
 /// otherwise restart.
 launcher_decision decide_after_group(const group_end& g, const group_context& c, rendezvous_streak& streak);
 
+/// A launcher on node > 0 whose coordination service (in node 0's launcher)
+/// stayed unreachable for `waited_ms` after its group ended: nothing can be
+/// agreed without it and no other node may take over (that needs an
+/// arbiter), so it stops with the restart code (the scheduler restarts the
+/// whole job) and names the newest committed checkpoint it will resume
+/// from (0: none). `signal_name` set: a SIGTERM/SIGINT ended the wait.
+launcher_decision coordinator_gone(const std::string& where, int64_t waited_ms, uint64_t newest_step,
+                                   int restart_code, const std::string& signal_name = "");
+
 }  // namespace grace

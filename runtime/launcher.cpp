@@ -330,6 +330,7 @@ private:
   void enter_incarnation();
   void stop_coordinator();
   void linger_for_scrapes();
+  std::optional<launcher_decision> await_coordinator();
   status start_group();
   group_end watch_group();
   void kill_declared_dead();
@@ -648,6 +649,11 @@ int launcher::run() {
   // The failure history (--save-every auto) is node 0's: its chief saves.
   const bool keeps_history = o_.node_rank == 0 && !o_.checkpoint_dir.empty();
   for (;;) {
+    if (restarts_ > 0 && o_.node_rank != 0)
+      if (auto gone = await_coordinator()) {
+        d = *gone;
+        break;
+      }
     enter_incarnation();
     if (auto st = start_group(); !st) {
       spdlog::error("grace-launch: {}", st.err().message);
@@ -679,6 +685,32 @@ int launcher::run() {
   if (o_.metrics_linger.count() > 0 && !monitor_->url().empty()) linger_for_scrapes();
   ::close(sfd_);
   return d.code;
+}
+
+/// Node > 0, between groups: waits (--coordinator-wait-ms) until the
+/// coordination service answers. Nothing if it does; otherwise the decision
+/// to stop (it is gone, or a SIGTERM/SIGINT came while waiting).
+std::optional<launcher_decision> launcher::await_coordinator() {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const auto where = host_ + ":" + std::to_string(port_);
+  auto newest = [&] { return o_.checkpoint_dir.empty() ? 0 : checkpoint_store(o_.checkpoint_dir).newest_valid_step(); };
+  bool said = false;
+  for (;;) {
+    if (current_incarnation(rt_->sys(), coord_, host_, port_)) return std::nullopt;
+    auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - t0);
+    if (waited >= o_.coordinator_wait) return coordinator_gone(where, waited.count(), newest(), o_.restart_code);
+    if (!std::exchange(said, true))
+      say("the coordination service at " + where + " does not answer: waiting up to " +
+          std::to_string(o_.coordinator_wait.count() / 1000) + " s for it");
+    pollfd p{sfd_, POLLIN, 0};
+    if (::poll(&p, 1, 500) <= 0) continue;
+    signalfd_siginfo si;
+    while (::read(sfd_, &si, sizeof(si)) == sizeof(si))
+      if (si.ssi_signo != SIGCHLD)
+        return coordinator_gone(where, waited.count(), newest(), o_.restart_code,
+                                si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+  }
 }
 
 /// Keeps the final metrics up for --metrics-linger-ms so a last scrape sees

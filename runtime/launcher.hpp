@@ -25,6 +25,9 @@ struct launch_options {
   std::chrono::milliseconds exit_timeout{15000};  ///< wait for the rest after one exits
   std::chrono::milliseconds dead_after{3000};
   std::chrono::milliseconds hang_after{0};  ///< alive but no progress this long: hung (0: off)
+  /// Node > 0: how long the coordination service may stay unreachable after
+  /// a group ended before this launcher stops (it cannot go on without it).
+  std::chrono::milliseconds coordinator_wait{30000};
   /// The address advertised to peers (--host) or the interface holding it
   /// (--iface); empty: GRACE_HOST, GRACE_SOCKET_IFNAME, GLOO_SOCKET_IFNAME,
   /// else the route to the coordinator (runtime/net_address.hpp).

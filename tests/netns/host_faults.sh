@@ -16,6 +16,12 @@
 #                             brain (the isolated side commits nothing and
 #                             stops instead of training alone), host 1 rejoins
 #                             the current incarnation
+#   host_faults.sh coordinator_lost
+#                             host 0 (the coordination service's) lost: host
+#                             1's workers stop without writing, its launcher
+#                             exits 42 within --coordinator-wait-ms naming the
+#                             newest checkpoint, which stays valid; the
+#                             relaunched job resumes there
 #   host_faults.sh node_local each host its own node-local checkpoint
 #                             directory: a preemption save (written by the
 #                             chief, on host 0 only), then host 1 lost and
@@ -181,6 +187,44 @@ for l in sys.stdin:
 print(" ".join("%d:%s" % (i, sorted(s)) for i, s in sorted(by.items())) if all(len(s) == 1 for s in by.values()) else "MIXED %s" % by)')
   case "$restores" in MIXED*) fail "ranks of one incarnation restored different steps: $restores";; esac
   pass "node-local directories: host 1 fetched the preemption save ($saved) and, relaunched with an empty disk, the just-in-time save ($jit); every incarnation restored one step ($restores); weights identical"
+}
+
+coordinator_lost() {
+  # Node 0 hosts the coordination service (the embedded default, no etcd):
+  # losing it ends the job cleanly on host 1 (exit 42, the reason named, no
+  # hang, nothing written), the previous checkpoint stays valid, and the
+  # relaunched job resumes there.
+  ARGS+=(--save-every 50)
+  COMMON+=(--coordinator-wait-ms 8000)
+  launch 0 L0
+  launch 1 L1
+  tb_wait_event "$E0" "e['event']=='committed_local' and e['step']>=100" 60
+  local t0=$SECONDS before saved
+  tb_kill_host 0
+  saved=$("$GRACE_CKPT" list "$CK" --json | "$PY" -c 'import json,sys; print(max(c["step"] for c in json.load(sys.stdin) if c["valid"]))')
+  before=$(count_events "$E1" "e['event'] in ('committed_local','snapshot_done')")
+  tb_wait_pid "$L1" rc1
+  echo "host 1's launcher ended $((SECONDS - t0)) s after host 0 was lost (dead-after 1.5 s, --coordinator-wait-ms 8000)"
+  [ "$rc1" -eq 42 ] || { tail -n 20 "$TB/h1/log.txt"; fail "host 1's launcher: exit $rc1, expected 42 (restart the job)"; }
+  grep -q "the coordination service at 192.0.2.1:29500 (node 0) is gone" "$TB/h1/log.txt" ||
+    { tail -n 5 "$TB/h1/log.txt"; fail "host 1's launcher must say the coordination service is gone"; }
+  grep -q "resumes from the newest committed checkpoint, step $saved" "$TB/h1/log.txt" ||
+    { tail -n 3 "$TB/h1/log.txt"; fail "host 1's launcher must name the checkpoint the job resumes from ($saved)"; }
+  [ "$(count_events "$E1" "e['event'] in ('committed_local','snapshot_done')")" -eq "$before" ] ||
+    fail "host 1 wrote a checkpoint without the coordination service"
+  "$GRACE_CKPT" verify "$CK/step-$(printf %010d "$saved")" >/dev/null || fail "checkpoint $saved damaged by the loss"
+  # The scheduler relaunches the job: both hosts resume from that step.
+  tb_link 0 up
+  launch 0 L0
+  launch 1 L1
+  tb_wait_pid "$L0" rc0
+  tb_wait_pid "$L1" rc1
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "relaunched: exit $rc0 and $rc1"; }
+  check_result
+  local restored
+  restored=$(first_event "$E1" "e['event']=='restored'" step)
+  [ "$restored" = "$saved" ] || fail "the relaunched job restored step $restored, the newest committed was $saved"
+  pass "coordinator's host lost: host 1 stopped with 42 naming step $saved, nothing written, relaunch resumed there, weights identical"
 }
 
 "$SCENARIO"

@@ -112,3 +112,19 @@ TEST_CASE("after a group: stop with the right code or restart", "[launcher]") {
     CHECK(d.reason == "restarts exhausted (3), last cause: rank 0 code 42");
   }
 }
+
+TEST_CASE("coordination service gone: stop with the restart code, naming the checkpoint", "[launcher]") {
+  auto d = grace::coordinator_gone("h0:29500", 30500, 150, 42);
+  CHECK_FALSE(d.restart);
+  CHECK(d.code == 42);
+  CHECK(d.reason.find("h0:29500") != std::string::npos);
+  CHECK(d.reason.find("unreachable for 30 s") != std::string::npos);
+  CHECK(d.reason.find("step 150") != std::string::npos);
+  auto none = grace::coordinator_gone("h0:29500", 1000, 0, 7);
+  CHECK(none.code == 7);
+  CHECK(none.reason.find("no committed checkpoint") != std::string::npos);
+  auto sig = grace::coordinator_gone("h0:29500", 1000, 3, 42, "SIGTERM");
+  CHECK(sig.code == 42);
+  CHECK(sig.reason.find("received SIGTERM") != std::string::npos);
+  CHECK(sig.reason.find("step 3") != std::string::npos);
+}
