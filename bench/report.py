@@ -108,6 +108,20 @@ for mbr in (64, 256) if sel("agreement") else ():
     add("1e agreement, %d members (coordinator actor, 1 process)" % mbr, fmt(c, "ms", 3), rtt_txt, "-", "< 2 ms",
         yes(c is not None and c < 2))
 
+base = None
+for r in sorted(sel("scale"), key=lambda r: r["members"]):
+    n = r["members"]
+    if base is None:
+        base = r
+    grow = "x%.1f for x%d members" % (r["join_ms"] / base["join_ms"], n // base["members"]) if base is not r else "baseline"
+    add("1f claim -> agreed, %d members (real sockets, %d processes)" % (n, r["procs"]), fmt(r["agree_ms"], "ms"),
+        "join of all %s" % fmt(r["join_ms"], "ms"), grow, "< 10 ms at 1024", yes(n < 1024 or r["agree_ms"] < 10))
+    rss = r["rss_per_member_kib"] * n  # the coordinator process's RSS growth, KiB
+    slope = "" if base is r else ", +%.2f KiB per member beyond %d" % (
+        (rss - base["rss_per_member_kib"] * base["members"]) / (n - base["members"]), base["members"])
+    add("   idle coordinator, %d members heartbeating (%d/s)" % (n, r["hb_per_s"]), "%.1f%% of a core" % (100 * r["idle_cpu"]),
+        "RSS +%.0f KiB%s" % (rss, slope), "-", "< 5% at 1024", yes(n < 1024 or r["idle_cpu"] < 0.05))
+
 ov = med("step", "overhead_ns")
 if ov is not None:
     add("2 per-step cost of run(step_fn), nothing pending", fmt(med("step", "run_ns"), "ns", 1),
