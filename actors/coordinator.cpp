@@ -299,6 +299,17 @@ void member_lost(self_ptr self, uint32_t rank, loss_reason reason, const std::st
   fail_pending(self, "rank " + std::to_string(rank) + " lost");
 }
 
+/// Logs a refused message or join once per sending process (an attacker or
+/// a misconfigured node may send thousands); every one is counted.
+void note_refusal(self_ptr self, const std::string& what, const std::string& why) {
+  auto& st = self->state;
+  ++st.forged;
+  auto sender = self->current_sender();
+  auto who = sender ? "node " + caf::to_string(sender->node()) : std::string("an anonymous sender");
+  if (st.forged_from.insert(who).second)
+    st.log->warn("refused {} from {}: {} (further refusals from it are counted, not logged)", what, who, why);
+}
+
 /// Every check a join must pass before it becomes a member; the refusal,
 /// if any. May advance the incarnation (the first join of the next group).
 std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Reader j) {
@@ -340,7 +351,12 @@ msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {
   auto r = decode(m);
   if (!r) return refuse(r.err().message);
   auto j = r->get();
-  if (auto refusal = join_refusal(self, j)) return *refusal;
+  if (auto refusal = join_refusal(self, j)) {
+    // Refusals only for now (a stale incarnation) are routine during restarts.
+    if (auto w = decode(*refusal); w && !w->get().getRestartable())
+      note_refusal(self, "a join as rank " + std::to_string(j.getRank()), str(w->get().getReason()));
+    return *refusal;
+  }
   auto sender = self->current_sender();
   if (!sender) return refuse("join without a sender to reply to");
   auto rank = j.getRank();
@@ -375,12 +391,22 @@ bool from_member(self_ptr self, uint32_t rank, const char* what) {
   auto it = st.workers.find(rank);
   auto sender = self->current_sender();
   if (it != st.workers.end() && sender && sender->node() == it->second.node()) return true;
-  ++st.forged;
-  auto who = sender ? "node " + caf::to_string(sender->node()) : std::string("an anonymous sender");
-  if (st.forged_from.insert(who).second)
-    st.log->warn("refused {} for rank {} from {}: not the process that joined as rank {} in incarnation {} "
-                 "(further refusals from it are counted, not logged)",
-                 what, rank, who, rank, st.cfg.incarnation);
+  note_refusal(self, std::string(what) + " for rank " + std::to_string(rank),
+         "not the process that joined as rank " + std::to_string(rank) + " in incarnation " +
+             std::to_string(st.cfg.incarnation));
+  return false;
+}
+
+/// Key-value and barrier requests serve the collectives' rendezvous of
+/// joined members: from a process where no member of this incarnation runs
+/// (or an anonymous sender) they are refused, so nobody outside the job can
+/// plant or read the addresses the ranks connect to.
+bool from_member_process(self_ptr self, const char* what) {
+  auto& st = self->state;
+  if (auto sender = self->current_sender())
+    for (auto& [rank, w] : st.workers)
+      if (w.node() == sender->node()) return true;
+  note_refusal(self, what, "no member of incarnation " + std::to_string(st.cfg.incarnation) + " runs there");
   return false;
 }
 
@@ -415,6 +441,7 @@ msg<proto::ClaimReply> on_claim(self_ptr self, msg<proto::Claim>& m) {
 }
 
 msg<proto::KvReply> on_kv_set(self_ptr self, msg<proto::KvSet>& m) {
+  if (!from_member_process(self, "a key-value set")) return kv_reply(false, nullptr, "refused: not a member");
   auto r = decode(m);
   if (!r) return kv_reply(false, nullptr, r.err().message);
   auto res = self->state.table.set(str(r->get().getKey()), bytes(r->get().getValue()));
@@ -426,6 +453,7 @@ msg<proto::KvReply> on_kv_set(self_ptr self, msg<proto::KvSet>& m) {
 /// breaks or the get's own timeout passes.
 caf::result<msg<proto::KvReply>> on_kv_get(self_ptr self, msg<proto::KvGet>& m) {
   auto& st = self->state;
+  if (!from_member_process(self, "a key-value get")) return kv_reply(false, nullptr, "refused: not a member");
   auto r = decode(m);
   if (!r) return kv_reply(false, nullptr, r.err().message);
   auto timeout = r->get().getTimeoutMs();
@@ -444,6 +472,7 @@ caf::result<msg<proto::BarrierReply>> on_barrier(self_ptr self, msg<proto::Barri
   auto& st = self->state;
   auto r = decode(m);
   if (!r) return barrier_reply(false, r.err().message);
+  if (!from_member(self, r->get().getRank(), "a barrier")) return barrier_reply(false, "refused: not that member");
   auto id = st.next_waiter++;
   auto res = st.table.arrive(str(r->get().getName()), r->get().getRank(), r->get().getCount(), id);
   if (!res.pending) return barrier_reply(res.ok, res.error);

@@ -30,7 +30,7 @@ cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRACE_CUDA=OFF -DGRACE_
   || { cat "$dir.configure.log"; exit 1; }
 # Only what the selected tests run (not the model tests, benchmarks or the
 # CUDA trainer): each sanitizer build is a full CAF build, the heaviest part.
-targets="grace_unit_tests grace_actor_tests grace-launch grace-train grace-ckpt grace-chaos"
+targets="grace_unit_tests grace_actor_tests grace-launch grace-train grace-ckpt grace-chaos grace-hostile"
 for f in messages safetensors manifest config checkpoint; do targets="$targets fuzz_replay_$f"; done
 echo "==> building $targets in $dir (-j2)"
 # shellcheck disable=SC2086

@@ -188,6 +188,7 @@ TEST_CASE("coordinator: key-value store is set-once with blocking get", "[coordi
       b.setTimeoutMs(timeout);
     });
   };
+  f.join_all(2);
   f.w(1)->send(f.coord, get("late", 1000));
   f.run();
   CHECK_FALSE(f.next<proto::KvReply>(1));  // blocked until the key exists
@@ -203,6 +204,13 @@ TEST_CASE("coordinator: key-value store is set-once with blocking get", "[coordi
   auto again = f.expect<proto::KvReply>(0);
   CHECK_FALSE(again->getOk());
   CHECK(str(again->getError()).find("already exists") != std::string::npos);
+
+  // A sender outside the job can neither plant a key nor wait on one.
+  caf::anon_send(f.coord, set("planted", "evil"));
+  f.run();
+  f.w(1)->send(f.coord, get("planted", 0));
+  f.run();
+  CHECK_FALSE(f.expect<proto::KvReply>(1)->getOk());
 
   f.w(1)->send(f.coord, get("never", 500));
   f.run();
@@ -223,8 +231,13 @@ TEST_CASE("coordinator: a barrier releases when everyone arrived", "[coordinator
       b.setCount(3);
     });
   };
+  f.join_all(3);
   f.w(0)->send(f.coord, barrier(0));
   f.w(1)->send(f.coord, barrier(1));
+  f.run();
+  CHECK_FALSE(f.next<proto::BarrierReply>(0));
+  // Rank 2's arrival forged by a sender outside the job does not count.
+  caf::anon_send(f.coord, barrier(2));
   f.run();
   CHECK_FALSE(f.next<proto::BarrierReply>(0));
   f.w(2)->send(f.coord, barrier(2));

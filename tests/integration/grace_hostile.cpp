@@ -1,0 +1,150 @@
+// grace-hostile: a process outside the job that reaches the coordination
+// service's port and tries what an attacker on the network could, for
+// tests/integration/hostile.sh.
+//
+//   grace-hostile HOST PORT WORLD join    joins as rank 1 with a wrong secret:
+//                                         must be refused
+//   grace-hostile HOST PORT WORLD forge   without joining, sends every message
+//                                         that names a member (acks, heartbeat,
+//                                         save report, error, leave, final
+//                                         proposal, claim) and the rendezvous
+//                                         requests (key-value set/get, barrier):
+//                                         the ones with replies must be refused
+//
+// Exit 0 when every attempt was refused as it must be, 1 otherwise (the
+// line printed says which one got through), 2 on a usage or connect error.
+#include "actors/coordinator.hpp"
+#include "messages/caf_types.hpp"
+#include "runtime/system.hpp"
+
+#include <caf/scoped_actor.hpp>
+
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <string>
+
+namespace {
+
+using namespace grace;
+constexpr auto wait = std::chrono::seconds(10);
+
+int failed(const std::string& what) {
+  std::printf("NOT REFUSED: %s\n", what.c_str());
+  return 1;
+}
+
+int join_with_wrong_secret(caf::scoped_actor& self, const coordinator_actor& coord, uint32_t world) {
+  int rc = 1;
+  self->request(coord, wait, make<proto::Join>([&](auto b) {
+                  b.setRank(1);
+                  b.setWorldSize(world);
+                  b.setToken("not-the-job-secret-at-all");
+                  b.setProtocolVersion(proto::PROTOCOL_VERSION);
+                }))
+      .receive(
+          [&](msg<proto::Welcome>& m) {
+            auto w = decode(m);
+            if (w && !w->get().getAccepted()) {
+              std::printf("refused join: %s\n", str(w->get().getReason()).c_str());
+              rc = 0;
+            }
+          },
+          [&](caf::error& e) { std::printf("join: %s\n", to_string(e).c_str()); });
+  return rc ? failed("a join with a wrong secret") : 0;
+}
+
+void send_forgeries(caf::scoped_actor& self, const coordinator_actor& coord) {
+  for (uint64_t id = 0; id < 4; ++id)
+    self->send(coord, make<proto::Ack>([&](auto b) {
+                 b.setAgreementId(id);
+                 b.setRank(0);
+                 b.setEarliestStep(1);
+               }));
+  self->send(coord, make<proto::Heartbeat>([](auto b) {
+               b.setRank(1);
+               b.setCompletedStep(1000000);
+             }));
+  self->send(coord, make<proto::CheckpointSaved>([](auto b) {
+               b.setAgreementId(1);
+               b.setRank(0);
+               b.setStep(999);
+               b.setOk(true);
+             }));
+  self->send(coord, make<proto::ErrorReport>([](auto b) {
+               b.setRank(1);
+               b.setMessage("forged error");
+             }));
+  self->send(coord, make<proto::ProposeFinal>([](auto b) {
+               b.setRank(0);
+               b.setStartedStep(2);
+             }));
+}
+
+template <class Reply, class Msg, class Ok>
+int expect_refused(caf::scoped_actor& self, const coordinator_actor& coord, Msg m, const std::string& what, Ok ok) {
+  bool accepted = true;
+  self->request(coord, wait, std::move(m))
+      .receive(
+          [&](msg<Reply>& r) {
+            auto d = decode(r);
+            accepted = d && ok(d->get());
+          },
+          [&](caf::error&) { accepted = false; });
+  if (accepted) return failed(what);
+  std::printf("refused %s\n", what.c_str());
+  return 0;
+}
+
+int forge(caf::scoped_actor& self, const coordinator_actor& coord) {
+  send_forgeries(self, coord);
+  int rc = 0;
+  rc |= expect_refused<proto::ClaimReply>(self, coord, make<proto::Claim>([](auto b) {
+                                            auto n = b.initNotice();
+                                            n.setRank(1);
+                                            n.setSource(proto::NoticeSource::SIGNAL);
+                                            n.setDetail("forged notice");
+                                            b.setStartedStep(1);
+                                          }),
+                                          "a claim for rank 1", [](auto r) { return r.getWon(); });
+  rc |= expect_refused<proto::KvReply>(self, coord, make<proto::KvSet>([](auto b) { b.setKey("planted"); }),
+                                       "a key-value set", [](auto r) { return r.getOk(); });
+  rc |= expect_refused<proto::KvReply>(self, coord, make<proto::KvGet>([](auto b) { b.setKey("planted"); }),
+                                       "a key-value get", [](auto r) { return r.getOk(); });
+  rc |= expect_refused<proto::BarrierReply>(self, coord, make<proto::Barrier>([](auto b) {
+                                              b.setName("b");
+                                              b.setRank(1);
+                                              b.setCount(2);
+                                            }),
+                                            "a barrier arrival for rank 1", [](auto r) { return r.getOk(); });
+  // Sent last: a leave needs no answer, and a refused one leaves the member in.
+  self->send(coord, make<proto::Leave>([](auto b) {
+               b.setRank(1);
+               b.setExitCode(3);
+             }));
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_level(spdlog::level::warn);
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: grace-hostile HOST PORT WORLD join|forge\n");
+    return 2;
+  }
+  actor_runtime rt;
+  auto& sys = rt.sys();
+  auto coord = connect_coordinator(sys, argv[1], static_cast<uint16_t>(std::stoul(argv[2])), std::chrono::seconds(10));
+  if (!coord) {
+    std::fprintf(stderr, "grace-hostile: %s\n", coord.err().message.c_str());
+    return 2;
+  }
+  caf::scoped_actor self{sys};
+  std::string what = argv[4];
+  int rc = what == "join"    ? join_with_wrong_secret(self, *coord, static_cast<uint32_t>(std::stoul(argv[3])))
+           : what == "forge" ? forge(self, *coord)
+                             : 2;
+  std::fflush(stdout);
+  return rc;
+}
