@@ -96,12 +96,15 @@ result<cluster_config> cluster_from_tf_config(const std::string& text) {
   if (j.contains("task")) {
     auto& t = j["task"];
     if (!t.is_object()) return bad("TF_CONFIG task is not an object");
+    if (t.contains("type") && !t["type"].is_string()) return bad("TF_CONFIG task.type is not a string");
     std::string type = t.value("type", "worker");
     if (type != "worker" && type != "chief")
       return bad("TF_CONFIG task.type '" + type + "' is not supported (worker or chief)");
     if (!t.contains("index") || !t["index"].is_number_integer())
       return bad("TF_CONFIG task.index is missing or not an integer");
-    index = t["index"].get<int>();
+    auto raw = t["index"].get<int64_t>();
+    if (raw < 0 || raw >= (1 << 20)) return bad("TF_CONFIG task.index " + std::to_string(raw) + " is out of range");
+    index = static_cast<int>(raw);
     // With a separate "chief" entry, worker i is index i + 1 in our list.
     if (type == "worker" && cl.contains("chief")) index += static_cast<int>(cl["chief"].size());
   }
