@@ -17,6 +17,19 @@ for f in bin/grace-launch bin/grace-train bin/grace-ckpt bin/grace-chaos lib/lib
 done
 pass "installed: programs, libraries, headers, the CMake package and grace.pc"
 
+# The Python module, when this build made it: the installed copy imports
+# from the installed tree alone (PYTHONPATH only, nothing from build/).
+PYDIR=$(sed -n 's/^GRACE_PYTHON_INSTALL_DIR:PATH=//p' "$BUILD/CMakeCache.txt")
+if [ -n "$PYDIR" ] && [ -e "$BUILD/python/grace/__init__.py" ]; then
+  [ -e "$ROOT$PYDIR/grace/__init__.py" ] || fail "cmake --install did not install the Python package under $PYDIR"
+  where=$(cd "$WORK" && PYTHONPATH="$ROOT$PYDIR" /usr/bin/python3 -c 'import grace, grace._grace; print(grace._grace.__file__)') ||
+    fail "the installed Python module does not import"
+  case "$where" in "$ROOT$PYDIR"/grace/_grace*) ;; *) fail "import grace found $where, not the installed copy" ;; esac
+  pass "installed Python module imports from $PYDIR"
+else
+  echo "note: this build has no Python module; its install is not checked"
+fi
+
 cmake -S "$GRACE_SOURCE_DIR/examples/embed" -B "$WORK/embed" -DCMAKE_PREFIX_PATH="$P" > "$WORK/embed.log" 2>&1 &&
   cmake --build "$WORK/embed" -j2 >> "$WORK/embed.log" 2>&1 || { tail -30 "$WORK/embed.log"; fail "the example did not build with find_package(Grace)"; }
 pass "examples/embed built with find_package(Grace) -> Grace::grace"
