@@ -17,7 +17,11 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
+#include <caf/function_view.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/openssl/manager.hpp>
+#include <caf/openssl/publish.hpp>
+#include <caf/openssl/remote_actor.hpp>
 
 #include <algorithm>
 #include <thread>
@@ -679,6 +683,29 @@ status probe_port(const std::string& host, uint16_t port, std::chrono::milliseco
 }
 }  // namespace
 
+result<uint16_t> publish_coordinator(caf::actor_system& sys, const coordinator_actor& coord, uint16_t port,
+                                     const std::string& ip) {
+  auto p = sys.has_openssl_manager() ? caf::openssl::publish(coord, port, ip.c_str(), true)
+                                     : sys.middleman().publish(coord, port, ip.c_str(), true);
+  if (!p)
+    return error{errc::invalid_input, "cannot host the coordination service on " + ip + ":" + std::to_string(port) +
+                                          ": " + sys.render(p.error())};
+  return *p;
+}
+
+void unpublish_coordinator(caf::actor_system& sys, const coordinator_actor& coord, uint16_t port) {
+  caf::expected<void> r;
+  if (sys.has_openssl_manager()) {
+    // caf::openssl::unpublish does not compile in 0.17 (it names an atom
+    // constant of a later version); this is what it means to do.
+    auto f = caf::make_function_view(sys.openssl_manager().actor_handle(), caf::duration{std::chrono::seconds(2)});
+    r = f(caf::unpublish_atom::value, coord.address(), port);
+  } else {
+    r = sys.middleman().unpublish(coord, port);
+  }
+  if (!r) spdlog::debug("unpublish the coordination service: {}", sys.render(r.error()));
+}
+
 result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
                                               std::chrono::milliseconds timeout) {
   using clock = std::chrono::steady_clock;
@@ -689,9 +716,15 @@ result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const std:
     auto probe = probe_port(host, port, std::clamp(left, std::chrono::milliseconds(100), std::chrono::milliseconds(2000)));
     std::string why;
     if (probe) {
-      auto h = sys.middleman().remote_actor<coordinator_actor>(host, port);
+      auto h = sys.has_openssl_manager() ? caf::openssl::remote_actor<coordinator_actor>(sys, host, port)
+                                         : sys.middleman().remote_actor<coordinator_actor>(host, port);
       if (h) return *h;
       why = sys.render(h.error());
+      if (h.error() == caf::sec::disconnect_during_handshake)
+        why += sys.has_openssl_manager()
+                   ? " (the TLS handshake failed: the service has no TLS, or its certificate and this one are not "
+                     "signed by each other's --tls-ca)"
+                   : " (the service closed the connection: it may require TLS, --tls-cert/--tls-key/--tls-ca)";
     } else {
       why = probe.err().message;
     }

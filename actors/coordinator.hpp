@@ -65,8 +65,17 @@ struct coordinator_config {
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg);
 
-/// Connects to a published coordinator, retrying until `timeout` (it may
-/// still be starting). The error names the address and CAF's reason.
+/// Publishes the coordination service on ip:port: over TLS when the system
+/// was started with certificates (runtime/tls.hpp), plain TCP otherwise.
+/// Returns the bound port.
+result<uint16_t> publish_coordinator(caf::actor_system& sys, const coordinator_actor& coord, uint16_t port,
+                                     const std::string& ip);
+/// Closes what publish_coordinator opened (the port stops accepting).
+void unpublish_coordinator(caf::actor_system& sys, const coordinator_actor& coord, uint16_t port);
+
+/// Connects to a published coordinator (over TLS when the system has
+/// certificates), retrying until `timeout` (it may still be starting). The
+/// error names the address and CAF's reason.
 result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
                                               std::chrono::milliseconds timeout);
 

@@ -69,6 +69,11 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", o.token_file,
                  "the job's secret, the same file content on every node (mode 600; default: GRACE_TOKEN, or "
                  "a random secret on one node)");
+  app.add_option("--tls-cert", o.tls.cert,
+                 "PEM certificate (chain) this node presents; with --tls-key and --tls-ca every connection to the "
+                 "coordination service is mutual TLS (default: GRACE_TLS_CERT)");
+  app.add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert, unencrypted, mode 600 (default: GRACE_TLS_KEY)");
+  app.add_option("--tls-ca", o.tls.ca, "PEM CA certificate every peer must be signed by (default: GRACE_TLS_CA)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "exported as GRACE_CHECKPOINT_DIR; the reason "
                  "file grace-exit.json is written there");

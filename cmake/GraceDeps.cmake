@@ -8,6 +8,8 @@ macro(grace_require pkg debian)
 endmacro()
 
 find_package(Threads REQUIRED)
+find_package(OpenSSL)
+grace_require(OpenSSL libssl-dev)
 find_package(CAF 0.17)
 grace_require(CAF libcaf-dev)
 find_package(CapnProto CONFIG QUIET)

@@ -19,6 +19,7 @@
 #include "runtime/save_interval.hpp"
 #include "runtime/snapshot.hpp"
 #include "runtime/system.hpp"
+#include "runtime/tls.hpp"
 #include "runtime/worker_policy.hpp"
 
 #include <caf/actor_system.hpp>
@@ -56,6 +57,8 @@ struct session::impl {
   };
   std::map<std::string, blob_hooks> blobs;
 
+  /// GRACE_TLS_*: certificates for the coordination traffic (runtime/tls.hpp).
+  tls_files tls;
   std::unique_ptr<actor_runtime> rt;
   coordinator_actor coord;
   bool hosts_coordinator = false;
@@ -503,6 +506,8 @@ result<uint64_t> session::attach() {
     d.cluster = *c;
   }
   set_event_identity(d.cluster.rank, d.cluster.incarnation);
+  d.tls = tls_files_from({}, [](const char* v) { return std::getenv(v); });
+  if (auto st = check_tls_files(d.tls, "GRACE_TLS_"); !st) return st.err();
   if (d.cluster.host.empty()) {
     auto adv = advertised_address_from_environment(d.cluster.coordinator_host);
     if (!adv) return adv.err();
@@ -587,7 +592,9 @@ status session::impl::restore() {
 /// The actor system, and the coordinator: in-process for one worker or for
 /// rank 0 of a --workers/TF_CONFIG cluster; remote under grace-launch.
 status session::impl::start_actors() {
-  rt = std::make_unique<actor_runtime>();
+  system_options so;
+  so.tls = tls;
+  rt = std::make_unique<actor_runtime>(so);
   auto& sys = rt->sys();
   bool launched = cluster.source == "GRACE_*";
   if (cluster.local_mode() || (!launched && cluster.is_chief())) {
@@ -602,11 +609,9 @@ status session::impl::start_actors() {
     coord = spawn_coordinator(sys, cc);
     hosts_coordinator = true;
     if (!cluster.local_mode()) {
-      auto port = sys.middleman().publish(coord, cluster.coordinator_port, cluster.coordinator_host.c_str(), true);
-      if (!port)
-        return error{errc::invalid_input, "cannot host the coordination service on " + cluster.coordinator_host + ":" +
-                                              std::to_string(cluster.coordinator_port) + ": " +
-                                              sys.render(port.error())};
+      auto port = publish_coordinator(sys, coord, cluster.coordinator_port, cluster.coordinator_host);
+      if (!port) return port.err();
+      if (auto w = plaintext_warning(cluster.coordinator_host, tls.any())) log->warn("{}", *w);
     }
   } else {
     auto h = connect_coordinator(sys, cluster.coordinator_host, cluster.coordinator_port, std::chrono::seconds(30));

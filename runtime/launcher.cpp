@@ -345,6 +345,7 @@ private:
   endpoints ep_;
   uint32_t world_ = 0;
   std::string token_;
+  tls_files tls_;
   int sfd_ = -1;
   std::unique_ptr<actor_runtime> rt_;
   coordinator_actor coord_;
@@ -383,6 +384,8 @@ status launcher::setup_addresses() {
   auto token = launcher_token(o_.token_file, std::getenv("GRACE_TOKEN"), o_.nnodes);
   if (!token) return token.err();
   token_ = *token;
+  tls_ = tls_files_from(o_.tls, [](const char* v) { return std::getenv(v); });
+  if (auto st = check_tls_files(tls_); !st) return st.err();
   if (const char* inc = std::getenv("GRACE_INCARNATION")) incarnation_ = static_cast<uint32_t>(std::atoi(inc));
   initial_incarnation_ = incarnation_;
   return {};
@@ -411,6 +414,7 @@ void launcher::report_goodput(const goodput_account& a) const {
 
 status launcher::host_or_join_coordinator() {
   system_options so;
+  so.tls = tls_;
   rt_ = std::make_unique<actor_runtime>(so);
   auto& sys = rt_->sys();
   if (o_.node_rank != 0) {
@@ -436,12 +440,12 @@ status launcher::host_or_join_coordinator() {
     m->progress(rank, completed, last_step_ns);
   };
   coord_ = spawn_coordinator(sys, cc);
-  auto p = sys.middleman().publish(coord_, port_, ep_.listen_ip.c_str(), true);
+  auto p = publish_coordinator(sys, coord_, port_, ep_.listen_ip);
   if (!p) {
     caf::anon_send_exit(coord_, caf::exit_reason::user_shutdown);
-    return error{errc::invalid_input, "cannot host the coordination service on " + ep_.listen_ip + ":" +
-                                          std::to_string(port_) + ": " + sys.render(p.error())};
+    return p.err();
   }
+  if (auto w = plaintext_warning(ep_.listen_ip, tls_.any())) say(*w);
   port_ = *p;
   return {};
 }
@@ -492,6 +496,7 @@ std::map<std::string, std::string> launcher::worker_environment(int rank, int lo
   };
   if (!std::getenv("NCCL_SOCKET_IFNAME") && !ep_.adv.iface.empty()) env["NCCL_SOCKET_IFNAME"] = ep_.adv.iface;
   if (!o_.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o_.checkpoint_dir;
+  env.merge(tls_environment(tls_));
   add_torchrun_environment(env, o_, host_, rank, local_rank, incarnation_, restarts_);
   return env;
 }
@@ -737,8 +742,7 @@ void launcher::stop_coordinator() {
   auto& sys = rt_->sys();
   caf::scoped_actor self{sys};
   self->monitor(coord_);
-  if (auto r = sys.middleman().unpublish(coord_, port_); !r)
-    spdlog::debug("grace-launch: unpublish: {}", sys.render(r.error()));
+  unpublish_coordinator(sys, coord_, port_);
   self->send_exit(coord_, caf::exit_reason::user_shutdown);
   self->receive([](const caf::down_msg&) {},
                 caf::after(std::chrono::seconds(2)) >>

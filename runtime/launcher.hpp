@@ -4,6 +4,8 @@
 /// restarts the group on the restart code, forwards SIGTERM/SIGINT as a
 /// notice, and exits with a code that says why (runtime/exit_codes.hpp).
 
+#include "runtime/tls.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -17,6 +19,7 @@ struct launch_options {
   int node_rank = 0;
   std::string coordinator;  ///< host:port (multi-node); default 127.0.0.1, any free port
   std::string token_file;   ///< the job's secret (runtime/job_token.hpp); several nodes need it or GRACE_TOKEN
+  tls_files tls;            ///< mutual TLS to the coordination service (runtime/tls.hpp); default GRACE_TLS_*
   int max_restarts = 3;
   int restart_code = 42;
   std::string run_id;                             ///< default: random

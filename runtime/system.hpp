@@ -2,6 +2,8 @@
 /// The composition root: builds the actor system of a Grace process (worker
 /// or launcher) and decides which actor runs where. Nothing else spawns.
 
+#include "runtime/tls.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -33,6 +35,9 @@ struct system_options {
   /// peer (SIGSTOP) is never noticed without it. Must match on every node.
   std::chrono::milliseconds middleman_heartbeat{500};
   std::chrono::milliseconds connection_timeout{5000};
+  /// Certificates (checked: check_tls_files): when given, every connection
+  /// of this system to or from another Grace process is mutual TLS.
+  tls_files tls;
 };
 
 /// An actor system and the config it references (kept alive together).

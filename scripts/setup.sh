@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential cmake pkg-config
-  libcaf-dev                 # C++ Actor Framework 0.17 (core + io)
+  libcaf-dev                 # C++ Actor Framework 0.17 (core + io + openssl)
+  libssl-dev openssl         # --tls-*: certificate checks; tests make certificates with `openssl`
   capnproto libcapnp-dev     # Cap'n Proto: the protocol
   libspdlog-dev libfmt-dev   # logging
   catch2                     # tests

@@ -11,6 +11,9 @@
 //                                         requests (key-value set/get, barrier):
 //                                         the ones with replies must be refused
 //
+// GRACE_TLS_CERT/KEY/CA, when set, make it connect over TLS with those
+// files (tests/integration/tls.sh: a certificate of another CA, or none).
+//
 // Exit 0 when every attempt was refused as it must be, 1 otherwise (the
 // line printed says which one got through), 2 on a usage or connect error.
 #include "actors/coordinator.hpp"
@@ -22,6 +25,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace {
@@ -133,9 +137,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: grace-hostile HOST PORT WORLD join|forge\n");
     return 2;
   }
-  actor_runtime rt;
+  system_options so;
+  so.tls = tls_files_from({}, [](const char* v) { return std::getenv(v); });
+  if (auto st = check_tls_files(so.tls, "GRACE_TLS_"); !st) {
+    std::fprintf(stderr, "grace-hostile: %s\n", st.err().message.c_str());
+    return 2;
+  }
+  actor_runtime rt(so);
   auto& sys = rt.sys();
-  auto coord = connect_coordinator(sys, argv[1], static_cast<uint16_t>(std::stoul(argv[2])), std::chrono::seconds(10));
+  // GRACE_HOSTILE_CONNECT_MS: how long to retry a connect that is refused.
+  const char* ms = std::getenv("GRACE_HOSTILE_CONNECT_MS");
+  auto connect_for = std::chrono::milliseconds(ms ? std::stol(ms) : 10000);
+  auto coord = connect_coordinator(sys, argv[1], static_cast<uint16_t>(std::stoul(argv[2])), connect_for);
   if (!coord) {
     std::fprintf(stderr, "grace-hostile: %s\n", coord.err().message.c_str());
     return 2;
