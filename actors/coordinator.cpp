@@ -49,6 +49,9 @@ struct coordinator_state {
   std::map<uint32_t, peer_watcher_actor> workers;
   std::map<caf::actor_addr, uint32_t> ranks;
   std::map<int32_t, std::string> ckpt_servers;  ///< node -> its launcher's checkpoint server
+  /// Launchers on node > 0 that registered with the secret: their process
+  /// -> (node rank, workers per node).
+  std::map<caf::node_id, std::pair<int32_t, int32_t>> launchers;
   std::set<uint32_t> left;
   std::set<uint32_t> lost;       ///< declared lost in this incarnation
   std::set<uint32_t> refused;    ///< refused (restartable) in this incarnation: their exit is expected
@@ -414,6 +417,67 @@ bool from_member_process(self_ptr self, const char* what) {
   return false;
 }
 
+/// Messages only a launcher sends (a forwarded notice, a worker's exit, the
+/// incarnation, the checkpoint server) are accepted from the coordinator's
+/// own process (node 0's launcher, or the chief hosting it in-process) and
+/// from a process registered as the launcher of a node; `node`, when given,
+/// must be the registered launcher's own node.
+bool from_launcher(self_ptr self, const char* what, std::optional<int32_t> node = std::nullopt) {
+  auto& st = self->state;
+  auto sender = self->current_sender();
+  if (sender && sender->node() == self->node()) return true;
+  if (sender)
+    if (auto it = st.launchers.find(sender->node()); it != st.launchers.end()) {
+      if (!node || *node == it->second.first) return true;
+      note_refusal(self, what, "the launcher of node " + std::to_string(it->second.first) + " spoke for node " +
+                                   std::to_string(*node));
+      return false;
+    }
+  note_refusal(self, what, "not a launcher of the job");
+  return false;
+}
+
+/// The node a rank runs on, as the registered launcher of the sender says
+/// (nothing for the coordinator's own process, which is trusted).
+std::optional<int32_t> node_of(self_ptr self, uint32_t rank) {
+  auto sender = self->current_sender();
+  if (!sender) return std::nullopt;
+  auto it = self->state.launchers.find(sender->node());
+  if (it == self->state.launchers.end() || it->second.second <= 0) return std::nullopt;
+  return static_cast<int32_t>(rank / static_cast<uint32_t>(it->second.second));
+}
+
+/// Timers are the actor's own delayed messages; from anyone else they are
+/// refused (a forged tick would multiply the timers, a forged rescue would
+/// start one).
+bool from_self(self_ptr self, const char* what) {
+  if (self->current_sender() == self->ctrl()) return true;
+  note_refusal(self, what, "timers come from the coordination service itself");
+  return false;
+}
+
+std::string on_launcher(self_ptr self, int32_t node, int32_t nproc, const std::string& token) {
+  auto& st = self->state;
+  auto sender = self->current_sender();
+  std::string why;
+  if (!constant_time_equal(token, st.cfg.token))
+    why = "wrong job token";
+  else if (!sender)
+    why = "no sender";
+  else if (node <= 0 || nproc <= 0 || static_cast<uint64_t>(node) * static_cast<uint64_t>(nproc) >= st.cfg.world_size)
+    why = "node " + std::to_string(node) + " with " + std::to_string(nproc) + " workers does not fit a world of " +
+          std::to_string(st.cfg.world_size);
+  if (!why.empty()) {
+    note_refusal(self, "a launcher registration for node " + std::to_string(node), why);
+    return why;
+  }
+  for (auto it = st.launchers.begin(); it != st.launchers.end();)  // a restarted launcher replaces its old process
+    it = it->second.first == node && it->first != sender->node() ? st.launchers.erase(it) : std::next(it);
+  if (st.launchers.emplace(sender->node(), std::make_pair(node, nproc)).second)
+    st.log->info("launcher of node {} registered", node);
+  return {};
+}
+
 msg<proto::ClaimReply> on_claim(self_ptr self, msg<proto::Claim>& m) {
   auto& st = self->state;
   auto r = decode(m);
@@ -424,7 +488,8 @@ msg<proto::ClaimReply> on_claim(self_ptr self, msg<proto::Claim>& m) {
     });
   auto n = r->get().getNotice();
   // The launchers' own notices (forwarded SIGTERM) carry launcher_rank.
-  if (n.getRank() != launcher_rank && !from_member(self, n.getRank(), "a claim"))
+  if (n.getRank() == launcher_rank ? !from_launcher(self, "a launcher's notice")
+                                   : !from_member(self, n.getRank(), "a claim"))
     return make<proto::ClaimReply>([&](auto b) {
       b.setWon(false);
       b.setHolder(launcher_rank);
@@ -532,6 +597,7 @@ bool on_leave(self_ptr self, msg<proto::Leave>& m) {
 /// worker that died before it joined).
 void on_exited(self_ptr self, uint32_t rank, uint32_t incarnation, int32_t code) {
   auto& st = self->state;
+  if (!from_launcher(self, "a worker-exit report", node_of(self, rank))) return;
   if (incarnation != st.cfg.incarnation || rank >= st.cfg.world_size) return;
   if (st.refused.count(rank) && !st.workers.count(rank)) return;  // told to restart: its exit is expected
   member_lost(self, rank, loss_reason::dead,
@@ -580,6 +646,10 @@ void on_tick(self_ptr self) {
 }
 
 uint32_t on_incarnation(self_ptr self, uint32_t incarnation) {
+  if (self->current_sender() && self->current_sender()->node() != self->node()) {
+    note_refusal(self, "an incarnation change", "only node 0's launcher moves the incarnation");
+    return self->state.cfg.incarnation;
+  }
   if (incarnation == self->state.cfg.incarnation && !self->state.workers.empty())
     return incarnation;  // already advanced by an early join
   self->state.log->info("new incarnation {}", incarnation);
@@ -589,6 +659,7 @@ uint32_t on_incarnation(self_ptr self, uint32_t incarnation) {
 
 std::string on_ckpt_peer(self_ptr self, int32_t node, const std::string& endpoint) {
   auto& servers = self->state.ckpt_servers;
+  if (!from_launcher(self, "a checkpoint server registration", node)) return {};
   if (!endpoint.empty()) servers[node] = endpoint;
   std::string others;
   for (auto& [n, ep] : servers)
@@ -623,6 +694,7 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
       [self](msg<proto::KvSet>& m) { return on_kv_set(self, m); },
       [self](msg<proto::KvGet>& m) { return on_kv_get(self, m); },
       [self](kv_timeout_atom, uint64_t id) {
+        if (!from_self(self, "a key-value timeout")) return;
         if (auto r = self->state.table.expire(id)) deliver(self, {*r});
       },
       [self](msg<proto::Barrier>& m) { return on_barrier(self, m); },
@@ -649,8 +721,15 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
       [self](msg<proto::ErrorReport>& m) { on_error_report(self, m); },
       [self](msg<proto::Leave>& m) { return on_leave(self, m); },
       [self](exited_atom, uint32_t rank, uint32_t inc, int32_t code) { on_exited(self, rank, inc, code); },
-      [self](rescue_atom, uint64_t gen) { on_rescue(self, gen); },
-      [self](cutoff_atom, uint64_t gen) { on_cutoff(self, gen); },
+      [self](rescue_atom, uint64_t gen) {
+        if (from_self(self, "a rescue timer")) on_rescue(self, gen);
+      },
+      [self](cutoff_atom, uint64_t gen) {
+        if (from_self(self, "a cutoff timer")) on_cutoff(self, gen);
+      },
+      [self](launcher_atom, int32_t node, int32_t nproc, const std::string& token) {
+        return on_launcher(self, node, nproc, token);
+      },
       [self](incarnation_atom, uint32_t inc) { return on_incarnation(self, inc); },
       [self](current_atom) { return self->state.cfg.incarnation; },
       [self](ckpt_peer_atom, int32_t node, const std::string& ep) { return on_ckpt_peer(self, node, ep); },
@@ -659,7 +738,9 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
         return fmt::format("incarnation {}, {} members, phase {}, {} forged messages refused", st.cfg.incarnation,
                            st.workers.size(), to_string(st.agree->phase()), st.forged);
       },
-      [self](tick_atom) { on_tick(self); },
+      [self](tick_atom) {
+        if (from_self(self, "a heartbeat-check timer")) on_tick(self);
+      },
   };
 }
 
@@ -706,6 +787,16 @@ void unpublish_coordinator(caf::actor_system& sys, const coordinator_actor& coor
   if (!r) spdlog::debug("unpublish the coordination service: {}", sys.render(r.error()));
 }
 
+status register_launcher(caf::actor_system& sys, const coordinator_actor& coord, int32_t node_rank, int32_t nproc,
+                         const std::string& token) {
+  std::string why = "no answer within 10 s";
+  caf::scoped_actor self{sys};
+  self->request(coord, std::chrono::seconds(10), launcher_atom::value, node_rank, nproc, token)
+      .receive([&](std::string& r) { why = std::move(r); }, [&](caf::error& e) { why = sys.render(e); });
+  if (why.empty()) return {};
+  return error{errc::invalid_input, "the coordination service refused this launcher: " + why};
+}
+
 result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
                                               std::chrono::milliseconds timeout) {
   using clock = std::chrono::steady_clock;
@@ -720,11 +811,12 @@ result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const std:
                                          : sys.middleman().remote_actor<coordinator_actor>(host, port);
       if (h) return *h;
       why = sys.render(h.error());
-      if (h.error() == caf::sec::disconnect_during_handshake)
+      // Which of the two a refused TLS handshake gives depends on timing.
+      if (h.error() == caf::sec::disconnect_during_handshake || h.error() == caf::sec::connection_timeout)
         why += sys.has_openssl_manager()
-                   ? " (the TLS handshake failed: the service has no TLS, or its certificate and this one are not "
-                     "signed by each other's --tls-ca)"
-                   : " (the service closed the connection: it may require TLS, --tls-cert/--tls-key/--tls-ca)";
+                   ? " (the TLS handshake failed or stalled: the service has no TLS, or its certificate and this "
+                     "one are not signed by each other's --tls-ca)"
+                   : " (no handshake from the service: it may require TLS, --tls-cert/--tls-key/--tls-ca)";
     } else {
       why = probe.err().message;
     }

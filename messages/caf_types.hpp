@@ -40,6 +40,8 @@ using ckpt_peer_atom = caf::atom_constant<caf::atom("g_ckpeer")>;
 /// Launcher -> coordinator: a worker process of (rank, incarnation) exited
 /// with a code (128 + signal when killed) before leaving on purpose.
 using exited_atom = caf::atom_constant<caf::atom("g_exited")>;
+/// A launcher on node > 0 registers as one: (node rank, workers per node, secret).
+using launcher_atom = caf::atom_constant<caf::atom("g_launch")>;
 /// Coordinator -> itself: the deadline is near (rescue) / nearer (cutoff),
 /// tagged with the arming's generation.
 using rescue_atom = caf::atom_constant<caf::atom("g_rescue")>;

@@ -187,15 +187,15 @@ result<endpoints> resolve_endpoints(const launch_options& o, const std::string& 
 /// The coordinator's current incarnation, asked by a launcher on node > 0
 /// before it starts a group. Reconnects once if the old connection is gone
 /// (a partition, a restart of this host). Nothing if it cannot be reached.
-std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_actor& coord, const std::string& host,
-                                            uint16_t port) {
+std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_actor& coord,
+                                            const std::function<result<coordinator_actor>()>& reconnect) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::optional<uint32_t> out;
     caf::scoped_actor self{sys};
     self->request(coord, std::chrono::seconds(2), current_atom::value)
         .receive([&](uint32_t inc) { out = inc; }, [&](caf::error&) {});
     if (out || attempt == 1) return out;
-    auto h = connect_coordinator(sys, host, port, std::chrono::seconds(2));
+    auto h = reconnect();
     if (!h) return std::nullopt;
     coord = *h;
   }
@@ -326,6 +326,7 @@ private:
   status start_monitor();
   void report_goodput(const goodput_account& a) const;
   status host_or_join_coordinator();
+  result<coordinator_actor> connect_as_launcher(std::chrono::milliseconds timeout);
   void start_checkpoint_server();
   void enter_incarnation();
   void stop_coordinator();
@@ -412,13 +413,23 @@ void launcher::report_goodput(const goodput_account& a) const {
   if (o_.node_rank == 0) say(describe(a));
 }
 
+/// Node > 0: connects to the coordination service and registers this
+/// process as the node's launcher (coordinator.hpp, register_launcher).
+result<coordinator_actor> launcher::connect_as_launcher(std::chrono::milliseconds timeout) {
+  auto& sys = rt_->sys();
+  auto h = connect_coordinator(sys, host_, port_, timeout);
+  if (!h) return h.err();
+  if (auto st = register_launcher(sys, *h, o_.node_rank, o_.nproc, token_); !st) return st.err();
+  return *h;
+}
+
 status launcher::host_or_join_coordinator() {
   system_options so;
   so.tls = tls_;
   rt_ = std::make_unique<actor_runtime>(so);
   auto& sys = rt_->sys();
   if (o_.node_rank != 0) {
-    auto h = connect_coordinator(sys, host_, port_, std::chrono::seconds(60));
+    auto h = connect_as_launcher(std::chrono::seconds(60));
     if (!h) return h.err();
     coord_ = *h;
     return {};
@@ -473,7 +484,7 @@ void launcher::enter_incarnation() {
   } else {
     const uint32_t counted = incarnation_;
     incarnation_ =
-        next_incarnation(previous_group_, initial_incarnation_, current_incarnation(sys, coord_, host_, port_));
+        next_incarnation(previous_group_, initial_incarnation_, current_incarnation(sys, coord_, [this] { return connect_as_launcher(std::chrono::seconds(2)); }));
     if (incarnation_ != counted)
       say("starting the group in incarnation " + std::to_string(incarnation_) +
           ", the coordination service's current one");
@@ -547,7 +558,8 @@ void launcher::read_signals() {
                            : 0;
     say(std::string("received ") + strsignal(si.ssi_signo) + ": forwarding a notice to the workers" +
         (deadline ? " (grace period " + std::to_string(o_.grace_period.count()) + " ms)" : ""));
-    caf::anon_send(coord_, make<proto::Claim>([&](auto b) {
+    caf::scoped_actor self{rt_->sys()};  // a sender: the service accepts a launcher's notice from launchers only
+    self->send(coord_, make<proto::Claim>([&](auto b) {
                      auto n = b.initNotice();
                      n.setRank(launcher_rank);
                      n.setSource(proto::NoticeSource::LAUNCHER);
@@ -582,8 +594,8 @@ void launcher::reap(group_end& g, std::optional<std::chrono::steady_clock::time_
       g.crashed |= w.signal != 0;
       auto effect = classify_exit(w.code, w.signal, o_.restart_code);
       if (effect == exit_effect::finished) break;
-      caf::anon_send(coord_, exited_atom::value, static_cast<uint32_t>(w.rank), incarnation_,
-                     static_cast<int32_t>(w.code));
+      caf::scoped_actor self{rt_->sys()};  // a sender: exits are accepted from this node's launcher only
+      self->send(coord_, exited_atom::value, static_cast<uint32_t>(w.rank), incarnation_, static_cast<int32_t>(w.code));
       g.add(effect, w.code == exit_code::no_rendezvous, "rank " + std::to_string(w.rank) + " " + describe(w));
       if (!kill_at) kill_at = std::chrono::steady_clock::now() + o_.exit_timeout;
     }
@@ -702,7 +714,7 @@ std::optional<launcher_decision> launcher::await_coordinator() {
   auto newest = [&] { return o_.checkpoint_dir.empty() ? 0 : checkpoint_store(o_.checkpoint_dir).newest_valid_step(); };
   bool said = false;
   for (;;) {
-    if (current_incarnation(rt_->sys(), coord_, host_, port_)) return std::nullopt;
+    if (current_incarnation(rt_->sys(), coord_, [this] { return connect_as_launcher(std::chrono::seconds(2)); })) return std::nullopt;
     auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - t0);
     if (waited >= o_.coordinator_wait) return coordinator_gone(where, waited.count(), newest(), o_.restart_code);
     if (!std::exchange(said, true))

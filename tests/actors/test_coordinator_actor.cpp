@@ -2,6 +2,7 @@
 // sleeps, no threads racing; every message is delivered when run() says so.
 // Workers are played by scoped actors.
 #include "actors/coordinator.hpp"
+#include "runtime/agreement.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -467,4 +468,40 @@ TEST_CASE("coordinator: messages naming a member are accepted only from the proc
                }));
   f.run();
   for (size_t r = 0; r < 3; ++r) CHECK(f.expect<proto::Committed>(r)->getStep() == 10);
+}
+
+TEST_CASE("coordinator: launcher messages and timers are accepted only from launchers and the service itself",
+          "[coordinator][security]") {
+  fixture f(4);
+  f.join_all(4);
+  // No sender: a worker's exit, a launcher's notice, the service's timers.
+  caf::anon_send(f.coord, exited_atom::value, uint32_t{1}, uint32_t{0}, int32_t{137});
+  caf::anon_send(f.coord, claim(launcher_rank, 0));
+  caf::anon_send(f.coord, rescue_atom::value, uint64_t{0});
+  caf::anon_send(f.coord, cutoff_atom::value, uint64_t{0});
+  f.run();
+  CHECK(f.host_verdicts.empty());
+  for (size_t r = 0; r < 4; ++r) {
+    CHECK_FALSE(f.next<proto::PeerLost>(r));
+    CHECK_FALSE(f.next<proto::CheckpointAt>(r));
+  }
+  // A launcher registration: the secret and a node that fits the world.
+  auto registration = [&](int32_t node, int32_t nproc, const std::string& token) {
+    std::string answer = "no answer";
+    f.w(0)->send(f.coord, launcher_atom::value, node, nproc, token);
+    f.run();
+    f.w(0)->receive([&](std::string& r) { answer = r; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+    return answer;
+  };
+  CHECK(registration(1, 2, "wrong") == "wrong job token");
+  CHECK(registration(2, 2, "tok").find("does not fit a world of 4") != std::string::npos);
+  CHECK(registration(0, 2, "tok").find("does not fit") != std::string::npos);  // node 0 hosts the service
+  CHECK(registration(1, 2, "tok").empty());
+  // The service's own process (node 0's launcher) is trusted: its report of
+  // a worker's exit is a verdict.
+  f.w(3)->send(f.coord, exited_atom::value, uint32_t{1}, uint32_t{0}, int32_t{137});
+  f.run();
+  REQUIRE(f.host_verdicts.size() == 1);
+  CHECK(std::get<0>(f.host_verdicts[0]) == 1);
+  CHECK(std::get<2>(f.host_verdicts[0]).find("killed by signal 9") != std::string::npos);
 }

@@ -8,7 +8,12 @@
 //                                         that names a member (acks, heartbeat,
 //                                         save report, error, leave, final
 //                                         proposal, claim) and the rendezvous
-//                                         requests (key-value set/get, barrier):
+//                                         requests (key-value set/get, barrier),
+//                                         and the launchers' messages (a
+//                                         launcher's notice, a worker's exit,
+//                                         the incarnation, a checkpoint server,
+//                                         a launcher registration with a wrong
+//                                         secret) and the service's own timers:
 //                                         the ones with replies must be refused
 //
 // GRACE_TLS_CERT/KEY/CA, when set, make it connect over TLS with those
@@ -18,6 +23,7 @@
 // line printed says which one got through), 2 on a usage or connect error.
 #include "actors/coordinator.hpp"
 #include "messages/caf_types.hpp"
+#include "runtime/agreement.hpp"
 #include "runtime/system.hpp"
 
 #include <caf/scoped_actor.hpp>
@@ -100,9 +106,42 @@ int expect_refused(caf::scoped_actor& self, const coordinator_actor& coord, Msg 
   return 0;
 }
 
+/// What only a launcher, or the service itself, may send.
+int forge_launcher(caf::scoped_actor& self, const coordinator_actor& coord) {
+  self->send(coord, exited_atom::value, uint32_t{0}, uint32_t{0}, int32_t{137});
+  self->send(coord, tick_atom::value);
+  self->send(coord, rescue_atom::value, uint64_t{1});
+  self->send(coord, cutoff_atom::value, uint64_t{1});
+  int rc = expect_refused<proto::ClaimReply>(self, coord, make<proto::Claim>([](auto b) {
+                                               auto n = b.initNotice();
+                                               n.setRank(launcher_rank);
+                                               n.setSource(proto::NoticeSource::LAUNCHER);
+                                               n.setDetail("forged launcher notice");
+                                             }),
+                                             "a launcher's notice", [](auto r) { return r.getWon(); });
+  std::string answer = "no answer";
+  self->request(coord, wait, launcher_atom::value, int32_t{1}, int32_t{1}, std::string("not-the-job-secret-at-all"))
+      .receive([&](std::string& r) { answer = r; }, [&](caf::error& e) { answer = to_string(e); });
+  if (answer.empty()) rc |= failed("a launcher registration with a wrong secret");
+  std::printf("refused a launcher registration: %s\n", answer.c_str());
+  uint32_t inc = 0;
+  self->request(coord, wait, incarnation_atom::value, uint32_t{77}).receive([&](uint32_t i) { inc = i; }, [](caf::error&) {});
+  if (inc == 77) rc |= failed("an incarnation change");
+  std::printf("refused an incarnation change (still %u)\n", inc);
+  std::string peers = "no answer";
+  self->request(coord, wait, ckpt_peer_atom::value, int32_t{1}, std::string("127.0.0.1:1"))
+      .receive([&](std::string& r) { peers = r; }, [](caf::error&) {});
+  std::string after;
+  self->request(coord, wait, ckpt_peer_atom::value, int32_t{2}, std::string())
+      .receive([&](std::string& r) { after = r; }, [](caf::error&) {});
+  if (after.find("127.0.0.1:1") != std::string::npos) rc |= failed("a checkpoint server registration");
+  std::printf("refused a checkpoint server registration\n");
+  return rc;
+}
+
 int forge(caf::scoped_actor& self, const coordinator_actor& coord) {
   send_forgeries(self, coord);
-  int rc = 0;
+  int rc = forge_launcher(self, coord);
   rc |= expect_refused<proto::ClaimReply>(self, coord, make<proto::Claim>([](auto b) {
                                             auto n = b.initNotice();
                                             n.setRank(1);

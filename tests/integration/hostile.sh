@@ -3,7 +3,10 @@
 # that are not CAF's protocol, connections held open without a word, a join
 # with a wrong secret, and messages forged for member ranks from a process
 # that never joined (acks, heartbeat, save report, error, leave, final-save
-# proposal, claim, rendezvous key-value and barrier requests). The job must
+# proposal, claim, rendezvous key-value and barrier requests), the launchers'
+# messages (a worker's exit, a launcher's notice, the incarnation, a
+# checkpoint server, a launcher registration with a wrong secret) and the
+# service's own timers. The job must
 # finish with exit 0, every step once, weights bit-identical to an
 # undisturbed run, no agreement started by a forgery, and the coordination
 # service's log must name the refusals.
@@ -57,7 +60,7 @@ pass "garbage and silent connections sent to port $PORT"
 out=$("$GRACE_HOSTILE" 127.0.0.1 "$PORT" 2 join) || { echo "$out"; fail "a join with a wrong secret was not refused"; }
 grep -q "refused join:.*secret\|refused join:.*token" <<< "$out" || fail "the refusal must name the secret: $out"
 out=$("$GRACE_HOSTILE" 127.0.0.1 "$PORT" 2 forge) || { echo "$out"; fail "a forged message got through"; }
-[ "$(grep -c '^refused' <<< "$out")" -eq 4 ] || fail "expected 4 refused requests: $out"
+[ "$(grep -c '^refused' <<< "$out")" -eq 8 ] || fail "expected 8 refused requests: $out"
 pass "a wrong secret and forged member messages refused"
 
 wait_job
