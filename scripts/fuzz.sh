@@ -13,7 +13,7 @@ CC=${FUZZ_CC:-clang-14}
 command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang-14 libclang-rt-14-dev)"; exit 2; }
 SECONDS_EACH=${FUZZ_SECONDS:-30}
 HARNESSES=("$@")
-[ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(messages safetensors manifest config checkpoint)
+[ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(messages safetensors manifest config checkpoint coordinator)
 dir=build-fuzz
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 echo "==> configuring $dir ($CXX, $flags)"

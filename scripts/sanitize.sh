@@ -31,7 +31,7 @@ cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRACE_CUDA=OFF -DGRACE_
 # Only what the selected tests run (not the model tests, benchmarks or the
 # CUDA trainer): each sanitizer build is a full CAF build, the heaviest part.
 targets="grace_unit_tests grace_actor_tests grace-launch grace-train grace-ckpt grace-chaos grace-hostile"
-for f in messages safetensors manifest config checkpoint; do targets="$targets fuzz_replay_$f"; done
+for f in messages safetensors manifest config checkpoint coordinator; do targets="$targets fuzz_replay_$f"; done
 echo "==> building $targets in $dir (-j2)"
 # shellcheck disable=SC2086
 cmake --build "$dir" -j2 --target $targets > "$dir.build.log" 2>&1 || { grep -E "error" -A5 "$dir.build.log" | head -40; exit 1; }
