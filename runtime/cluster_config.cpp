@@ -25,6 +25,16 @@ const char* env(const char* name) {
 
 }  // namespace
 
+status check_run_id(const std::string& id, const std::string& origin) {
+  if (id.empty() || id.size() > 256)
+    return error{errc::invalid_input, origin + " must be 1 to 256 characters long (it is " + std::to_string(id.size()) + ")"};
+  for (unsigned char c : id)
+    if (c <= ' ' || c >= 127)
+      return error{errc::invalid_input, origin + " may hold printable ASCII characters only, no blanks (byte " +
+                                            std::to_string(c) + " found)"};
+  return {};
+}
+
 result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s) {
   auto colon = s.rfind(':');
   if (colon == std::string::npos || colon == 0) return bad("'" + s + "' is not host:port");
@@ -145,7 +155,10 @@ result<cluster_config> cluster_from_environment() {
     } else if (c.world_size > 1) {
       return bad("GRACE_WORLD_SIZE > 1 but GRACE_COORDINATOR is not set");
     }
-    if (auto v = env("GRACE_RUN_ID")) c.run_id = v;
+    if (auto v = env("GRACE_RUN_ID")) {
+      if (auto st = check_run_id(v, "GRACE_RUN_ID"); !st) return st.err();
+      c.run_id = v;
+    }
     if (auto v = env("GRACE_TOKEN")) c.token = v;
     if (auto v = env("GRACE_INCARNATION")) {
       auto n = parse_uint("GRACE_INCARNATION", v, 0xffffffffu);

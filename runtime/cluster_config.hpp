@@ -33,6 +33,11 @@ struct cluster_config {
 /// Parses "host:port" (IPv4 name or address; port 1..65535).
 result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s);
 
+/// A run id names the job in joins, rendezvous keys, events and manifests:
+/// 1 to 256 printable ASCII characters without blanks. `origin` names where
+/// it came from in the error.
+status check_run_id(const std::string& id, const std::string& origin);
+
 /// From explicit flags. `workers` is the comma-separated list; index -1 means
 /// "not given" (an error when there is more than one worker). The first
 /// worker's address hosts the coordination service.

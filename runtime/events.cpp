@@ -50,7 +50,10 @@ void emit_event(const std::string& name, const nlohmann::json& fields) {
                       {"incarnation", event_incarnation.load()}};
   if (fields.is_object())
     for (auto& [k, v] : fields.items()) j[k] = v;
-  auto line = j.dump();
+  // Strings in events come from messages and command lines: bytes that are
+  // not UTF-8 are replaced (U+FFFD), never thrown about (an exception here
+  // would end the coordination service's actor).
+  auto line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   spdlog::debug("event {}", line);
   int fd = events_fd();
   if (fd >= 0) {

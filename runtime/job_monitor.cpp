@@ -78,7 +78,7 @@ void save_account(const fs::path& file, const goodput_account& previous, const g
                         {"previous", total},
                         {"current", current.to_json()},
                         {"high_water_step", high_water}}
-             .dump(2)
+             .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)  // a run id may not be UTF-8
       << "\n";
     if (!f) return;
   }

@@ -105,7 +105,7 @@ void write_reason(const launch_options& o, int code, const std::string& reason, 
     f << nlohmann::json{{"exit_code", code},        {"reason", reason},   {"restarts", restarts},
                         {"node_rank", o.node_rank}, {"run_id", o.run_id}, {"time_ns", wall_ns()},
                         {"goodput", job.to_json()}}
-             .dump(2)
+             .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)  // a reason or run id may not be UTF-8
       << "\n";
   }
   std::filesystem::rename(tmp, path, ec);
@@ -298,6 +298,8 @@ status validate(const launch_options& o) {
     return error{errc::invalid_input, "--nnodes > 1 needs --coordinator host:port (node 0's address)"};
   if (o.nnodes > 1 && o.run_id.empty())
     return error{errc::invalid_input, "--nnodes > 1 needs the same --run-id on every node"};
+  if (!o.run_id.empty())
+    if (auto st = check_run_id(o.run_id, "--run-id"); !st) return st;
   return {};
 }
 

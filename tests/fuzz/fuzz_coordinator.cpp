@@ -18,6 +18,7 @@
 #include <caf/after.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 #include <caf/scoped_actor.hpp>
+#include <caf/system_messages.hpp>
 
 #include <spdlog/spdlog.h>
 
@@ -222,12 +223,17 @@ void send_control(uint8_t kind, uint8_t who, senders& s, const coordinator_actor
 /// The service must still answer after the program.
 void check_alive(harness& h, const coordinator_actor& coord) {
   caf::scoped_actor probe{*h.sys};
+  probe->monitor(coord);
   probe->send(coord, current_atom::value);
   h.sched->run();
   bool answered = false;
-  probe->receive([&](uint32_t) { answered = true; }, caf::after(std::chrono::seconds(0)) >> [] {});
+  std::string why = "no answer";
+  for (int i = 0; i < 2 && !answered; ++i)
+    probe->receive([&](uint32_t) { answered = true; },
+                   [&](caf::down_msg& d) { why = "it terminated: " + caf::to_string(d.reason); },
+                   caf::after(std::chrono::seconds(0)) >> [] {});
   if (!answered) {
-    std::fprintf(stderr, "fuzz_coordinator: the coordination service stopped answering\n");
+    std::fprintf(stderr, "fuzz_coordinator: the coordination service stopped answering (%s)\n", why.c_str());
     std::abort();
   }
 }

@@ -15,6 +15,14 @@
 //                                         a launcher registration with a wrong
 //                                         secret) and the service's own timers:
 //                                         the ones with replies must be refused
+//   grace-hostile HOST PORT WORLD stale   a worker of the previous incarnation
+//                                         (it has GRACE_TOKEN and GRACE_RUN_ID):
+//                                         joins as rank 1 in the incarnation
+//                                         before the current one, then sends
+//                                         rank 1's acks, save reports and a
+//                                         heartbeat: the join must be refused
+//                                         (restartable), the rest changes
+//                                         nothing
 //
 // GRACE_TLS_CERT/KEY/CA, when set, make it connect over TLS with those
 // files (tests/integration/tls.sh: a certificate of another CA, or none).
@@ -168,12 +176,67 @@ int forge(caf::scoped_actor& self, const coordinator_actor& coord) {
   return rc;
 }
 
+/// A worker left over from the previous incarnation, with the job's secret.
+int stale_worker(caf::scoped_actor& self, const coordinator_actor& coord, uint32_t world) {
+  const char* token = std::getenv("GRACE_TOKEN");
+  const char* run_id = std::getenv("GRACE_RUN_ID");
+  if (!token || !run_id) {
+    std::fprintf(stderr, "grace-hostile stale: GRACE_TOKEN and GRACE_RUN_ID (a worker's) must be set\n");
+    return 2;
+  }
+  uint32_t current = 0;
+  self->request(coord, wait, current_atom::value).receive([&](uint32_t i) { current = i; }, [](caf::error&) {});
+  if (current == 0) {
+    std::fprintf(stderr, "grace-hostile stale: the job is still in incarnation 0: nothing is stale yet\n");
+    return 2;
+  }
+  int rc = 1;
+  self->request(coord, wait, make<proto::Join>([&](auto b) {
+                  b.setRank(1);
+                  b.setWorldSize(world);
+                  b.setToken(token);
+                  b.setRunId(run_id);
+                  b.setProtocolVersion(proto::PROTOCOL_VERSION);
+                  b.setIncarnation(current - 1);
+                }))
+      .receive(
+          [&](msg<proto::Welcome>& m) {
+            auto w = decode(m);
+            if (w && !w->get().getAccepted()) {
+              std::printf("refused stale join: %s\n", str(w->get().getReason()).c_str());
+              rc = 0;
+            }
+          },
+          [&](caf::error& e) { std::printf("stale join: %s\n", to_string(e).c_str()); });
+  if (rc) return failed("a join in the previous incarnation");
+  for (uint64_t id = 0; id < 8; ++id) {
+    self->send(coord, make<proto::Ack>([&](auto b) {
+                 b.setAgreementId(id);
+                 b.setRank(1);
+                 b.setEarliestStep(1);
+               }));
+    self->send(coord, make<proto::CheckpointSaved>([&](auto b) {
+                 b.setAgreementId(id);
+                 b.setRank(1);
+                 b.setStep(1);
+                 b.setOk(true);
+               }));
+  }
+  self->send(coord, make<proto::Heartbeat>([&](auto b) {
+               b.setRank(1);
+               b.setIncarnation(current - 1);
+               b.setCompletedStep(1);
+             }));
+  std::printf("sent stale acknowledgements, save reports and a heartbeat for rank 1 (incarnation %u)\n", current - 1);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
   if (argc != 5) {
-    std::fprintf(stderr, "usage: grace-hostile HOST PORT WORLD join|forge\n");
+    std::fprintf(stderr, "usage: grace-hostile HOST PORT WORLD join|forge|stale\n");
     return 2;
   }
   system_options so;
@@ -196,6 +259,7 @@ int main(int argc, char** argv) {
   std::string what = argv[4];
   int rc = what == "join"    ? join_with_wrong_secret(self, *coord, static_cast<uint32_t>(std::stoul(argv[3])))
            : what == "forge" ? forge(self, *coord)
+           : what == "stale" ? stale_worker(self, *coord, static_cast<uint32_t>(std::stoul(argv[3])))
                              : 2;
   std::fflush(stdout);
   return rc;

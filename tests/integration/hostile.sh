@@ -6,7 +6,8 @@
 # proposal, claim, rendezvous key-value and barrier requests), the launchers'
 # messages (a worker's exit, a launcher's notice, the incarnation, a
 # checkpoint server, a launcher registration with a wrong secret) and the
-# service's own timers. The job must
+# service's own timers; then a worker of the previous incarnation of a
+# 4-worker job (stale join, acks, save reports, heartbeat). The job must
 # finish with exit 0, every step once, weights bit-identical to an
 # undisturbed run, no agreement started by a forgery, and the coordination
 # service's log must name the refusals.
@@ -75,3 +76,38 @@ grep -q "refused a join as rank 1 from node .*: wrong job token" "$D/log.txt" ||
 grep -q "refused an acknowledgement for rank 0 from node .*: not the process that joined as rank 0" "$D/log.txt" ||
   fail "the log must say why the forged messages were refused"
 pass "the job finished undisturbed (exit 0, every step once, weights identical, no agreement, no restart)"
+
+# A worker of the previous incarnation: a 4-worker job restarts once (a
+# SIGTERM to one worker), then a process holding the job's secret and run id
+# (read from a worker, as a leftover worker would have them) joins as rank 1
+# in the old incarnation and sends rank 1's acknowledgements, save reports
+# and a heartbeat of the old incarnation.
+ARGS4=(--steps 400 --step-delay-ms 15 --save-every 50)
+REF4=$(reference 4 "${ARGS4[@]}")
+D4="$WORK/stale"
+start_job "$D4" 4 -- "${ARGS4[@]}"
+wait_for_training "$D4" 4
+wait_for_save "$D4" 50
+kill -TERM "$(workers_of "$JOB_PID" | head -1)"
+for _ in $(seq 1 1200); do   # the new group's four members stepping
+  [ "$(count_events "$D4/events.jsonl" "e['event']=='first_step' and e['incarnation']==1")" -ge 4 ] && break
+  sleep 0.05
+done
+[ "$(count_events "$D4/events.jsonl" "e['event']=='first_step' and e['incarnation']==1")" -ge 4 ] ||
+  { tail -20 "$D4/log.txt"; fail "the group did not restart into incarnation 1"; }
+PORT4=$(sed -n 's/.*coordination service on 127\.0\.0\.1:\([0-9]*\),.*/\1/p' "$D4/log.txt" | head -1)
+W=$(workers_of "$JOB_PID" | head -1)
+secret=$(tr '\0' '\n' < "/proc/$W/environ" | sed -n 's/^GRACE_TOKEN=//p')
+run_id=$(tr '\0' '\n' < "/proc/$W/environ" | sed -n 's/^GRACE_RUN_ID=//p')
+[ -n "$secret" ] && [ -n "$run_id" ] || fail "no GRACE_TOKEN/GRACE_RUN_ID in worker $W's environment"
+out=$(GRACE_TOKEN=$secret GRACE_RUN_ID=$run_id "$GRACE_HOSTILE" 127.0.0.1 "$PORT4" 4 stale) ||
+  { echo "$out"; fail "the stale worker got through"; }
+grep -q "refused stale join: incarnation 0 != current 1" <<< "$out" || fail "the stale join must be refused naming the incarnation: $out"
+wait_job
+check_finished "$D4" 400 "$REF4"
+[ "$(json "$D4/ck/grace-exit.json" restarts)" -eq 1 ] || fail "expected exactly the SIGTERM's restart"
+[ "$(count_events "$D4/events.jsonl" "e['event'] in ('peer_lost','cluster_error')")" -eq 0 ] ||
+  fail "a stale message cost a member: $(events "$D4/events.jsonl" "e['event'] in ('peer_lost','cluster_error')")"
+grep -q "refused an acknowledgement for rank 1 from node .*: not the process that joined as rank 1 in incarnation 1" \
+  "$D4/log.txt" || fail "the log must name the stale acknowledgement"
+pass "a worker of the previous incarnation: its join refused, its acks, saves and heartbeat ignored; 4 workers finished bit-identical after one restart"

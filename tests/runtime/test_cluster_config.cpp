@@ -81,3 +81,15 @@ TEST_CASE("cluster: GRACE_* environment", "[cluster]") {
   REQUIRE(local);
   CHECK(local->local_mode());
 }
+
+TEST_CASE("cluster: a run id is printable ASCII without blanks, 1 to 256 characters", "[cluster]") {
+  CHECK(check_run_id("exp1", "--run-id"));
+  CHECK(check_run_id("torchrun-10.0.0.1:29400", "--run-id"));
+  CHECK(check_run_id(std::string(256, 'a'), "--run-id"));
+  CHECK_FALSE(check_run_id("", "--run-id"));
+  CHECK_FALSE(check_run_id(std::string(257, 'a'), "--run-id"));
+  CHECK_FALSE(check_run_id("two words", "--run-id"));
+  auto st = check_run_id("a\xff" "b", "GRACE_RUN_ID");
+  REQUIRE_FALSE(st);
+  CHECK(st.err().message == "GRACE_RUN_ID may hold printable ASCII characters only, no blanks (byte 255 found)");
+}
