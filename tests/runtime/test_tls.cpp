@@ -24,7 +24,7 @@ TEST_CASE("TLS files: flags win over GRACE_TLS_*, each on its own", "[tls]") {
   CHECK_FALSE(tls_files_from({}, [](const char*) -> const char* { return nullptr; }).any());
 }
 
-TEST_CASE("TLS files: none is plain TCP; some but not all three is an error naming the missing ones", "[tls]") {
+TEST_CASE("TLS files: none is plain TCP, some but not all three is an error naming the missing ones", "[tls]") {
   CHECK(check_tls_files({}));
   auto st = check_tls_files(tls_files{"c.pem", "", ""});
   REQUIRE_FALSE(st);
