@@ -646,7 +646,8 @@ void on_tick(self_ptr self) {
 }
 
 uint32_t on_incarnation(self_ptr self, uint32_t incarnation) {
-  if (self->current_sender() && self->current_sender()->node() != self->node()) {
+  auto sender = self->current_sender();
+  if (!sender || sender->node() != self->node()) {  // anonymous messages may come from anywhere
     note_refusal(self, "an incarnation change", "only node 0's launcher moves the incarnation");
     return self->state.cfg.incarnation;
   }

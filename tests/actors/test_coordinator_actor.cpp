@@ -479,8 +479,14 @@ TEST_CASE("coordinator: launcher messages and timers are accepted only from laun
   caf::anon_send(f.coord, claim(launcher_rank, 0));
   caf::anon_send(f.coord, rescue_atom::value, uint64_t{0});
   caf::anon_send(f.coord, cutoff_atom::value, uint64_t{0});
+  caf::anon_send(f.coord, incarnation_atom::value, uint32_t{5});
   f.run();
   CHECK(f.host_verdicts.empty());
+  f.w(0)->send(f.coord, current_atom::value);
+  f.run();
+  uint32_t inc = 99;
+  f.w(0)->receive([&](uint32_t i) { inc = i; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+  CHECK(inc == 0);  // an anonymous incarnation change is refused
   for (size_t r = 0; r < 4; ++r) {
     CHECK_FALSE(f.next<proto::PeerLost>(r));
     CHECK_FALSE(f.next<proto::CheckpointAt>(r));
