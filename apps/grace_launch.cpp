@@ -105,6 +105,16 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-linger-ms", linger_ms,
                  "after the job ends, serve the final metrics this long before exiting (a last scrape)")
       ->check(CLI::Range(0, 3600000));
+  int standby_delay_ms = 3000, standby_wait_ms = 30000;
+  app.add_flag("--standby", o.standby,
+               "warm spares: while a group trains, start the next incarnation's processes up to their first call "
+               "into Grace (import grace, grace::session), so a restart skips the program's start; the program "
+               "must not do work or read its per-incarnation environment before that call");
+  app.add_option("--standby-delay-ms", standby_delay_ms, "start the spares this long after a group started")
+      ->check(CLI::Range(0, 86400000));
+  app.add_option("--standby-wait-ms", standby_wait_ms,
+                 "at a restart, wait this long for a spare still starting before starting its worker from scratch")
+      ->check(CLI::Range(0, 3600000));
   bool ignore_env = false;
   app.add_flag("--no-scheduler-env", ignore_env,
                "do not read torchrun (MASTER_ADDR, ...) or SLURM (SLURM_JOB_ID, "
@@ -123,6 +133,8 @@ int main(int argc, char** argv) {
   o.dead_after = std::chrono::milliseconds(dead_ms);
   o.hang_after = std::chrono::milliseconds(hang_ms);
   o.metrics_linger = std::chrono::milliseconds(linger_ms);
+  o.standby_delay = std::chrono::milliseconds(standby_delay_ms);
+  o.standby_ready_wait = std::chrono::milliseconds(standby_wait_ms);
   spdlog::set_pattern("[%H:%M:%S.%e] [launch] %v");
   return grace::run_launcher(o);
 }

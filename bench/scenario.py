@@ -117,7 +117,7 @@ def grace_group(a):
     env = dict(os.environ, GRACE_EVENTS_FILE=events_path)
     train = shlex.split(a.train_cmd) if a.train_cmd else [a.train]
     cmd = [a.launch, "--nproc", str(a.nproc), "--checkpoint-dir", os.path.join(work, "ckpt"), "--max-restarts", "3",
-           "--quiet", "--"] + train + ["--steps", "1000000", "--step-delay-ms", str(a.step_delay_ms)]
+           "--quiet"] + shlex.split(a.launch_args) + ["--"] + train + ["--steps", "1000000", "--step-delay-ms", str(a.step_delay_ms)]
     if a.hidden:
         cmd += ["--hidden", a.hidden]
     log = open(os.path.join(work, "launch.log"), "w")
@@ -128,6 +128,9 @@ def grace_group(a):
         t = a.timeout
         w0 = ev.wait(lambda: workers_stepping(ev, 0, a.nproc), t, "group 0 did not start")
         time.sleep(0.5)
+        standby = "--standby" in a.launch_args
+        if standby:  # the row measures a restart onto ready spares
+            ev.wait(lambda: ev.where("standby_ready", 0), t, "spares of group 0 not ready")
         # The step time: the trainer's steady-state step is the delay plus a
         # tiny MLP step and the allreduce.
         target = w0[1]["pid"]
@@ -187,6 +190,8 @@ def grace_group(a):
         out.update({"sigterm_reached": r, "sigterm_restored": s, "sigterm_lost": lost})
         if a.kill:
             time.sleep(0.5)
+            if standby:
+                ev.wait(lambda: ev.where("standby_ready", 1), t, "spares of group 1 not ready")
             os.kill(w1[1]["pid"], signal.SIGKILL)
             ev.wait(lambda: workers_stepping(ev, 2, a.nproc), t, "group 2 did not start after SIGKILL")
             r, s, lost = lost_work(ev, 1)
@@ -346,6 +351,7 @@ def main():
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--work", default="/tmp/grace-scenario")
     p.add_argument("--kill", action="store_true")
+    p.add_argument("--launch-args", default="", help="more grace-launch flags (e.g. --standby)")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--hidden", default="")
     p.add_argument("--label", default="as built")

@@ -17,6 +17,7 @@
 #include "runtime/cancel_token.hpp"
 #include "runtime/gloo_comm.hpp"
 #include "runtime/grace.hpp"
+#include "runtime/standby.hpp"
 
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
@@ -600,6 +601,17 @@ PYBIND11_MODULE(_grace, m) {
   m.attr("FATAL") = grace::exit_code::fatal;
   m.attr("USAGE") = grace::exit_code::usage;
   m.attr("MAX_BLOB_BYTES") = grace::max_blob_bytes;
+  m.def(
+      "_await_standby",
+      []() -> std::optional<grace::env_map> {
+        auto r = [] {
+          py::gil_scoped_release nogil;
+          return grace::await_standby_release();
+        }();
+        if (!r) throw grace_error(r.err().what());
+        return *r;
+      },
+      "In a warm spare of grace-launch --standby: block until released; the variables set (else None).");
 
   py::class_<py_counter>(m, "Counter")
       .def_property(

@@ -18,6 +18,7 @@
 #include "runtime/net_address.hpp"
 #include "runtime/save_interval.hpp"
 #include "runtime/snapshot.hpp"
+#include "runtime/standby.hpp"
 #include "runtime/system.hpp"
 #include "runtime/tls.hpp"
 #include "runtime/worker_policy.hpp"
@@ -107,6 +108,7 @@ struct session::impl {
   }
 
   bool attached = false;
+  std::optional<error> standby_error;  ///< a spare's release went wrong: attach() reports it
   bool left = false;  ///< Leave sent (or nobody to tell)
   uint64_t completed = 0;
   uint64_t restored_step = 0;
@@ -464,6 +466,7 @@ struct session::impl {
 };
 
 session::session(options opts) : impl_(std::make_unique<impl>()) {
+  if (auto released = await_standby_release(); !released) impl_->standby_error = released.err();
   block_termination_signals();
   impl_->opts = std::move(opts);
   impl_->log = impl_->opts.log ? impl_->opts.log : spdlog::default_logger();
@@ -498,6 +501,7 @@ void session::register_blob(const std::string& name, std::function<std::string()
 result<uint64_t> session::attach() {
   auto& d = *impl_;
   if (d.attached) return error{errc::invalid_input, "attach() called twice"};
+  if (d.standby_error) return *d.standby_error;
   if (d.opts.cluster) {
     d.cluster = *d.opts.cluster;
   } else {

@@ -119,6 +119,8 @@ private:
 
 class session {
 public:
+  /// In a warm spare of `grace-launch --standby` (runtime/standby.hpp),
+  /// blocks until the launcher hands it a worker's environment.
   explicit session(options opts = {});
   ~session();
   session(const session&) = delete;

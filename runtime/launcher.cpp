@@ -13,6 +13,7 @@
 #include "runtime/job_token.hpp"
 #include "runtime/save_interval.hpp"
 #include "runtime/net_address.hpp"
+#include "runtime/standby.hpp"
 #include "runtime/system.hpp"
 
 #include <caf/actor_system.hpp>
@@ -70,26 +71,6 @@ struct worker_proc {
 std::string describe(const worker_proc& w) {
   if (w.signal) return "killed by signal " + std::to_string(w.signal) + " (" + strsignal(w.signal) + ")";
   return "exit code " + std::to_string(w.code);
-}
-
-pid_t spawn_worker(const launch_options& o, const std::map<std::string, std::string>& env) {
-  pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  // Child: own process group (a terminal's Ctrl-C reaches the launcher,
-  // which forwards it as one notice), default signal dispositions.
-  ::setpgid(0, 0);
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::signal(SIGTERM, SIG_DFL);
-  ::signal(SIGINT, SIG_DFL);
-  for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-  std::vector<char*> argv;
-  for (auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  ::execvp(argv[0], argv.data());
-  std::fprintf(stderr, "grace-launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
-  ::_exit(127);
 }
 
 void write_reason(const launch_options& o, int code, const std::string& reason, int restarts,
@@ -335,6 +316,9 @@ private:
   void linger_for_scrapes();
   std::optional<launcher_decision> await_coordinator();
   status start_group();
+  pid_t start_worker(int local_rank, const env_map& env);
+  void start_spares();
+  void watch_spares(bool group_intact, std::chrono::steady_clock::time_point started);
   group_end watch_group();
   void kill_declared_dead();
   void read_signals();
@@ -364,6 +348,8 @@ private:
   int restarts_ = 0;
   bool notice_forwarded_ = false;
   std::shared_ptr<job_monitor> monitor_;  ///< shared with the coordinator's progress hook
+  std::unique_ptr<standby_pool> spares_;  ///< --standby: the next incarnation's processes
+  bool spares_said_ready_ = false;
 };
 
 void launcher::say(const std::string& line) const {
@@ -519,13 +505,62 @@ status launcher::start_group() {
   for (int i = 0; i < o_.nproc; ++i) {
     int rank = o_.node_rank * o_.nproc + i;
     workers_[i].rank = rank;
-    workers_[i].pid = spawn_worker(o_, worker_environment(rank, i));
+    workers_[i].pid = start_worker(i, worker_environment(rank, i));
     if (workers_[i].pid < 0) return error{errc::failed, std::string("fork failed: ") + std::strerror(errno)};
   }
   nlohmann::json pids = nlohmann::json::object();
   for (auto& w : workers_) pids[std::to_string(w.rank)] = w.pid;
   emit_event("group_started", {{"incarnation", incarnation_}, {"workers", o_.nproc}, {"pids", pids}});
   return {};
+}
+
+/// A worker of the group: its spare if one is usable (--standby), else a
+/// new process.
+pid_t launcher::start_worker(int local_rank, const env_map& env) {
+  if (spares_ && spares_->count() > 0) {
+    auto pid = spares_->release(local_rank, env);
+    if (pid) {
+      emit_event("standby_released", {{"worker_rank", o_.node_rank * o_.nproc + local_rank}, {"pid", *pid}});
+      return *pid;
+    }
+    say("local rank " + std::to_string(local_rank) + ": spare not used (" + pid.err().message +
+        "): starting the worker from scratch");
+  }
+  return spawn_process(o_.command, env);
+}
+
+/// Starts one spare per local rank for the next incarnation. Their
+/// environment is this incarnation's; the release replaces it.
+void launcher::start_spares() {
+  nlohmann::json pids = nlohmann::json::object();
+  for (int i = 0; i < o_.nproc; ++i) {
+    const int rank = o_.node_rank * o_.nproc + i;
+    auto pid = spares_->start(i, worker_environment(rank, i));
+    if (!pid) {
+      say("spares not started: " + pid.err().message);
+      spares_->discard();
+      return;
+    }
+    pids[std::to_string(rank)] = *pid;
+  }
+  spares_said_ready_ = false;
+  emit_event("standby_started", {{"for_incarnation", incarnation_ + 1}, {"pids", pids}});
+}
+
+/// --standby, while the group runs: starts the spares --standby-delay-ms
+/// after the group started (while it is intact and a restart may still
+/// come), and notes when they are all ready.
+void launcher::watch_spares(bool group_intact, std::chrono::steady_clock::time_point started) {
+  if (!spares_) return;
+  if (spares_->count() == 0 && group_intact && !notice_forwarded_ && restarts_ < o_.max_restarts &&
+      std::chrono::steady_clock::now() - started >= o_.standby_delay)
+    start_spares();
+  for (auto& [rank, fd] : spares_->waiting_fds()) spares_->check_ready(rank);
+  if (!spares_said_ready_ && spares_->count() == o_.nproc && spares_->ready_count() == o_.nproc) {
+    spares_said_ready_ = true;
+    emit_event("standby_ready", {{"for_incarnation", incarnation_ + 1}, {"spares", o_.nproc}});
+    say(std::to_string(o_.nproc) + " spare(s) ready for a restart");
+  }
 }
 
 /// Declared dead by the coordinator: kill our own worker now (never a
@@ -582,6 +617,10 @@ void launcher::reap(group_end& g, std::optional<std::chrono::steady_clock::time_
   int status = 0;
   pid_t pid;
   while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    if (spares_ && spares_->reaped(pid)) {
+      say("a spare exited before it was needed (status " + std::to_string(status) + ")");
+      continue;
+    }
     for (auto& w : workers_) {
       if (w.pid != pid || w.exited) continue;
       w.exited = true;
@@ -610,12 +649,14 @@ group_end launcher::watch_group() {
   group_end g;
   std::optional<std::chrono::steady_clock::time_point> kill_at;
   int live = o_.nproc;
+  const auto started = std::chrono::steady_clock::now();
   while (live > 0) {
     pollfd pfds[2] = {{sfd_, POLLIN, 0}, {verdicts_->pipe_fd[0], POLLIN, 0}};
     int pr = ::poll(pfds, verdicts_->pipe_fd[0] >= 0 ? 2 : 1, 200);
     kill_declared_dead();
     if (pr > 0 && (pfds[0].revents & POLLIN)) read_signals();
     reap(g, kill_at, live);
+    watch_spares(live == o_.nproc && !kill_at, started);
     if (kill_at && std::chrono::steady_clock::now() > *kill_at) {
       for (auto& w : workers_)
         if (!w.exited) {
@@ -654,6 +695,7 @@ int launcher::run() {
       std::to_string(world_) + " workers (" + std::to_string(o_.nproc) + " on this node); this node advertises " +
       ep_.adv.address + (ep_.adv.iface.empty() ? "" : " (" + ep_.adv.iface + ")") + " from " + ep_.adv.source);
   start_checkpoint_server();
+  if (o_.standby) spares_ = std::make_unique<standby_pool>(o_.command, o_.standby_ready_wait);
   rendezvous_streak streak(o_.max_rendezvous_failures);
   group_context ctx;
   ctx.nproc = o_.nproc;
@@ -696,6 +738,7 @@ int launcher::run() {
     say("restart " + std::to_string(restarts_) + "/" + std::to_string(o_.max_restarts) + " (incarnation " +
         std::to_string(incarnation_) + "): " + d.reason);
   }
+  if (spares_) spares_->discard();
   if (o_.node_rank == 0) stop_coordinator();
   auto job = monitor_->finish();
   report_goodput(job);

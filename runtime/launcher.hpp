@@ -44,6 +44,16 @@ struct launch_options {
   /// After the job ends, go on serving the final metrics this long (a
   /// scraper's last look); a signal ends the wait.
   std::chrono::milliseconds metrics_linger{0};
+  /// Warm spares (runtime/standby.hpp): while a group trains, start the
+  /// next incarnation's processes up to their first call into Grace, so a
+  /// restart skips the program's start (a Python trainer's imports).
+  bool standby = false;
+  /// How long after a group started its spares start (they must not slow
+  /// the group's own start).
+  std::chrono::milliseconds standby_delay{3000};
+  /// How long a restart waits for a spare still starting before it starts
+  /// that worker from scratch.
+  std::chrono::milliseconds standby_ready_wait{30000};
   std::vector<std::string> command;
   bool quiet = false;
 };

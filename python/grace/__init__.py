@@ -19,6 +19,23 @@ losing work, and resume bit for bit.
 Run it under `grace-launch --nproc N -- /usr/bin/python3 train.py` (Debian's
 interpreter, where python3-torch lives). See README.md, "Python / PyTorch".
 """
+import os as _os
+
+from . import _grace
+
+
+def _take_standby_release():
+    """A warm spare of `grace-launch --standby` waits here, at its first
+    `import grace`, until the launcher makes it a worker; os.environ then
+    holds that worker's environment (incarnation, MASTER_PORT, ...)."""
+    released = _grace._await_standby()
+    if released is not None:
+        _os.environ.update(released)
+        _os.environ.pop("GRACE_STANDBY_FD", None)
+
+
+_take_standby_release()
+
 from ._grace import CollectiveError, Counter, GraceError, MAX_BLOB_BYTES, RESTART, FATAL, USAGE, set_log_level
 from .checkpoint import checkpoint_path, load, load_numpy, optimizer_state_dict, read_manifest
 from .session import Session, all_reduce_, current

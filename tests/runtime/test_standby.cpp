@@ -1,0 +1,178 @@
+// Warm spares (runtime/standby.hpp): the release message, and the pool
+// driving real spare processes (bash speaking the protocol: "R" on the
+// socket, then the release read to EOF). The spare side in a real program
+// (await_standby_release in a forked child) is tested here too; grace-launch
+// with grace-train and with the PyTorch trainer in tests/integration/standby.sh.
+#include "runtime/standby.hpp"
+
+#include "../temp_dir.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+using namespace grace;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int wait_exit(pid_t pid) {
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/// A spare in bash: ready, then the release into `out`.
+std::vector<std::string> bash_spare(const std::filesystem::path& out) {
+  return {"/bin/bash", "-c", "printf R >&$GRACE_STANDBY_FD; cat <&$GRACE_STANDBY_FD > '" + out.string() + "'"};
+}
+
+}  // namespace
+
+TEST_CASE("standby release: encoded variables decode to the same map", "[standby]") {
+  env_map env{{"GRACE_INCARNATION", "3"}, {"MASTER_PORT", "29511"}, {"EMPTY", ""}, {"EQ", "a=b"}};
+  auto d = decode_release(encode_release(env));
+  REQUIRE(d);
+  CHECK(*d == env);
+  auto none = decode_release(encode_release({}));
+  REQUIRE(none);
+  CHECK(none->empty());
+}
+
+TEST_CASE("standby release: malformed messages are errors naming the fault", "[standby]") {
+  CHECK_FALSE(decode_release(std::string("A=1", 3)));                       // no terminator
+  CHECK_FALSE(decode_release(std::string("A=1\0", 4)));                     // no final NUL
+  CHECK_FALSE(decode_release(std::string("=1\0\0", 4)));                    // empty name
+  auto r = decode_release(std::string("NOEQUALS\0\0", 10));
+  REQUIRE_FALSE(r);
+  CHECK(r.err().message.find("NOEQUALS") != std::string::npos);
+  CHECK_FALSE(decode_release(std::string("A=1\0\0B=2\0\0", 11)));           // bytes after the end
+}
+
+TEST_CASE("standby pool: a ready spare gets the worker's environment and runs on", "[standby]") {
+  testing::temp_dir dir("grace-standby");
+  standby_pool pool(bash_spare(dir.path / "release"), 10s);
+  REQUIRE(pool.start(0, {{"GRACE_RANK", "0"}}));
+  CHECK(pool.count() == 1);
+  for (int i = 0; i < 500 && pool.ready_count() == 0; ++i) {
+    pool.check_ready(0);
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(pool.ready_count() == 1);
+  env_map env{{"GRACE_INCARNATION", "1"}, {"MASTER_PORT", "29500"}};
+  auto pid = pool.release(0, env);
+  REQUIRE(pid);
+  CHECK(pool.count() == 0);
+  CHECK(wait_exit(*pid) == 0);
+  auto got = decode_release(slurp(dir.path / "release"));
+  REQUIRE(got);
+  CHECK(*got == env);
+}
+
+TEST_CASE("standby pool: release waits for a spare still starting", "[standby]") {
+  testing::temp_dir dir("grace-standby");
+  auto cmd = bash_spare(dir.path / "release");
+  cmd[2] = "sleep 0.3; " + cmd[2];
+  standby_pool pool(cmd, 10s);
+  REQUIRE(pool.start(0, {}));
+  auto pid = pool.release(0, {{"K", "v"}});
+  REQUIRE(pid);
+  CHECK(wait_exit(*pid) == 0);
+  CHECK(slurp(dir.path / "release") == std::string("K=v\0\0", 5));
+}
+
+TEST_CASE("standby pool: a spare that died or never got ready is not used", "[standby]") {
+  SECTION("exited before it was needed") {
+    standby_pool pool({"/bin/bash", "-c", "exit 3"}, 10s);
+    REQUIRE(pool.start(0, {}));
+    auto pid = pool.release(0, {});
+    REQUIRE_FALSE(pid);
+    CHECK(pid.err().message.find("exited") != std::string::npos);
+    CHECK(pool.count() == 0);
+  }
+  SECTION("not ready within the wait: killed") {
+    standby_pool pool({"/bin/bash", "-c", "sleep 30"}, 200ms);
+    REQUIRE(pool.start(0, {}));
+    auto t0 = std::chrono::steady_clock::now();
+    auto pid = pool.release(0, {});
+    REQUIRE_FALSE(pid);
+    CHECK(pid.err().message.find("not ready") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  }
+  SECTION("no spare for that rank") {
+    standby_pool pool({"/bin/true"}, 1s);
+    CHECK_FALSE(pool.release(2, {}));
+  }
+}
+
+TEST_CASE("standby: a spare the launcher no longer needs exits 0 without going on", "[standby]") {
+  testing::temp_dir dir("grace-standby");
+  const auto marker = dir.path / "went-on";
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(sv[0]);
+    ::setenv(standby_fd_variable, std::to_string(sv[1]).c_str(), 1);
+    (void)await_standby_release();
+    std::ofstream(marker) << "x";
+    ::_exit(9);
+  }
+  ::close(sv[1]);
+  char c = 0;
+  REQUIRE(::read(sv[0], &c, 1) == 1);
+  CHECK(c == 'R');
+  ::close(sv[0]);
+  CHECK(wait_exit(pid) == 0);
+  CHECK_FALSE(std::filesystem::exists(marker));
+}
+
+TEST_CASE("standby: a released spare has the variables set and the descriptor variable gone", "[standby]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(sv[0]);
+    ::setenv(standby_fd_variable, std::to_string(sv[1]).c_str(), 1);
+    ::setenv("GRACE_INCARNATION", "0", 1);
+    auto r = await_standby_release();
+    bool ok = r && *r && (*r)->at("GRACE_INCARNATION") == "5" && std::string(std::getenv("GRACE_INCARNATION")) == "5" &&
+              !std::getenv(standby_fd_variable);
+    ::_exit(ok ? 0 : 1);
+  }
+  ::close(sv[1]);
+  char c = 0;
+  REQUIRE(::read(sv[0], &c, 1) == 1);
+  auto msg = encode_release({{"GRACE_INCARNATION", "5"}});
+  REQUIRE(::write(sv[0], msg.data(), msg.size()) == static_cast<ssize_t>(msg.size()));
+  ::close(sv[0]);
+  CHECK(wait_exit(pid) == 0);
+}
+
+TEST_CASE("standby: not a spare is nothing, a bad descriptor variable an error naming it", "[standby]") {
+  ::unsetenv(standby_fd_variable);
+  auto none = await_standby_release();
+  REQUIRE(none);
+  CHECK_FALSE(*none);
+  ::setenv(standby_fd_variable, "x7", 1);
+  auto bad = await_standby_release();
+  REQUIRE_FALSE(bad);
+  CHECK(bad.err().message.find("x7") != std::string::npos);
+  CHECK_FALSE(std::getenv(standby_fd_variable));
+}
