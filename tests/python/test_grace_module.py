@@ -316,6 +316,50 @@ class TorchBadInput(unittest.TestCase):
                 self.assertTrue(torch.equal(v, before[k]))
 
 
+class Standby(unittest.TestCase):
+    """A warm spare of grace-launch --standby waits at `import grace`, and
+    the script goes on with os.environ holding what the launcher sent."""
+
+    SCRIPT = ("import os, sys; os.environ['WORKER_VAR'] = 'stale'; import grace; "
+              "print(os.environ.get('WORKER_VAR'), os.environ.get('GRACE_STANDBY_FD'), "
+              "os.getenv('MASTER_PORT'))")
+
+    def spare(self):
+        import socket
+        import subprocess
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ, GRACE_STANDBY_FD=str(theirs.fileno()))
+        p = subprocess.Popen([sys.executable, "-c", self.SCRIPT], env=env, pass_fds=[theirs.fileno()],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        theirs.close()
+        ours.settimeout(60)
+        self.assertEqual(ours.recv(1), b"R")  # ready: it reached `import grace`
+        return ours, p
+
+    def test_released_spare_goes_on_with_the_workers_environment(self):
+        ours, p = self.spare()
+        ours.sendall(b"WORKER_VAR=released\0MASTER_PORT=29777\0\0")
+        ours.close()
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(out.split(), ["released", "None", "29777"])
+
+    def test_spare_not_needed_exits_0_without_running_on(self):
+        ours, p = self.spare()
+        ours.close()
+        out, err = p.communicate(timeout=60)
+        self.assertEqual((p.returncode, out), (0, ""), err)
+
+    def test_malformed_release_is_a_grace_error(self):
+        ours, p = self.spare()
+        ours.sendall(b"NOEQUALS\0\0")
+        ours.close()
+        out, err = p.communicate(timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("GraceError", err)
+        self.assertIn("NOEQUALS", err)
+
+
 class Net(nn.Module):
     def __init__(self):
         super().__init__()

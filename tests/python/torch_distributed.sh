@@ -3,7 +3,8 @@
 # --collective torch: an unchanged init_process_group("gloo") from
 # grace-launch's torchrun variables, dist.all_reduce inside g.collective()).
 #  - a restart gets a fresh MASTER_PORT and TORCHELASTIC_RESTART_COUNT, and
-#    init_process_group works again;
+#    init_process_group works again; with --standby the warm spares take
+#    the new variables at `import grace` and are the restarted group;
 #  - with g.abortable_sockets() around init_process_group, SIGKILL or SIGSTOP
 #    of a worker: the lost peer's verdict shuts the group's connections down,
 #    every survivor's blocked dist.all_reduce fails at once, and they save
@@ -49,6 +50,18 @@ else
   ports="MASTER_PORT $port0 (the restarted group finished before its environment could be read)"
 fi
 pass "SIGTERM and restart: init_process_group again on a fresh port ($ports); $same"
+
+D="$WORK/standby"
+start_py_job "$D" 4 --standby --standby-delay-ms 0 -- "${ARGS[@]}"
+wait_event "$D" "e['event']=='standby_ready'" "the spares ready"
+wait_saved "$D" 10
+kill -KILL "$(pid_of "$D" 1 0)"
+wait_job
+same=$(same_as_reference "$REF" "$D" $STEPS)
+spares=$(events "$D/events.jsonl" "e['event']=='standby_released'" | "$PY" -c 'import json,sys; print(sorted(json.loads(l)["pid"] for l in sys.stdin))')
+group1=$(events "$D/events.jsonl" "e['event']=='first_step' and e['incarnation']==1" | "$PY" -c 'import json,sys; print(sorted(json.loads(l)["pid"] for l in sys.stdin))')
+[ "$spares" = "$group1" ] && [ "$spares" != "[]" ] || fail "standby: incarnation 1 ran $group1, the spares released were $spares"
+pass "SIGKILL with --standby: the four spares ran incarnation 1 (init_process_group on the new port); $same"
 
 D="$WORK/sigkill"
 start_py_job "$D" 4 -- "${ARGS[@]}"
