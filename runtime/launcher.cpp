@@ -316,7 +316,7 @@ private:
   void linger_for_scrapes();
   std::optional<launcher_decision> await_coordinator();
   status start_group();
-  pid_t start_worker(int local_rank, const env_map& env);
+  pid_t start_worker(int local_rank, const env_map& env, standby_pool::clock::time_point spares_deadline);
   void start_spares();
   void watch_spares(bool group_intact, std::chrono::steady_clock::time_point started);
   group_end watch_group();
@@ -502,10 +502,11 @@ std::map<std::string, std::string> launcher::worker_environment(int rank, int lo
 
 status launcher::start_group() {
   workers_.assign(o_.nproc, worker_proc{});
+  const auto spares_deadline = spares_ ? spares_->ready_deadline() : standby_pool::clock::now();
   for (int i = 0; i < o_.nproc; ++i) {
     int rank = o_.node_rank * o_.nproc + i;
     workers_[i].rank = rank;
-    workers_[i].pid = start_worker(i, worker_environment(rank, i));
+    workers_[i].pid = start_worker(i, worker_environment(rank, i), spares_deadline);
     if (workers_[i].pid < 0) return error{errc::failed, std::string("fork failed: ") + std::strerror(errno)};
   }
   nlohmann::json pids = nlohmann::json::object();
@@ -516,9 +517,9 @@ status launcher::start_group() {
 
 /// A worker of the group: its spare if one is usable (--standby), else a
 /// new process.
-pid_t launcher::start_worker(int local_rank, const env_map& env) {
+pid_t launcher::start_worker(int local_rank, const env_map& env, standby_pool::clock::time_point spares_deadline) {
   if (spares_ && spares_->count() > 0) {
-    auto pid = spares_->release(local_rank, env);
+    auto pid = spares_->release(local_rank, env, spares_deadline);
     if (pid) {
       emit_event("standby_released", {{"worker_rank", o_.node_rank * o_.nproc + local_rank}, {"pid", *pid}});
       return *pid;
@@ -552,9 +553,14 @@ void launcher::start_spares() {
 /// come), and notes when they are all ready.
 void launcher::watch_spares(bool group_intact, std::chrono::steady_clock::time_point started) {
   if (!spares_) return;
-  if (spares_->count() == 0 && group_intact && !notice_forwarded_ && restarts_ < o_.max_restarts &&
-      std::chrono::steady_clock::now() - started >= o_.standby_delay)
-    start_spares();
+  spare_conditions c;
+  c.spares = spares_->count();
+  c.group_intact = group_intact;
+  c.stopping = notice_forwarded_;
+  c.restarts_left = o_.max_restarts - restarts_;
+  c.group_age = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+  c.delay = o_.standby_delay;
+  if (should_start_spares(c)) start_spares();
   for (auto& [rank, fd] : spares_->waiting_fds()) spares_->check_ready(rank);
   if (!spares_said_ready_ && spares_->count() == o_.nproc && spares_->ready_count() == o_.nproc) {
     spares_said_ready_ = true;
@@ -618,7 +624,10 @@ void launcher::reap(group_end& g, std::optional<std::chrono::steady_clock::time_
   pid_t pid;
   while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
     if (spares_ && spares_->reaped(pid)) {
-      say("a spare exited before it was needed (status " + std::to_string(status) + ")");
+      worker_proc spare;
+      spare.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      spare.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      say("a spare exited before it was needed (" + describe(spare) + "); its worker will start from scratch");
       continue;
     }
     for (auto& w : workers_) {

@@ -114,6 +114,10 @@ pid_t spawn_process(const std::vector<std::string>& command, const env_map& env,
   ::_exit(127);
 }
 
+bool should_start_spares(const spare_conditions& c) noexcept {
+  return c.spares == 0 && c.group_intact && !c.stopping && c.restarts_left > 0 && c.group_age >= c.delay;
+}
+
 standby_pool::standby_pool(std::vector<std::string> command, std::chrono::milliseconds ready_wait)
     : command_(std::move(command)), ready_wait_(ready_wait) {}
 
@@ -162,12 +166,11 @@ bool standby_pool::check_ready(int local_rank) {
   return false;
 }
 
-result<pid_t> standby_pool::release(int local_rank, const env_map& env) {
+result<pid_t> standby_pool::release(int local_rank, const env_map& env, clock::time_point deadline) {
   auto it = spares_.find(local_rank);
   if (it == spares_.end()) return error{errc::failed, "no spare"};
-  const auto until = std::chrono::steady_clock::now() + ready_wait_;
   while (!it->second.ready) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
     if (left.count() <= 0) {
       drop(local_rank, true);
       return error{errc::overloaded, "the spare was not ready within " + std::to_string(ready_wait_.count()) + " ms"};

@@ -52,10 +52,25 @@ result<std::optional<env_map>> await_standby_release();
 /// (if >= 0) left open across exec. The child's pid, or -1 (errno set).
 pid_t spawn_process(const std::vector<std::string>& command, const env_map& env, int keep_fd = -1);
 
+/// What the launcher knows while a group runs, for when_to_start_spares.
+struct spare_conditions {
+  int spares = 0;                ///< spares started and not yet used
+  bool group_intact = true;      ///< no worker exited yet
+  bool stopping = false;         ///< a notice was forwarded: no restart will follow
+  int restarts_left = 0;
+  std::chrono::milliseconds group_age{0};
+  std::chrono::milliseconds delay{0};  ///< --standby-delay-ms
+};
+/// Start the next incarnation's spares now: none exist, the group runs
+/// whole, a restart can still come, and the group is older than the delay
+/// (so the spares' start does not slow the group's own).
+bool should_start_spares(const spare_conditions& c) noexcept;
+
 /// Launcher side: at most one spare per local rank.
 class standby_pool {
 public:
-  /// `ready_wait`: how long release() waits for a spare still starting.
+  using clock = std::chrono::steady_clock;
+  /// `ready_wait`: how long a restart waits for spares still starting.
   standby_pool(std::vector<std::string> command, std::chrono::milliseconds ready_wait);
   ~standby_pool();
   standby_pool(const standby_pool&) = delete;
@@ -74,11 +89,14 @@ public:
   bool check_ready(int local_rank);
   /// Spares that said ready.
   int ready_count() const;
-  /// Hands the spare of `local_rank` its worker environment, waiting up to
-  /// the ready wait for one still starting. Its pid, or an error saying why
-  /// it cannot be used (none, it died, it never got ready); a spare that
+  /// When a restart starting now stops waiting for spares (one deadline for
+  /// the whole group).
+  clock::time_point ready_deadline() const { return clock::now() + ready_wait_; }
+  /// Hands the spare of `local_rank` its worker environment, waiting until
+  /// `deadline` for one still starting. Its pid, or an error saying why it
+  /// cannot be used (none, it died, it never got ready); a spare that
   /// cannot be used is killed.
-  result<pid_t> release(int local_rank, const env_map& env);
+  result<pid_t> release(int local_rank, const env_map& env, clock::time_point deadline);
   /// A child the launcher reaped: forgets it if it was a spare (true).
   bool reaped(pid_t pid);
   /// Kills every spare and reaps it.

@@ -74,7 +74,7 @@ TEST_CASE("standby pool: a ready spare gets the worker's environment and runs on
   }
   REQUIRE(pool.ready_count() == 1);
   env_map env{{"GRACE_INCARNATION", "1"}, {"MASTER_PORT", "29500"}};
-  auto pid = pool.release(0, env);
+  auto pid = pool.release(0, env, pool.ready_deadline());
   REQUIRE(pid);
   CHECK(pool.count() == 0);
   CHECK(wait_exit(*pid) == 0);
@@ -89,7 +89,7 @@ TEST_CASE("standby pool: release waits for a spare still starting", "[standby]")
   cmd[2] = "sleep 0.3; " + cmd[2];
   standby_pool pool(cmd, 10s);
   REQUIRE(pool.start(0, {}));
-  auto pid = pool.release(0, {{"K", "v"}});
+  auto pid = pool.release(0, {{"K", "v"}}, pool.ready_deadline());
   REQUIRE(pid);
   CHECK(wait_exit(*pid) == 0);
   CHECK(slurp(dir.path / "release") == std::string("K=v\0\0", 5));
@@ -99,7 +99,7 @@ TEST_CASE("standby pool: a spare that died or never got ready is not used", "[st
   SECTION("exited before it was needed") {
     standby_pool pool({"/bin/bash", "-c", "exit 3"}, 10s);
     REQUIRE(pool.start(0, {}));
-    auto pid = pool.release(0, {});
+    auto pid = pool.release(0, {}, pool.ready_deadline());
     REQUIRE_FALSE(pid);
     CHECK(pid.err().message.find("exited") != std::string::npos);
     CHECK(pool.count() == 0);
@@ -108,14 +108,14 @@ TEST_CASE("standby pool: a spare that died or never got ready is not used", "[st
     standby_pool pool({"/bin/bash", "-c", "sleep 30"}, 200ms);
     REQUIRE(pool.start(0, {}));
     auto t0 = std::chrono::steady_clock::now();
-    auto pid = pool.release(0, {});
+    auto pid = pool.release(0, {}, pool.ready_deadline());
     REQUIRE_FALSE(pid);
     CHECK(pid.err().message.find("not ready") != std::string::npos);
     CHECK(std::chrono::steady_clock::now() - t0 < 10s);
   }
   SECTION("no spare for that rank") {
     standby_pool pool({"/bin/true"}, 1s);
-    CHECK_FALSE(pool.release(2, {}));
+    CHECK_FALSE(pool.release(2, {}, pool.ready_deadline()));
   }
 }
 
@@ -175,4 +175,34 @@ TEST_CASE("standby: not a spare is nothing, a bad descriptor variable an error n
   REQUIRE_FALSE(bad);
   CHECK(bad.err().message.find("x7") != std::string::npos);
   CHECK_FALSE(std::getenv(standby_fd_variable));
+}
+
+TEST_CASE("standby: spares start once the group is older than the delay, whole, with a restart to come", "[standby]") {
+  spare_conditions c;
+  c.restarts_left = 2;
+  c.group_age = 3000ms;
+  c.delay = 3000ms;
+  CHECK(should_start_spares(c));
+  auto with = [&](auto change) {
+    spare_conditions d = c;
+    change(d);
+    return should_start_spares(d);
+  };
+  CHECK_FALSE(with([](spare_conditions& d) { d.group_age = 2999ms; }));   // the group is still starting
+  CHECK_FALSE(with([](spare_conditions& d) { d.spares = 1; }));           // some exist already
+  CHECK_FALSE(with([](spare_conditions& d) { d.group_intact = false; })); // the group is ending: too late
+  CHECK_FALSE(with([](spare_conditions& d) { d.stopping = true; }));      // a notice: the job stops
+  CHECK_FALSE(with([](spare_conditions& d) { d.restarts_left = 0; }));    // no restart can come
+}
+
+TEST_CASE("standby pool: one deadline for the group, spares that are not ready do not add up", "[standby]") {
+  standby_pool pool({"/bin/bash", "-c", "sleep 30"}, 1000ms);
+  REQUIRE(pool.start(0, {}));
+  REQUIRE(pool.start(1, {}));
+  const auto deadline = pool.ready_deadline();
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(pool.release(0, {}, deadline));
+  CHECK_FALSE(pool.release(1, {}, deadline));
+  CHECK(std::chrono::steady_clock::now() - t0 < 1900ms);  // one wait of 1 s, not two
+  CHECK(pool.count() == 0);
 }
