@@ -212,6 +212,9 @@ void add_job_options(CLI::App& app, chaos_args& a) {
       ->allow_extra_args(false);
   app.add_option("--trainer-arg", a.trainer_args, "extra trainer argument (repeat; use --trainer-arg=--flag for flags)")
       ->allow_extra_args(false);
+  app.add_option("--launcher-arg", cfg.launcher_args,
+                 "extra grace-launch flag for every launch (repeat; e.g. --launcher-arg=--standby)")
+      ->allow_extra_args(false);
   app.add_option("--max-restarts", cfg.max_relaunches, "scheduler relaunches of grace-launch before giving up")
       ->check(CLI::Range(0, 10000));
   app.add_option("--timeout-s", a.timeout_s, "give up on one job after this long")->check(CLI::Range(10, 86400));

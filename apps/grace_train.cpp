@@ -319,17 +319,10 @@ grace::result<trainer_backend> make_backend(const train_args& a, const std::stri
   return cpu_backend(a.mc);
 }
 
-/// The exit code for a failed attach(): bad configuration stops; an
-/// unreachable coordinator or a join refused for now (stale incarnation) is
-/// a failed rendezvous, which the launcher retries in the coordinator's
-/// current incarnation and gives up on after several in a row.
+/// The exit code for a failed attach() (runtime/exit_codes.hpp).
 int attach_failure_code(const grace::error& e, int restart_code) {
   spdlog::error("{}", e.message);
-  switch (e.code) {
-    case grace::errc::invalid_input: return grace::exit_code::usage;
-    case grace::errc::disconnected: return grace::exit_code::no_rendezvous;
-    default: return restart_code;
-  }
+  return grace::attach_failure_exit(e.code, restart_code);
 }
 
 /// Joins the collective; on failure the process ends here. Usually a peer

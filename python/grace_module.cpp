@@ -161,7 +161,7 @@ grace::dtype dtype_from_format(std::string fmt, ssize_t itemsize, const std::str
 class py_session {
 public:
   explicit py_session(grace::options o, bool exit_on_stop, int collective_timeout_ms)
-      : exit_on_stop_(exit_on_stop), collective_timeout_(collective_timeout_ms) {
+      : exit_on_stop_(exit_on_stop), collective_timeout_(collective_timeout_ms), restart_code_(o.restart_exit_code) {
     signals_.save();
     s_ = std::make_unique<grace::session>(std::move(o));
   }
@@ -248,10 +248,17 @@ public:
       py::gil_scoped_release nogil;
       r = s_->attach();
     }
-    if (!r) throw grace_error(r.err().what());
+    if (!r) {
+      if (r.err().code != grace::errc::invalid_input)
+        attach_exit_code_ = grace::attach_failure_exit(r.err().code, restart_code_);
+      throw grace_error(r.err().what());
+    }
     attached_ = true;
     return *r;
   }
+  /// After attach() failed for a reason that is not bad input: the exit
+  /// code a worker stops with (restart, or no_rendezvous); else None.
+  std::optional<int> attach_exit_code() const { return attach_exit_code_; }
 
   /// One iteration of `for step in g.steps(total)`: ends the step in
   /// flight, begins the next; 0 when the loop is over (done or stopped).
@@ -490,6 +497,8 @@ private:
   std::unique_ptr<grace::session> s_;
   bool exit_on_stop_ = true;
   std::chrono::milliseconds collective_timeout_;
+  int restart_code_;
+  std::optional<int> attach_exit_code_;
   std::shared_ptr<grace::gloo_comm> comm_;
   std::shared_ptr<abort_targets> aborts_ = std::make_shared<abort_targets>();
   std::deque<int64_t> counters_;
@@ -663,6 +672,7 @@ PYBIND11_MODULE(_grace, m) {
       .def_property_readonly("attached", &py_session::attached)
       .def_property_readonly("in_step", &py_session::in_step)
       .def_property_readonly("stopped", &py_session::stopped)
+      .def_property_readonly("attach_exit_code", &py_session::attach_exit_code)
       .def_property_readonly("finished", &py_session::finished)
       .def_property_readonly("closed", &py_session::closed)
       .def_property_readonly("exit_code", [](py_session& s) { return s.status().exit_code; })

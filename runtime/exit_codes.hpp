@@ -13,3 +13,20 @@ constexpr int no_progress = 44;  ///< restarts exhausted or no progress: stop re
 /// no_progress after --max-rendezvous-failures such groups in a row.
 constexpr int no_rendezvous = 45;
 }  // namespace grace::exit_code
+
+#include "runtime/error.hpp"
+
+namespace grace {
+/// The exit code for a worker whose session could not attach: bad
+/// configuration or input stops (usage); an unreachable coordination
+/// service is a failed rendezvous (no_rendezvous: the launcher retries and
+/// gives up after several in a row); a join refused for now (the group lost
+/// a member and is stopping, a stale incarnation) restarts.
+constexpr int attach_failure_exit(errc e, int restart_code) noexcept {
+  switch (e) {
+    case errc::invalid_input: return exit_code::usage;
+    case errc::disconnected: return exit_code::no_rendezvous;
+    default: return restart_code;
+  }
+}
+}  // namespace grace

@@ -154,14 +154,30 @@ class Session:
 
     def attach(self):
         """Joins the cluster and restores the newest valid checkpoint (blobs
-        and counters included). Returns the number of completed steps."""
+        and counters included). Returns the number of completed steps. Bad
+        input (a checkpoint that does not match, a bad configuration) raises
+        GraceError. A join the cluster refuses for now (the group lost a
+        member and is stopping) exits with the restart code, an unreachable
+        coordination service with 45 (no rendezvous), as grace-train does;
+        with exit_on_stop=False they raise GraceError too."""
         global _current
         for name, snapshot, save in self._blobs:
             n = len(bytes(save(snapshot()) if save else snapshot()))
             if n > _grace.MAX_BLOB_BYTES:
                 raise GraceError("blob '%s' is %d bytes, above the %d-byte limit for manifest blobs: "
                                  "register it as a tensor" % (name, n, _grace.MAX_BLOB_BYTES))
-        start = self._s.attach()
+        try:
+            start = self._s.attach()
+        except GraceError as e:
+            # Not bad input: the coordination service unreachable, or this
+            # group refused (it lost a member and is stopping). A worker
+            # stops with the code grace-train uses (restart, or no
+            # rendezvous), not with a traceback the launcher reads as a bug.
+            code = self._s.attach_exit_code
+            if code is None or not self.exit_on_stop:
+                raise
+            print("grace: %s; exiting with %d" % (e, code), file=sys.stderr, flush=True)
+            raise SystemExit(code)
         for hook in self._after_attach:
             hook(start)
         _current = self

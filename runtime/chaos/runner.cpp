@@ -308,6 +308,7 @@ private:
       a.push_back("--grace-period-ms");
       a.push_back(std::to_string(launcher_grace));
     }
+    a.insert(a.end(), cfg_.launcher_args.begin(), cfg_.launcher_args.end());
     a.push_back("--");
     a.push_back(cfg_.trainer);
     a.insert(a.end(), cfg_.trainer_prefix.begin(), cfg_.trainer_prefix.end());

@@ -34,6 +34,9 @@ struct run_config {
   /// Appended after trainer_args, but not given to the reference run: a
   /// broken-on-purpose flag whose job is to make an invariant fail.
   std::vector<std::string> mutant_args;
+  /// Extra grace-launch flags for every launch, reference included (e.g.
+  /// --standby: restarts onto warm spares under the same faults).
+  std::vector<std::string> launcher_args;
   int launcher_max_restarts = 20;   ///< in-launcher group restarts
   int max_relaunches = 20;          ///< scheduler relaunches of grace-launch
   int exit_timeout_ms = 8000;       ///< grace-launch --exit-timeout-ms

@@ -316,6 +316,48 @@ class TorchBadInput(unittest.TestCase):
                 self.assertTrue(torch.equal(v, before[k]))
 
 
+class AttachRefused(unittest.TestCase):
+    """A worker whose attach() fails for a reason that is not bad input
+    stops with grace-train's code, not with a traceback (exit 1), which the
+    launcher would take for a bug and stop the job."""
+
+    SCRIPT = ("import grace, numpy as np; a = np.zeros(4, dtype=np.float32)\n"
+              "with grace.Session(sys_dir, exit_on_stop=EXIT) as g:\n"
+              "    g.register_array('a', a)\n"
+              "    try:\n"
+              "        g.attach()\n"
+              "    except grace.GraceError as e:\n"
+              "        print('raised', g._s.attach_exit_code)\n")
+
+    def run_worker(self, exit_on_stop):
+        import socket
+        import subprocess
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()  # nothing listens there: the coordination service is unreachable
+        d = tempfile.mkdtemp(prefix="grace-py-refused-")
+        env = dict(os.environ, GRACE_RANK="1", GRACE_WORLD_SIZE="2", GRACE_COORDINATOR="127.0.0.1:%d" % port,
+                   GRACE_RUN_ID="refused", GRACE_TOKEN="0123456789abcdef0123456789abcdef", GRACE_INCARNATION="0")
+        script = self.SCRIPT.replace("sys_dir", repr(d)).replace("EXIT", repr(exit_on_stop))
+        try:
+            return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                                  timeout=120)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_unreachable_coordinator_exits_45_without_a_traceback(self):
+        p = self.run_worker(True)
+        self.assertEqual(p.returncode, 45, p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        self.assertIn("exiting with 45", p.stderr)
+
+    def test_without_exit_on_stop_it_raises_and_names_the_code(self):
+        p = self.run_worker(False)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.splitlines()[-1].split(), ["raised", "45"])  # after Grace's log lines
+
+
 class Standby(unittest.TestCase):
     """A warm spare of grace-launch --standby waits at `import grace`, and
     the script goes on with os.environ holding what the launcher sent."""
