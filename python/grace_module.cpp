@@ -248,9 +248,13 @@ public:
       py::gil_scoped_release nogil;
       r = s_->attach();
     }
+    attach_exit_code_.reset();
     if (!r) {
-      if (r.err().code != grace::errc::invalid_input)
-        attach_exit_code_ = grace::attach_failure_exit(r.err().code, restart_code_);
+      // Only a refusal for now or an unreachable service stops the worker
+      // with a code; bad input and failures (bugs) raise.
+      const auto c = r.err().code;
+      if (c == grace::errc::preempted || c == grace::errc::overloaded || c == grace::errc::disconnected)
+        attach_exit_code_ = grace::attach_failure_exit(c, restart_code_);
       throw grace_error(r.err().what());
     }
     attached_ = true;

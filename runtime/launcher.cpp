@@ -350,6 +350,7 @@ private:
   std::shared_ptr<job_monitor> monitor_;  ///< shared with the coordinator's progress hook
   std::unique_ptr<standby_pool> spares_;  ///< --standby: the next incarnation's processes
   bool spares_said_ready_ = false;
+  std::optional<uint32_t> spares_group_;  ///< the incarnation during which spares were last started
 };
 
 void launcher::say(const std::string& line) const {
@@ -536,7 +537,7 @@ void launcher::start_spares() {
   nlohmann::json pids = nlohmann::json::object();
   for (int i = 0; i < o_.nproc; ++i) {
     const int rank = o_.node_rank * o_.nproc + i;
-    auto pid = spares_->start(i, worker_environment(rank, i));
+    auto pid = spares_->start(i, spare_environment(worker_environment(rank, i)));
     if (!pid) {
       say("spares not started: " + pid.err().message);
       spares_->discard();
@@ -555,12 +556,16 @@ void launcher::watch_spares(bool group_intact, std::chrono::steady_clock::time_p
   if (!spares_) return;
   spare_conditions c;
   c.spares = spares_->count();
+  c.started_for_this_group = spares_group_ == incarnation_;
   c.group_intact = group_intact;
   c.stopping = notice_forwarded_;
   c.restarts_left = o_.max_restarts - restarts_;
   c.group_age = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
   c.delay = o_.standby_delay;
-  if (should_start_spares(c)) start_spares();
+  if (should_start_spares(c)) {
+    spares_group_ = incarnation_;
+    start_spares();
+  }
   for (auto& [rank, fd] : spares_->waiting_fds()) spares_->check_ready(rank);
   if (!spares_said_ready_ && spares_->count() == o_.nproc && spares_->ready_count() == o_.nproc) {
     spares_said_ready_ = true;

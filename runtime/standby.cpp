@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -81,8 +82,12 @@ result<std::optional<env_map>> await_standby_release() {
   char* end = nullptr;
   long fd = std::strtol(v, &end, 10);
   ::unsetenv(standby_fd_variable);
-  if (*end || fd < 0 || ::fcntl(static_cast<int>(fd), F_GETFD) < 0)
-    return error{errc::invalid_input, std::string(standby_fd_variable) + "=" + v + " is not an open descriptor"};
+  int type = 0;
+  socklen_t len = sizeof type;
+  if (*end || fd < 0 || fd > INT32_MAX ||
+      ::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM)
+    return error{errc::invalid_input, std::string(standby_fd_variable) + "=" + v +
+                                          " is not a stream socket from grace-launch (a variable inherited by mistake?)"};
   const int s = static_cast<int>(fd);
   ::fcntl(s, F_SETFD, FD_CLOEXEC);
   if (!write_all(s, "R")) ::_exit(0);  // the launcher is gone: nothing to stand by for
@@ -95,7 +100,34 @@ result<std::optional<env_map>> await_standby_release() {
   return std::optional<env_map>{std::move(*env)};
 }
 
+std::vector<std::string> child_environment(char** parent, const env_map& env, bool keep_standby_fd) {
+  std::vector<std::string> out;
+  for (char** e = parent; e && *e; ++e) {
+    std::string entry(*e);
+    const std::string name = entry.substr(0, entry.find('='));
+    if (env.count(name) || (!keep_standby_fd && name == standby_fd_variable)) continue;
+    out.push_back(std::move(entry));
+  }
+  for (auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+env_map spare_environment(env_map worker_env) {
+  for (const char* v : {"GRACE_INCARNATION", "GRACE_COORDINATOR", "GRACE_TOKEN", "MASTER_ADDR", "MASTER_PORT",
+                        "TORCHELASTIC_RESTART_COUNT"})
+    worker_env.erase(v);
+  return worker_env;
+}
+
 pid_t spawn_process(const std::vector<std::string>& command, const env_map& env, int keep_fd) {
+  // Everything the child needs is built before fork: the launcher has
+  // threads, and the child may only make async-signal-safe calls.
+  const auto envs = child_environment(environ, env, keep_fd >= 0);
+  std::vector<char*> envp, argv;
+  for (auto& e : envs) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  for (auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid != 0) return pid;
   ::setpgid(0, 0);
@@ -105,17 +137,19 @@ pid_t spawn_process(const std::vector<std::string>& command, const env_map& env,
   ::signal(SIGTERM, SIG_DFL);
   ::signal(SIGINT, SIG_DFL);
   if (keep_fd >= 0) ::fcntl(keep_fd, F_SETFD, 0);
-  for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-  std::vector<char*> argv;
-  for (auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  ::execvp(argv[0], argv.data());
-  std::fprintf(stderr, "grace-launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
+  ::execvpe(argv[0], argv.data(), envp.data());
+  const char* what = "grace-launch: cannot run the worker program: ";
+  const char* why = std::strerror(errno);
+  (void)!::write(2, what, std::strlen(what));
+  (void)!::write(2, argv[0], std::strlen(argv[0]));
+  (void)!::write(2, ": ", 2);
+  (void)!::write(2, why, std::strlen(why));
+  (void)!::write(2, "\n", 1);
   ::_exit(127);
 }
 
 bool should_start_spares(const spare_conditions& c) noexcept {
-  return c.spares == 0 && c.group_intact && !c.stopping && c.restarts_left > 0 && c.group_age >= c.delay;
+  return c.spares == 0 && !c.started_for_this_group && c.group_intact && !c.stopping && c.restarts_left > 0 && c.group_age >= c.delay;
 }
 
 standby_pool::standby_pool(std::vector<std::string> command, std::chrono::milliseconds ready_wait)
@@ -206,7 +240,8 @@ void standby_pool::drop(int local_rank, bool kill) {
   if (it == spares_.end()) return;
   if (it->second.fd >= 0) ::close(it->second.fd);
   if (kill && it->second.pid > 0) {
-    ::kill(it->second.pid, SIGKILL);
+    ::kill(-it->second.pid, SIGKILL);  // its process group: a wrapper's children too
+    ::kill(it->second.pid, SIGKILL);   // in case it had not made its group yet
     ::waitpid(it->second.pid, nullptr, 0);
   }
   spares_.erase(it);

@@ -46,22 +46,36 @@ result<env_map> decode_release(const std::string& bytes);
 /// instead ends the process with exit 0; a malformed message is an error.
 result<std::optional<env_map>> await_standby_release();
 
+/// The environment of a child: `parent`'s entries (NAME=VALUE) with `env`
+/// replacing or adding variables; GRACE_STANDBY_FD dropped unless kept (a
+/// worker started from scratch never inherits one by mistake).
+std::vector<std::string> child_environment(char** parent, const env_map& env, bool keep_standby_fd);
+/// What a spare starts with: its worker's environment without what only
+/// the release may give (incarnation, coordinator, secret, MASTER_ADDR/
+/// PORT, restart count), so a program that breaks the rule and does work
+/// before its first call into Grace fails instead of joining the running
+/// group.
+env_map spare_environment(env_map worker_env);
+
 /// Starts `command` as a worker process: its own process group (a
 /// terminal's Ctrl-C reaches the launcher only), default signal
-/// dispositions, `env` added to the launcher's environment, and `keep_fd`
-/// (if >= 0) left open across exec. The child's pid, or -1 (errno set).
+/// dispositions, child_environment(environ, env, keep_fd >= 0), and
+/// `keep_fd` (if >= 0) left open across exec. The child's pid, or -1
+/// (errno set).
 pid_t spawn_process(const std::vector<std::string>& command, const env_map& env, int keep_fd = -1);
 
 /// What the launcher knows while a group runs, for when_to_start_spares.
 struct spare_conditions {
   int spares = 0;                ///< spares started and not yet used
+  bool started_for_this_group = false;  ///< once per group: spares that die are not started again
   bool group_intact = true;      ///< no worker exited yet
   bool stopping = false;         ///< a notice was forwarded: no restart will follow
   int restarts_left = 0;
   std::chrono::milliseconds group_age{0};
   std::chrono::milliseconds delay{0};  ///< --standby-delay-ms
 };
-/// Start the next incarnation's spares now: none exist, the group runs
+/// Start the next incarnation's spares now: none exist nor were started
+/// during this group (a spare that keeps dying must not fork-loop), the group runs
 /// whole, a restart can still come, and the group is older than the delay
 /// (so the spares' start does not slow the group's own).
 bool should_start_spares(const spare_conditions& c) noexcept;

@@ -56,6 +56,7 @@ kill -KILL "$(first_worker "$D")"
 wait_job
 check_finished "$D" $STEPS "$REF"
 r=$(released_pids "$D"); g=$(group_pids "$D" 1)
+[ "$(json "$D/ck/grace-exit.json" restarts)" -eq 1 ] || fail "kill: expected one restart"
 [ "$r" = "$g" ] || fail "kill: incarnation 1 ran pids [$g], the spares released were [$r]"
 no_spares_left "$D"
 pass "SIGKILL: incarnation 1 is the two spares, weights identical"

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -175,6 +176,15 @@ TEST_CASE("standby: not a spare is nothing, a bad descriptor variable an error n
   REQUIRE_FALSE(bad);
   CHECK(bad.err().message.find("x7") != std::string::npos);
   CHECK_FALSE(std::getenv(standby_fd_variable));
+  // An open descriptor that is not grace-launch's socket (inherited by
+  // mistake): an error, not a silent exit 0.
+  int fd = ::open("/dev/null", O_RDONLY);
+  REQUIRE(fd >= 0);
+  ::setenv(standby_fd_variable, std::to_string(fd).c_str(), 1);
+  auto not_socket = await_standby_release();
+  ::close(fd);
+  REQUIRE_FALSE(not_socket);
+  CHECK(not_socket.err().message.find("not a stream socket") != std::string::npos);
 }
 
 TEST_CASE("standby: spares start once the group is older than the delay, whole, with a restart to come", "[standby]") {
@@ -193,6 +203,20 @@ TEST_CASE("standby: spares start once the group is older than the delay, whole, 
   CHECK_FALSE(with([](spare_conditions& d) { d.group_intact = false; })); // the group is ending: too late
   CHECK_FALSE(with([](spare_conditions& d) { d.stopping = true; }));      // a notice: the job stops
   CHECK_FALSE(with([](spare_conditions& d) { d.restarts_left = 0; }));    // no restart can come
+  CHECK_FALSE(with([](spare_conditions& d) { d.started_for_this_group = true; }));  // they died: no fork loop
+}
+
+TEST_CASE("standby: a spare starts without what only the release gives, children never inherit the descriptor", "[standby]") {
+  env_map worker{{"GRACE_RANK", "3"}, {"RANK", "3"}, {"GRACE_INCARNATION", "2"}, {"GRACE_COORDINATOR", "h:1"},
+                 {"GRACE_TOKEN", "secret"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"},
+                 {"TORCHELASTIC_RESTART_COUNT", "2"}, {"GRACE_CHECKPOINT_DIR", "/ck"}};
+  CHECK(spare_environment(worker) == env_map{{"GRACE_RANK", "3"}, {"RANK", "3"}, {"GRACE_CHECKPOINT_DIR", "/ck"}});
+
+  std::string a = "PATH=/bin", b = "GRACE_RANK=0", c = "GRACE_STANDBY_FD=9", d = "EMPTY=";
+  char* parent[] = {a.data(), b.data(), c.data(), d.data(), nullptr};
+  using v = std::vector<std::string>;
+  CHECK(child_environment(parent, {{"GRACE_RANK", "5"}}, false) == v{"PATH=/bin", "EMPTY=", "GRACE_RANK=5"});
+  CHECK(child_environment(parent, {}, true) == v{"PATH=/bin", "GRACE_RANK=0", "GRACE_STANDBY_FD=9", "EMPTY="});
 }
 
 TEST_CASE("standby pool: one deadline for the group, spares that are not ready do not add up", "[standby]") {
