@@ -42,6 +42,32 @@ std::vector<std::string> bash_spare(const std::filesystem::path& out) {
   return {"/bin/bash", "-c", "printf R >&$GRACE_STANDBY_FD; cat <&$GRACE_STANDBY_FD > '" + out.string() + "'"};
 }
 
+/// A forked child acting as a spare: GRACE_STANDBY_FD names its end of a
+/// socketpair, then `body` runs (await_standby_release and what follows;
+/// its return value is the exit code). The parent gets the pid and its end,
+/// after reading the spare's ready byte.
+struct forked_spare {
+  pid_t pid;
+  int fd;
+};
+template <class Body>
+forked_spare fork_spare(Body body) {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(sv[0]);
+    ::setenv(standby_fd_variable, std::to_string(sv[1]).c_str(), 1);
+    ::_exit(body());
+  }
+  ::close(sv[1]);
+  char c = 0;
+  REQUIRE(::read(sv[0], &c, 1) == 1);
+  CHECK(c == 'R');
+  return {pid, sv[0]};
+}
+
 }  // namespace
 
 TEST_CASE("standby release: encoded variables decode to the same map", "[standby]") {
@@ -123,47 +149,28 @@ TEST_CASE("standby pool: a spare that died or never got ready is not used", "[st
 TEST_CASE("standby: a spare the launcher no longer needs exits 0 without going on", "[standby]") {
   testing::temp_dir dir("grace-standby");
   const auto marker = dir.path / "went-on";
-  int sv[2];
-  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(sv[0]);
-    ::setenv(standby_fd_variable, std::to_string(sv[1]).c_str(), 1);
+  auto spare = fork_spare([&] {
     (void)await_standby_release();
     std::ofstream(marker) << "x";
-    ::_exit(9);
-  }
-  ::close(sv[1]);
-  char c = 0;
-  REQUIRE(::read(sv[0], &c, 1) == 1);
-  CHECK(c == 'R');
-  ::close(sv[0]);
-  CHECK(wait_exit(pid) == 0);
+    return 9;
+  });
+  ::close(spare.fd);
+  CHECK(wait_exit(spare.pid) == 0);
   CHECK_FALSE(std::filesystem::exists(marker));
 }
 
 TEST_CASE("standby: a released spare has the variables set and the descriptor variable gone", "[standby]") {
-  int sv[2];
-  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(sv[0]);
-    ::setenv(standby_fd_variable, std::to_string(sv[1]).c_str(), 1);
+  auto spare = fork_spare([] {
     ::setenv("GRACE_INCARNATION", "0", 1);
     auto r = await_standby_release();
     bool ok = r && *r && (*r)->at("GRACE_INCARNATION") == "5" && std::string(std::getenv("GRACE_INCARNATION")) == "5" &&
               !std::getenv(standby_fd_variable);
-    ::_exit(ok ? 0 : 1);
-  }
-  ::close(sv[1]);
-  char c = 0;
-  REQUIRE(::read(sv[0], &c, 1) == 1);
+    return ok ? 0 : 1;
+  });
   auto msg = encode_release({{"GRACE_INCARNATION", "5"}});
-  REQUIRE(::write(sv[0], msg.data(), msg.size()) == static_cast<ssize_t>(msg.size()));
-  ::close(sv[0]);
-  CHECK(wait_exit(pid) == 0);
+  REQUIRE(::write(spare.fd, msg.data(), msg.size()) == static_cast<ssize_t>(msg.size()));
+  ::close(spare.fd);
+  CHECK(wait_exit(spare.pid) == 0);
 }
 
 TEST_CASE("standby: not a spare is nothing, a bad descriptor variable an error naming it", "[standby]") {
