@@ -8,11 +8,12 @@ PY=/usr/bin/python3
 WORK=$(mktemp -d /tmp/grace-it.XXXXXX)
 PIDS=()   # every process a test started (track_pid), killed with its descendants on exit
 track_pid() { PIDS+=("$1"); }
-kill_tree() { # kill_tree PID: SIGCONT (a frozen worker) and SIGKILL, children first
-  local p=$1 c
+kill_tree() { # kill_tree PID: SIGKILL, children first; the parent is stopped first so a
+  local p=$1 c  # launcher cannot start replacements for the children killed under it
+  kill -STOP "$p" 2>/dev/null || true
   for c in $(pgrep -P "$p" 2>/dev/null); do kill_tree "$c"; done
-  kill -CONT "$p" 2>/dev/null || true
   kill -KILL "$p" 2>/dev/null || true
+  kill -CONT "$p" 2>/dev/null || true
 }
 cleanup() {
   local rc=$? p

@@ -22,9 +22,10 @@ group_pids() { # group_pids DIR INCARNATION
   events "$1/events.jsonl" "e['event']=='group_started' and e['incarnation']==$2" |
     "$PY" -c 'import json,sys; print(" ".join(sorted(str(p) for p in json.loads(sys.stdin.readline())["pids"].values())))'
 }
-spare_pids() { # spare_pids DIR: every spare the launcher started
+spare_pids() { # spare_pids DIR: every spare the launcher started, on one line (no reader
+  # may close the pipe early: with pipefail a BrokenPipeError fails the test)
   events "$1/events.jsonl" "e['event']=='standby_started'" |
-    "$PY" -c 'import json,sys; [print(p) for l in sys.stdin for p in json.loads(l)["pids"].values()]'
+    "$PY" -c 'import json,sys; print(" ".join(str(p) for l in sys.stdin for p in json.loads(l)["pids"].values()))'
 }
 no_spares_left() { # no_spares_left DIR: no spare or worker of this job still runs
   local p
@@ -64,7 +65,7 @@ pass "SIGKILL: incarnation 1 is the two spares, weights identical"
 D="$WORK/dead-spare"
 start_job "$D" 2 "${SB[@]}" -- "${ARGS[@]}"
 wait_for_event "$D" "e['event']=='standby_ready'"
-spare=$(spare_pids "$D" | head -1)
+spare=$(spare_pids "$D" | cut -d' ' -f1)
 [ -n "$spare" ] || fail "dead-spare: no spare process found"
 kill -KILL "$spare"
 wait_for_save "$D" 30
