@@ -30,7 +30,9 @@ using self_ptr = checkpoint_writer_actor::stateful_pointer<writer_state>;
 void write_to(checkpoint_store& store, const save_request& req, save_outcome& o) {
   try {
     if (req.make_room) store.keep_only_newest();
-    auto r = store.save(req.buffers->view(), req.meta);
+    capture_wait wait;
+    if (req.overlapped) wait = [b = req.buffers.get()](uint64_t n) { return b->wait_captured(n); };
+    auto r = store.save(req.buffers->view(), req.meta, wait);
     o.ok = static_cast<bool>(r);
     if (r)
       o.stats = std::move(r.value());
@@ -51,7 +53,8 @@ save_outcome write(checkpoint_store& store, checkpoint_store* fallback, spdlog::
   o.snap_ns = req.snap_ns;
   const int64_t t0 = mono_ns();
   write_to(store, req, o);
-  if (!o.ok && fallback && o.kind != checkpoint_kind::periodic) {
+  // A failed capture fails every directory alike: no fallback for it.
+  if (!o.ok && fallback && o.kind != checkpoint_kind::periodic && !req.buffers->capture_failed()) {
     auto primary = o.error;
     log.warn("checkpoint step {} ({}) could not be written to {} ({}): trying the fallback directory {}", o.step,
              to_string(o.kind), store.dir().string(), primary, fallback->dir().string());
@@ -62,6 +65,13 @@ save_outcome write(checkpoint_store& store, checkpoint_store* fallback, spdlog::
     o.error = o.ok ? primary : primary + "; fallback " + fallback->dir().string() + ": " + o.error;
   }
   o.write_ns = mono_ns() - t0;
+  if (req.overlapped) {
+    req.buffers->wait_capture_end();  // a save that failed early must not free buffers still being filled
+    o.snap_ns = req.buffers->capture_ns();
+    o.save_ns = mono_ns() - req.begin_ns;
+  } else {
+    o.save_ns = o.snap_ns + o.write_ns;
+  }
   req.buffers->set_busy(false);
   return o;
 }
@@ -82,6 +92,7 @@ void record(spdlog::logger& log, const save_outcome& o) {
                                  {"kind", to_string(o.kind)},
                                  {"bytes", o.stats.total_bytes},
                                  {"write_ns", o.write_ns},
+                                 {"save_ns", o.save_ns},
                                  {"path", o.stats.path.string()}});
 }
 
@@ -94,7 +105,7 @@ checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_c
         auto o = write(*st.cfg.store, st.cfg.fallback, *st.cfg.log, req);
         // Reported before the trainer hears of it: a commit waits for this.
         if (o.agreement_id && st.cfg.coord) self->send(st.cfg.coord, saved_report(st.cfg.rank, o));
-        if (o.ok && st.cfg.ctl) st.cfg.ctl->last_save_ns.store(o.snap_ns + o.write_ns, std::memory_order_relaxed);
+        if (o.ok && st.cfg.ctl) st.cfg.ctl->last_save_ns.store(o.save_ns, std::memory_order_relaxed);
         record(*st.cfg.log, o);
         return o;
       },

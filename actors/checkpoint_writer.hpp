@@ -40,6 +40,11 @@ struct save_request {
   /// Before writing, remove every committed checkpoint but the newest (a
   /// retry after a failed save, when the trainer allows it: make room).
   bool make_room = false;
+  /// The capture still runs while the writer starts: it writes each piece
+  /// once `buffers` says it is in (snapshot_buffers::wait_captured), and
+  /// takes the capture's duration from the buffers instead of `snap_ns`.
+  bool overlapped = false;
+  int64_t begin_ns = 0;  ///< when overlapped: mono_ns() at the capture's start
 };
 
 /// The answer to a save_request.
@@ -51,7 +56,8 @@ struct save_outcome {
   std::string error;  ///< when !ok; when ok, the primary directory's failure if the fallback took the save
   save_stats stats;   ///< when ok
   int64_t snap_ns = 0;
-  int64_t write_ns = 0;
+  int64_t write_ns = 0;  ///< the writer's own time (overlaps the capture when overlapped)
+  int64_t save_ns = 0;   ///< from the capture's start to the answer
 };
 
 /// Atoms: at most 10 characters (CAF 0.17).

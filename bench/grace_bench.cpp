@@ -354,6 +354,62 @@ int mode_snapshot(const std::map<std::string, std::string>& a) {
   return 0;
 }
 
+// ------------------------------------------------------------------ syncsave
+
+/// A save the trainer waits for, from the capture's start to the commit:
+/// capture then write (the periodic path) against the write started while
+/// the capture runs (the path of preemption, just-in-time and final saves).
+/// Alternated per rep, same state, same directory.
+int mode_syncsave(const std::map<std::string, std::string>& a) {
+  const uint64_t bytes = get_u(a, "bytes", 256ull << 20);
+  const uint64_t reps = get_u(a, "reps", 5);
+  const std::filesystem::path dir = get_s(a, "dir", "/tmp/grace-bench-syncsave");
+  const int ntensors = 8;
+  const size_t per = bytes / ntensors;
+  std::vector<std::unique_ptr<float[]>> data;
+  std::vector<grace::tensor_ref> refs;
+  for (int i = 0; i < ntensors; ++i) {
+    size_t n = per / sizeof(float);
+    data.emplace_back(new float[n]);
+    for (size_t j = 0; j < n; ++j) data.back()[j] = static_cast<float>(j % 1021) + static_cast<float>(i);
+    refs.push_back({"layers." + std::to_string(i) + ".weight", grace::dtype::f32, {static_cast<int64_t>(n)},
+                    data.back().get()});
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  grace::checkpoint_store store(dir, 1);
+  store.prepare_io(bytes);
+  grace::snapshot_buffers buf(refs);
+  std::vector<double> serial, overlapped;
+  for (uint64_t r = 0; r < 2 * reps; ++r) {
+    grace::checkpoint_meta meta;
+    meta.step = r + 1;
+    meta.kind = grace::checkpoint_kind::manual;
+    const bool overlap = r % 2;
+    auto t0 = clk::now();
+    grace::result<grace::save_stats> saved = grace::error{grace::errc::failed, "not run"};
+    if (overlap) {
+      buf.begin_capture();
+      std::thread writer([&] {
+        saved = store.save(buf.view(), meta, [&](uint64_t n) { return buf.wait_captured(n); });
+      });
+      auto st = buf.copy_in(refs);
+      writer.join();
+      if (!st) die("syncsave: capture failed: " + st.err().message);
+    } else {
+      if (auto st = buf.capture(refs); !st) die("syncsave: capture failed: " + st.err().message);
+      saved = store.save(buf.view(), meta);
+    }
+    auto t1 = clk::now();
+    if (!saved) die("syncsave: save failed: " + saved.err().message);
+    (overlap ? overlapped : serial).push_back(secs(t0, t1));
+  }
+  std::printf("{\"row\":\"syncsave\",\"bytes\":%llu,\"serial_ms\":%.3f,\"overlapped_ms\":%.3f}\n",
+              (unsigned long long)bytes, median(serial) * 1e3, median(overlapped) * 1e3);
+  std::filesystem::remove_all(dir, ec);
+  return 0;
+}
+
 // ------------------------------------------------------------------ allreduce
 
 int mode_allreduce(const std::map<std::string, std::string>& a) {
@@ -393,13 +449,14 @@ int mode_allreduce(const std::map<std::string, std::string>& a) {
 
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
-  if (argc < 2) die("usage: grace-bench rtt|agreement|ckpt|snapshot|allreduce [--options]");
+  if (argc < 2) die("usage: grace-bench rtt|agreement|ckpt|snapshot|syncsave|odirect|allreduce [--options]");
   std::string mode = argv[1];
   auto a = parse(argc, argv, 2);
   if (mode == "rtt") return mode_rtt(a);
   if (mode == "agreement") return mode_agreement(a);
   if (mode == "ckpt") return mode_ckpt(a);
   if (mode == "snapshot") return mode_snapshot(a);
+  if (mode == "syncsave") return mode_syncsave(a);
   if (mode == "odirect") return mode_odirect(a);
   if (mode == "allreduce") return mode_allreduce(a);
   die("unknown mode '" + mode + "'");

@@ -112,8 +112,7 @@ def grace_saves(params, opt, d, events, saves, copy):
     """One session, `saves` periodic saves; each step waits until the
     previous save is on disk, so a snapshot never waits for a write, then
     times `copy()` (the memcpy baseline, right before the snapshot).
-    Returns [(snapshot s, snapshot + durable write until committed s,
-    memcpy s)]."""
+    Returns [(snapshot s, capture start until committed s, memcpy s)]."""
     open(events, "a").close()
     with open(events) as f:
         f.seek(0, 2)
@@ -136,8 +135,9 @@ def grace_saves(params, opt, d, events, saves, copy):
             time.sleep(0.005)
     ev = read_events(events, mark)
     snap = {e["step"]: e["ns"] / 1e9 for e in ev if e["event"] == "snapshot_done"}
-    write = {e["step"]: e["write_ns"] / 1e9 for e in ev if e["event"] == "committed_local"}
-    return [(snap[s], snap[s] + write[s], copies[s - 1]) for s in range(1, saves + 1)]
+    # save_ns: from the capture's start to the commit (the write overlaps the capture).
+    total = {e["step"]: e["save_ns"] / 1e9 for e in ev if e["event"] == "committed_local"}
+    return [(snap[s], total[s], copies[s - 1]) for s in range(1, saves + 1)]
 
 
 def torch_saves(params, opt, d, saves):

@@ -177,6 +177,13 @@ for b in sorted({r["bytes"] for r in sel("snapshot")}):
     add("4 training stall: snapshot capture %s" % lab, fmt(c, "ms", 1), "memcpy (warm) %s" % fmt(m, "ms", 1),
         "%.2fx" % (c / m), "<= 1.2x", yes(c / m <= 1.2))
 
+for b in sorted({r["bytes"] for r in sel("syncsave")}):
+    lab = "%d MiB" % (b >> 20)
+    o = med("syncsave", "overlapped_ms", bytes=b)
+    c = med("syncsave", "serial_ms", bytes=b)
+    add("4b sync save %s, capture overlapping the write" % lab, fmt(o, "ms", 1), "capture, then write %s" % fmt(c, "ms", 1),
+        "%.2fx" % (o / c), "< 1x", yes(o < c))
+
 torch_restart = {}
 for r in sel("torchrun"):
     torch_restart.setdefault(r["nproc"], []).append(r["exit_to_ready_ms"])

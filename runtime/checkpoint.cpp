@@ -113,6 +113,7 @@ struct shard_plan {
   std::vector<std::vector<size_t>> shards;  ///< indices into the tensors, per shard
   std::vector<safetensors::encoded_header> headers;
   std::vector<std::string> names;
+  std::vector<uint64_t> stream_at;  ///< per tensor: where its bytes start in the snapshot's stream
 };
 
 /// Validates the tensors and lays them out, before the disk is touched.
@@ -126,8 +127,10 @@ result<shard_plan> plan_shards(const std::vector<snapshot_tensor>& tensors, uint
     descs.push_back({t.name, t.type, t.shape, t.bytes});
   }
   shard_plan plan;
-  uint64_t cur = 0;
+  uint64_t cur = 0, at = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
+    plan.stream_at.push_back(at);
+    at += tensors[i].bytes;
     if (plan.shards.empty() || (!plan.shards.back().empty() && cur + tensors[i].bytes > shard_bytes)) {
       plan.shards.emplace_back();
       cur = 0;
@@ -203,15 +206,30 @@ json index_for(const shard_plan& plan, const std::vector<snapshot_tensor>& tenso
   return json{{"metadata", {{"total_size", tensor_total}}}, {"weight_map", weight_map}};
 }
 
+/// Writes one tensor's bytes; with `wait`, piece by piece as the snapshot
+/// capture makes them available (`at`: the tensor's place in its stream).
+status write_tensor(hashed_file& f, const snapshot_tensor& t, uint64_t at, const capture_wait& wait) {
+  if (!wait) return f.write(t.data, t.bytes);
+  constexpr size_t piece = 16u << 20;
+  auto* p = static_cast<const unsigned char*>(t.data);
+  for (size_t off = 0; off < t.bytes; off += piece) {
+    size_t n = std::min(piece, t.bytes - off);
+    if (!wait(at + off + n))
+      return error{errc::failed, "the snapshot of tensor '" + t.name + "' failed while it was being written"};
+    if (auto st = f.write(p + off, n); !st) return st;
+  }
+  return {};
+}
+
 /// Writes shard `s` of `plan` into `f` (opened here), up to but not
 /// including its fsync.
 status write_shard(hashed_file& f, const shard_plan& plan, size_t s, const std::vector<snapshot_tensor>& tensors,
-                   const fs::path& tmp, io_staging* io) {
+                   const fs::path& tmp, io_staging* io, const capture_wait& wait) {
   const auto& h = plan.headers[s];
   if (auto st = f.open(tmp / plan.names[s], h.file_size, io); !st) return st;
   if (auto st = f.write(h.bytes.data(), h.bytes.size()); !st) return st;
   for (auto i : plan.shards[s])
-    if (auto st = f.write(tensors[i].data, tensors[i].bytes); !st) return st;
+    if (auto st = write_tensor(f, tensors[i], plan.stream_at[i], wait); !st) return st;
   return f.flush();
 }
 
@@ -224,7 +242,7 @@ status write_shard(hashed_file& f, const shard_plan& plan, size_t s, const std::
 /// docs/BENCHMARKS.md). At most `max_unsynced` files wait open, so tiny
 /// shards cannot exhaust fds. `io`: O_DIRECT staging, null for buffered.
 status write_shards(const shard_plan& plan, const std::vector<snapshot_tensor>& tensors, const fs::path& tmp,
-                    io_staging* io, save_stats& stats) {
+                    io_staging* io, const capture_wait& wait, save_stats& stats) {
   constexpr size_t max_unsynced = 64;
   std::deque<hashed_file> unsynced;
   auto sync_oldest = [&]() -> status {
@@ -234,7 +252,7 @@ status write_shards(const shard_plan& plan, const std::vector<snapshot_tensor>& 
   };
   for (size_t s = 0; s < plan.shards.size(); ++s) {
     auto& f = unsynced.emplace_back();
-    if (auto st = timed(stats.write_seconds, [&] { return write_shard(f, plan, s, tensors, tmp, io); }); !st) return st;
+    if (auto st = timed(stats.write_seconds, [&] { return write_shard(f, plan, s, tensors, tmp, io, wait); }); !st) return st;
     stats.files.push_back(file_entry(f));
     if (unsynced.size() >= max_unsynced)
       if (auto st = sync_oldest(); !st) return st;
@@ -320,7 +338,8 @@ status commit(const checkpoint_store& store, tmp_step_dir& tmp, uint64_t step, s
 
 }  // namespace
 
-result<save_stats> checkpoint_store::save(const std::vector<snapshot_tensor>& tensors, const checkpoint_meta& meta) {
+result<save_stats> checkpoint_store::save(const std::vector<snapshot_tensor>& tensors, const checkpoint_meta& meta,
+                                          const capture_wait& wait) {
   auto plan = plan_shards(tensors, shard_bytes_);
   if (!plan) return plan.err();
   std::error_code ec;
@@ -332,7 +351,7 @@ result<save_stats> checkpoint_store::save(const std::vector<snapshot_tensor>& te
 
   save_stats stats;
   stats.step = meta.step;
-  status st = write_shards(*plan, tensors, tmp.path(), direct_io_ ? staging_.get() : nullptr, stats);
+  status st = write_shards(*plan, tensors, tmp.path(), direct_io_ ? staging_.get() : nullptr, wait, stats);
   if (st) st = write_index_and_manifest(tmp.path(), index_for(*plan, tensors), meta, stats);
   if (st) st = commit(*this, tmp, meta.step, stats);
   if (!st) {

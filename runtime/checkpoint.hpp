@@ -165,8 +165,12 @@ public:
   void keep_io_warm();
 
   /// Writes and atomically commits `step-<meta.step>`, then prunes old ones.
-  /// The tensors' bytes must not change until it returns.
-  result<save_stats> save(const std::vector<snapshot_tensor>& tensors, const checkpoint_meta& meta);
+  /// The tensors' bytes must not change until it returns. `wait` (set when
+  /// the snapshot is still being captured): called before each piece of
+  /// tensor bytes is read; a false answer fails the save before anything
+  /// is committed.
+  result<save_stats> save(const std::vector<snapshot_tensor>& tensors, const checkpoint_meta& meta,
+                          const capture_wait& wait = {});
 
   /// Every `step-*` and leftover `.tmp-*` directory, oldest first, with a
   /// quick validity check (no checksums). Empty if the directory is missing.

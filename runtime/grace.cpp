@@ -218,7 +218,7 @@ struct session::impl {
   /// reuse) and, when it succeeded, its duration (grace-period margin).
   void absorb(const save_outcome& o) {
     last_save = o;
-    if (o.ok && policy) policy->save_time(o.snap_ns + o.write_ns);
+    if (o.ok && policy) policy->save_time(o.save_ns);
     if (o.kind == checkpoint_kind::periodic) periodic_result(o);
   }
 
@@ -274,18 +274,57 @@ struct session::impl {
     if (reuse_save(step, agreement_id)) return {};
     auto meta = meta_for(step, kind);
     if (auto b = add_blobs(meta); !b) return failed_save(step, kind, agreement_id, b.err(), 0);
-    auto t0 = mono_ns();
-    auto st = buffers->capture(tensors);
-    auto snap_ns = mono_ns() - t0;
-    if (!st) return failed_save(step, kind, agreement_id, st.err(), snap_ns);
-    emit_event("snapshot_done", {{"step", step}, {"kind", to_string(kind)}, {"ns", snap_ns}});
-    buffers->set_busy(true);
-    (*self)->send(writer, save_atom::value, save_request{buffers, std::move(meta), agreement_id, snap_ns, make_room});
-    ++writes_in_flight;
+    if (buffers->busy())  // the writer died holding them: its write may still read them
+      return failed_save(step, kind, agreement_id, error{errc::overloaded, "the snapshot buffers are still being written"}, 0);
+    if (auto st = buffers->check(tensors); !st) return failed_save(step, kind, agreement_id, st.err(), 0);
+    save_request req{buffers, std::move(meta), agreement_id, 0, make_room};
+    auto st = sync ? capture_while_written(std::move(req)) : capture_then_write(std::move(req));
+    if (!st) return st;
     if (policy) policy->saved(step);
     if (!sync) return {};
     auto o = take_answers(true);
     if (!o || !o->ok) return error{errc::failed, o ? o->error : "the checkpoint writer is gone"};
+    return {};
+  }
+
+  /// A save the trainer does not wait for: the copy first (the trainer's
+  /// stall is the copy alone), then the writer.
+  status capture_then_write(save_request req) {
+    auto step = req.meta.step;
+    auto kind = req.meta.kind;
+    auto t0 = mono_ns();
+    auto st = buffers->capture(tensors);
+    req.snap_ns = mono_ns() - t0;
+    if (!st) return failed_save(step, kind, req.agreement_id, st.err(), req.snap_ns);
+    emit_event("snapshot_done", {{"step", step}, {"kind", to_string(kind)}, {"ns", req.snap_ns}});
+    buffers->set_busy(true);
+    (*self)->send(writer, save_atom::value, std::move(req));
+    ++writes_in_flight;
+    return {};
+  }
+
+  /// A save the trainer waits for (preemption, grace period, just in time,
+  /// the final one): the writer starts while the copy runs and writes each
+  /// piece once it is in, so the save takes the longer of the two instead
+  /// of their sum. Not for periodic saves: the writer's copy competes with
+  /// the capture for memory bandwidth and lengthens the trainer's stall.
+  status capture_while_written(save_request req) {
+    auto step = req.meta.step;
+    auto kind = req.meta.kind;
+    req.overlapped = true;
+    req.begin_ns = mono_ns();
+    buffers->begin_capture();
+    buffers->set_busy(true);
+    (*self)->send(writer, save_atom::value, std::move(req));
+    ++writes_in_flight;
+    auto t0 = mono_ns();
+    auto st = buffers->copy_in(tensors);
+    if (!st) {
+      // The writer gives the save up, and reports that, when it sees the failure.
+      log->error("checkpoint step {} not taken: {}", step, st.err().message);
+      return st;
+    }
+    emit_event("snapshot_done", {{"step", step}, {"kind", to_string(kind)}, {"ns", mono_ns() - t0}});
     return {};
   }
 

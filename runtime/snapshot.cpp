@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +33,7 @@ snapshot_buffers::snapshot_buffers(const std::vector<tensor_ref>& layout) {
     total_bytes_ += b;
   }
   capacity_ = off ? off : alignment;
+  captured_.store(total_bytes_);  // nothing to wait for until a capture begins
   void* p = nullptr;
   if (::posix_memalign(&p, alignment, capacity_) != 0) throw std::bad_alloc();
   base_ = static_cast<unsigned char*>(p);
@@ -46,6 +49,12 @@ status snapshot_buffers::capture(const std::vector<tensor_ref>& tensors) {
   if (busy())
     return error{errc::overloaded,
                  "snapshot buffers are still being written; wait for the writer or use the other set"};
+  if (auto st = check(tensors); !st) return st;
+  begin_capture();
+  return copy_in(tensors);
+}
+
+status snapshot_buffers::check(const std::vector<tensor_ref>& tensors) const {
   if (tensors.size() != slots_.size())
     return error{errc::invalid_input, "capture of " + std::to_string(tensors.size()) +
                                           " tensors into buffers allocated for " + std::to_string(slots_.size())};
@@ -63,22 +72,73 @@ status snapshot_buffers::capture(const std::vector<tensor_ref>& tensors) {
                                      "registered its device copy; see runtime/device_copy.hpp)"};
     if (s.bytes > 0 && !t.data) return error{errc::invalid_input, "capture: tensor '" + t.name + "' has no data"};
   }
+  return {};
+}
+
+void snapshot_buffers::begin_capture() noexcept {
+  std::lock_guard<std::mutex> g(progress_m_);
+  failed_.store(false, std::memory_order_relaxed);
+  captured_.store(0, std::memory_order_release);
+}
+
+void snapshot_buffers::publish(uint64_t captured, bool failed) {
+  {
+    std::lock_guard<std::mutex> g(progress_m_);
+    if (failed) failed_.store(true, std::memory_order_release);
+    captured_.store(captured, std::memory_order_release);
+  }
+  progress_cv_.notify_all();
+}
+
+status snapshot_buffers::copy_in(const std::vector<tensor_ref>& tensors) {
+  // Published every `step` bytes: small enough that the writer starts soon,
+  // large enough that the lock and wake-up cost nothing next to the copy.
+  constexpr size_t step = 8u << 20;
+  const auto t0 = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> g(touch_m_);
+  uint64_t done = 0;
+  // The last bytes are published only after capture_ns_ is set, so a
+  // writer that saw every byte also sees the capture's duration.
+  auto progress = [&](size_t n) {
+    done += n;
+    if (done < total_bytes_) publish(done, false);
+  };
   for (size_t i = 0; i < tensors.size(); ++i) {
     auto& t = tensors[i];
     auto& s = slots_[i];
     if (!s.bytes) continue;
     if (t.memory == memory_kind::device) {
       // The hook returns when the bytes are in our buffer; a failure (a lost
-      // device, a bad pointer) leaves this set half filled, which is harmless:
-      // a failed capture is never submitted to the writer.
-      if (auto st = device_copy_to_host(base_ + s.offset, t.data, s.bytes, t.device); !st)
+      // device, a bad pointer) marks the capture failed, so a writer waiting
+      // on it gives up and nothing half filled is ever written.
+      if (auto st = device_copy_to_host(base_ + s.offset, t.data, s.bytes, t.device); !st) {
+        publish(done, true);
         return error{st.err().code, "capture: tensor '" + t.name + "': " + st.err().message};
-    } else {
-      std::memcpy(base_ + s.offset, t.data, s.bytes);
+      }
+      progress(s.bytes);
+      continue;
+    }
+    auto* src = static_cast<const unsigned char*>(t.data);
+    for (size_t off = 0; off < s.bytes; off += step) {
+      size_t n = std::min(step, s.bytes - off);
+      std::memcpy(base_ + s.offset + off, src + off, n);
+      progress(n);
     }
   }
+  capture_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count(),
+                    std::memory_order_release);
+  publish(total_bytes_, false);
   return {};
+}
+
+bool snapshot_buffers::wait_captured(uint64_t n) const {
+  n = std::min<uint64_t>(n, total_bytes_);
+  auto ready = [&] { return failed_.load(std::memory_order_acquire) || captured_.load(std::memory_order_acquire) >= n; };
+  if (!ready()) {
+    std::unique_lock<std::mutex> g(progress_m_);
+    progress_cv_.wait(g, ready);
+  }
+  return !failed_.load(std::memory_order_acquire);
 }
 
 void snapshot_buffers::keep_warm() const {

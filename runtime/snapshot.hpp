@@ -9,6 +9,7 @@
 /// snapshot copy is the part of a checkpoint that stalls training.
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -32,12 +33,23 @@ struct snapshot_tensor {
   size_t bytes = 0;
 };
 
+/// Lets a writer start on a snapshot while it is still being captured.
+/// `wait(n)` returns true once the first `n` bytes of the snapshot's
+/// stream (every tensor's bytes in layout order, no padding) are in the
+/// buffers, false when the capture failed first.
+using capture_wait = std::function<bool(uint64_t)>;
+
 /// Host buffers for one snapshot of a fixed set of registered tensors.
 ///
 /// Each tensor gets its own 4096-aligned region (so O_DIRECT writes are
 /// possible later). Not thread-safe: one thread captures; the writer thread
-/// only reads, and `capture` refuses while a write of this set is in flight
-/// (use two sets alternately to overlap capture and write).
+/// only reads, and `capture` refuses while a write of this set is in flight.
+///
+/// A capture either runs whole before the writer gets the set (`capture`),
+/// or overlaps the write (`check`, `begin_capture`, hand the set to the
+/// writer, `copy_in`): the copy publishes how far it got, and the writer
+/// waits on `wait_captured` before it reads bytes, so the save takes the
+/// longer of copy and write instead of their sum.
 class snapshot_buffers {
 public:
   static constexpr size_t alignment = 4096;
@@ -56,6 +68,24 @@ public:
   /// without a registered copy -> errc::failed, before any byte is copied.
   /// While a writer still owns this set -> errc::overloaded.
   status capture(const std::vector<tensor_ref>& tensors);
+
+  /// The checks of `capture` without the copy: nothing is written.
+  status check(const std::vector<tensor_ref>& tensors) const;
+  /// Marks the buffers empty for an overlapped capture: from now until
+  /// `copy_in` ends, `wait_captured` blocks on the bytes not yet copied.
+  void begin_capture() noexcept;
+  /// Copies `tensors` (already `check`ed) in, publishing progress every
+  /// few MiB; a failure (a device copy) makes every wait return false.
+  status copy_in(const std::vector<tensor_ref>& tensors);
+  /// Blocks until the first `n` stream bytes are captured (true) or the
+  /// capture failed (false). After `capture` it returns true at once.
+  bool wait_captured(uint64_t n) const;
+  /// Blocks until the capture in progress, if any, has ended.
+  void wait_capture_end() const { wait_captured(total_bytes_); }
+  /// How long the last completed `copy_in` (or `capture`'s copy) took.
+  int64_t capture_ns() const noexcept { return capture_ns_.load(std::memory_order_acquire); }
+  /// True when the last capture failed part way (its bytes are not usable).
+  bool capture_failed() const noexcept { return failed_.load(std::memory_order_acquire); }
 
   /// Reads one byte per page so the kernel keeps the pages resident and
   /// mapped (cheap; call it periodically between snapshots). Safe to call
@@ -87,11 +117,18 @@ private:
     size_t bytes;
     size_t offset;  ///< into base_, multiple of `alignment`
   };
+  void publish(uint64_t captured, bool failed);
+
   std::vector<slot> slots_;
   unsigned char* base_ = nullptr;
   size_t capacity_ = 0;
   size_t total_bytes_ = 0;
   std::atomic<bool> busy_{false};
+  std::atomic<uint64_t> captured_{0};  ///< stream bytes copied by the capture in progress
+  std::atomic<bool> failed_{false};
+  std::atomic<int64_t> capture_ns_{0};
+  mutable std::mutex progress_m_;  ///< with progress_cv_: wait_captured sleeps on progress
+  mutable std::condition_variable progress_cv_;
   mutable std::mutex touch_m_;  ///< capture() writes, keep_warm() reads: one at a time
 };
 

@@ -3,6 +3,7 @@
 // and durations; the buffers are the writer's until it answered; a failed
 // save is an answer too, never a lost one.
 #include "actors/checkpoint_writer.hpp"
+#include "runtime/events.hpp"
 #include "runtime/system.hpp"
 #include "../temp_dir.hpp"
 
@@ -12,7 +13,9 @@
 #include <caf/send.hpp>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -103,5 +106,39 @@ TEST_CASE("checkpoint writer: a failed save is answered with its error", "[write
     CHECK_FALSE(o.error.empty());
   });
   CHECK_FALSE(set->busy());
+  caf::anon_send_exit(writer, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("checkpoint writer: an overlapped save waits for the capture it writes", "[writer]") {
+  spdlog::set_level(spdlog::level::err);
+  grace::testing::temp_dir td("grace-writer-test");
+  checkpoint_store store(td.path / "ck", 10);
+  tensors t;
+  t.fill(1);
+  auto set = std::make_shared<snapshot_buffers>(t.refs());
+  REQUIRE(set->capture(t.refs()).ok());  // stale bytes the writer must not write
+  actor_runtime rt;
+  checkpoint_writer_config cfg;
+  cfg.store = &store;
+  auto writer = spawn_checkpoint_writer(rt.sys(), cfg);
+  caf::scoped_actor self{rt.sys()};
+  t.fill(500);
+  set->begin_capture();
+  set->set_busy(true);
+  save_request req{set, meta(9), 0, 0};
+  req.overlapped = true;
+  req.begin_ns = mono_ns();
+  self->send(writer, save_atom::value, req);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(set->copy_in(t.refs()).ok());
+  self->receive([&](save_outcome& o) {
+    CHECK(o.ok);
+    CHECK(o.snap_ns == set->capture_ns());
+    CHECK(o.save_ns >= 50'000'000);  // counted from the capture's start
+  });
+  CHECK_FALSE(set->busy());
+  tensors back;
+  REQUIRE(store.restore(9, back.refs()).ok());
+  CHECK(back.w == t.w);
   caf::anon_send_exit(writer, caf::exit_reason::user_shutdown);
 }
