@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <new>
 
 namespace grace {
@@ -67,8 +68,11 @@ save_outcome write(checkpoint_store& store, checkpoint_store* fallback, spdlog::
   o.write_ns = mono_ns() - t0;
   if (req.overlapped) {
     req.buffers->wait_capture_end();  // a save that failed early must not free buffers still being filled
-    o.snap_ns = req.buffers->capture_ns();
+    o.snap_ns = req.buffers->capture_failed() ? 0 : req.buffers->capture_ns();
     o.save_ns = mono_ns() - req.begin_ns;
+    // What the save took beyond the copy: snap_ns + write_ns is the save's
+    // duration, as for a save that captured first (the coordinator's margins).
+    o.write_ns = std::max<int64_t>(0, o.save_ns - o.snap_ns);
   } else {
     o.save_ns = o.snap_ns + o.write_ns;
   }

@@ -56,7 +56,7 @@ struct save_outcome {
   std::string error;  ///< when !ok; when ok, the primary directory's failure if the fallback took the save
   save_stats stats;   ///< when ok
   int64_t snap_ns = 0;
-  int64_t write_ns = 0;  ///< the writer's own time (overlaps the capture when overlapped)
+  int64_t write_ns = 0;  ///< the write's time; when overlapped, what the save took beyond the copy
   int64_t save_ns = 0;   ///< from the capture's start to the answer
 };
 

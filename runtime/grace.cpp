@@ -320,8 +320,10 @@ struct session::impl {
     auto t0 = mono_ns();
     auto st = buffers->copy_in(tensors);
     if (!st) {
-      // The writer gives the save up, and reports that, when it sees the failure.
+      // The writer gives the save up at once and reports it; its answer is
+      // taken before anything else is sent (a Leave must not overtake it).
       log->error("checkpoint step {} not taken: {}", step, st.err().message);
+      take_answers(true);
       return st;
     }
     emit_event("snapshot_done", {{"step", step}, {"kind", to_string(kind)}, {"ns", mono_ns() - t0}});

@@ -91,14 +91,34 @@ void snapshot_buffers::publish(uint64_t captured, bool failed) {
 }
 
 status snapshot_buffers::copy_in(const std::vector<tensor_ref>& tensors) {
-  // Published every `step` bytes: small enough that the writer starts soon,
-  // large enough that the lock and wake-up cost nothing next to the copy.
-  constexpr size_t step = 8u << 20;
   const auto t0 = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> g(touch_m_);
   uint64_t done = 0;
+  status st;
+  try {
+    st = copy_slots(tensors, done);
+  } catch (...) {
+    publish(done, true);  // a writer waiting on this capture must not wait forever
+    throw;
+  }
+  if (!st) {
+    // Marked failed, so a writer waiting on it gives up and nothing half
+    // filled is ever written.
+    publish(done, true);
+    return st;
+  }
   // The last bytes are published only after capture_ns_ is set, so a
   // writer that saw every byte also sees the capture's duration.
+  capture_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count(),
+                    std::memory_order_release);
+  publish(total_bytes_, false);
+  return {};
+}
+
+status snapshot_buffers::copy_slots(const std::vector<tensor_ref>& tensors, uint64_t& done) {
+  // Published every `step` bytes: small enough that the writer starts soon,
+  // large enough that the lock and wake-up cost nothing next to the copy.
+  constexpr size_t step = 8u << 20;
   auto progress = [&](size_t n) {
     done += n;
     if (done < total_bytes_) publish(done, false);
@@ -108,13 +128,9 @@ status snapshot_buffers::copy_in(const std::vector<tensor_ref>& tensors) {
     auto& s = slots_[i];
     if (!s.bytes) continue;
     if (t.memory == memory_kind::device) {
-      // The hook returns when the bytes are in our buffer; a failure (a lost
-      // device, a bad pointer) marks the capture failed, so a writer waiting
-      // on it gives up and nothing half filled is ever written.
-      if (auto st = device_copy_to_host(base_ + s.offset, t.data, s.bytes, t.device); !st) {
-        publish(done, true);
+      // The hook returns when the bytes are in our buffer.
+      if (auto st = device_copy_to_host(base_ + s.offset, t.data, s.bytes, t.device); !st)
         return error{st.err().code, "capture: tensor '" + t.name + "': " + st.err().message};
-      }
       progress(s.bytes);
       continue;
     }
@@ -125,9 +141,6 @@ status snapshot_buffers::copy_in(const std::vector<tensor_ref>& tensors) {
       progress(n);
     }
   }
-  capture_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count(),
-                    std::memory_order_release);
-  publish(total_bytes_, false);
   return {};
 }
 

@@ -118,6 +118,8 @@ private:
     size_t offset;  ///< into base_, multiple of `alignment`
   };
   void publish(uint64_t captured, bool failed);
+  /// copy_in's copy; `done`: the stream bytes copied so far.
+  status copy_slots(const std::vector<tensor_ref>& tensors, uint64_t& done);
 
   std::vector<slot> slots_;
   unsigned char* base_ = nullptr;

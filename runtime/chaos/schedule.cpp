@@ -45,7 +45,8 @@ const std::vector<std::string>& trigger_events() {
   static const std::vector<std::string> names = {
       "proposed",       // the coordinator proposed an agreement
       "agreed",         // the agreed step is out
-      "snapshot_done",  // a saver took its snapshot: its write is in flight
+      "snapshot_done",  // a saver took its snapshot: its write is in flight (for a save the
+                        // trainer waits for, the write began with the copy and runs on)
       "committed",      // the coordinator committed an agreement's checkpoint
       "peer_lost",      // the coordinator declared a member lost
       "group_started",  // the launcher started a (re)started group: restores follow

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -131,4 +132,23 @@ TEST_CASE("snapshot: a capture that fails part way fails the overlapping save", 
   CHECK(store.newest_valid_step() == 1);
   CHECK_FALSE(std::filesystem::exists(store.step_path(2)));
   CHECK(store.verify(1).ok());
+}
+
+namespace {
+status throwing_copy(void*, const void*, size_t, int) { throw std::bad_alloc(); }
+}  // namespace
+
+TEST_CASE("snapshot: a capture that throws still releases a waiting writer", "[snapshot]") {
+  state s;
+  register_device_copy(throwing_copy, throwing_copy);
+  auto refs = s.refs();
+  refs[0].memory = memory_kind::device;
+  snapshot_buffers buf(refs);
+  buf.begin_capture();
+  auto waiter = std::async(std::launch::async, [&] { return buf.wait_captured(buf.total_bytes()); });
+  CHECK_THROWS_AS(buf.copy_in(refs), std::bad_alloc);
+  register_device_copy(nullptr, nullptr);
+  REQUIRE(waiter.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK_FALSE(waiter.get());
+  CHECK(buf.capture_failed());
 }
