@@ -320,19 +320,29 @@ int mode_odirect(const std::map<std::string, std::string>& a) {
 
 // ------------------------------------------------------------------ snapshot
 
+/// `ntensors` f32 tensors of bytes/ntensors each, filled, with their refs.
+struct f32_state {
+  std::vector<std::unique_ptr<float[]>> data;
+  std::vector<grace::tensor_ref> refs;
+  f32_state(uint64_t bytes, int ntensors) {
+    const size_t n = bytes / ntensors / sizeof(float);
+    for (int i = 0; i < ntensors; ++i) {
+      data.emplace_back(new float[n]);
+      for (size_t j = 0; j < n; ++j) data.back()[j] = static_cast<float>(j % 1021) + static_cast<float>(i);
+      refs.push_back({"layers." + std::to_string(i) + ".weight", grace::dtype::f32, {static_cast<int64_t>(n)},
+                      data.back().get()});
+    }
+  }
+};
+
 int mode_snapshot(const std::map<std::string, std::string>& a) {
   const uint64_t bytes = get_u(a, "bytes", 256ull << 20);
   const uint64_t reps = get_u(a, "reps", 7);
   const int ntensors = 4;
   const size_t per = bytes / ntensors;
-  std::vector<std::unique_ptr<float[]>> data;
-  std::vector<grace::tensor_ref> refs;
-  for (int i = 0; i < ntensors; ++i) {
-    size_t n = per / sizeof(float);
-    data.emplace_back(new float[n]);
-    for (size_t j = 0; j < n; ++j) data.back()[j] = static_cast<float>(j & 255);
-    refs.push_back({"t" + std::to_string(i), grace::dtype::f32, {static_cast<int64_t>(n)}, data.back().get()});
-  }
+  f32_state state(bytes, ntensors);
+  auto& data = state.data;
+  auto& refs = state.refs;
   grace::snapshot_buffers buf(refs);
   // The baseline: one memcpy of the same bytes into memory that was touched
   // before (warm), as the snapshot buffers are.
@@ -364,17 +374,8 @@ int mode_syncsave(const std::map<std::string, std::string>& a) {
   const uint64_t bytes = get_u(a, "bytes", 256ull << 20);
   const uint64_t reps = get_u(a, "reps", 5);
   const std::filesystem::path dir = get_s(a, "dir", "/tmp/grace-bench-syncsave");
-  const int ntensors = 8;
-  const size_t per = bytes / ntensors;
-  std::vector<std::unique_ptr<float[]>> data;
-  std::vector<grace::tensor_ref> refs;
-  for (int i = 0; i < ntensors; ++i) {
-    size_t n = per / sizeof(float);
-    data.emplace_back(new float[n]);
-    for (size_t j = 0; j < n; ++j) data.back()[j] = static_cast<float>(j % 1021) + static_cast<float>(i);
-    refs.push_back({"layers." + std::to_string(i) + ".weight", grace::dtype::f32, {static_cast<int64_t>(n)},
-                    data.back().get()});
-  }
+  f32_state state(bytes, 8);
+  auto& refs = state.refs;
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   grace::checkpoint_store store(dir, 1);
