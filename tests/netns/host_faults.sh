@@ -16,6 +16,11 @@
 #                             brain (the isolated side commits nothing and
 #                             stops instead of training alone), host 1 rejoins
 #                             the current incarnation
+#   host_faults.sh freeze     host 1 frozen (every process SIGSTOPped) for 4 s,
+#                             longer than dead-after, then continued: the
+#                             survivors save just in time; the thawed side
+#                             is refused (stale incarnation), writes nothing
+#                             and restarts into the current incarnation
 #   host_faults.sh coordinator_lost
 #                             host 0 (the coordination service's) lost: host
 #                             1's workers stop without writing, its launcher
@@ -146,6 +151,37 @@ partition() {
   restored=$(first_event "$E0" "e['event']=='restored'" step)
   [ "$restored" = "$jit_step" ] || fail "restored step $restored, the survivors' save was $jit_step"
   pass "host 1 partitioned 6 s: survivors saved step $jit_step, the isolated side stopped at <= $isolated_steps and wrote nothing, host 1 rejoined, weights identical"
+}
+
+freeze() {
+  launch 0 L0
+  launch 1 L1
+  tb_wait_event "$E1" "e['event']=='first_step'" 60
+  tb_wait_event "$E0" "e['event']=='first_step' and e['rank']==0" 60
+  local t0=$SECONDS jit_id jit_step
+  tb_freeze_host 1
+  tb_wait_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" 30
+  jit_id=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" id)
+  jit_step=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" step)
+  tb_wait_event "$E0" "e['event']=='committed' and e['id']==$jit_id" 30
+  local written_before
+  written_before=$(count_events "$E1" "e['event'] in ('committed_local','snapshot_done')")
+  while [ $((SECONDS - t0)) -lt 4 ]; do sleep 0.2; done   # frozen 4 s (dead-after 1.5 s)
+  tb_thaw_host 1
+  tb_wait_pid "$L0" rc0
+  tb_wait_pid "$L1" rc1
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+  check_result
+  # The thawed workers of incarnation 0 committed nothing after the verdict.
+  [ "$(count_events "$E1" "e['event'] in ('committed_local','snapshot_done') and e['incarnation']==0")" -eq "$written_before" ] \
+    || fail "split brain: host 1 wrote a checkpoint of incarnation 0 after it was declared dead"
+  local isolated_steps
+  isolated_steps=$(events "$E1" "e['event']=='exit' and e['incarnation']==0" | "$PY" -c 'import json,sys; print(max([json.loads(l)["step"] for l in sys.stdin] or [0]))')
+  [ "$isolated_steps" -le "$jit_step" ] || fail "the thawed side trained to step $isolated_steps, past the survivors' save at $jit_step"
+  local restored
+  restored=$(first_event "$E0" "e['event']=='restored'" step)
+  [ "$restored" = "$jit_step" ] || fail "restored step $restored, the survivors' save was $jit_step"
+  pass "host 1 frozen 4 s (dead-after 1.5 s): survivors saved step $jit_step, the thawed side stopped at <= $isolated_steps and wrote nothing, rejoined the current incarnation, weights identical"
 }
 
 node_local() {

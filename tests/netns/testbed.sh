@@ -126,6 +126,16 @@ tb_kill_host() {
   tb_kill_ns "$(tb_ns "$1")"
 }
 
+# tb_freeze_host I / tb_thaw_host I: every process on host I stopped
+# (SIGSTOP: a host that hangs, in a long GC pause or a frozen VM) / continued
+tb_freeze_host() { tb_signal_ns "$(tb_ns "$1")" STOP; }
+tb_thaw_host() { tb_signal_ns "$(tb_ns "$1")" CONT; }
+tb_signal_ns() { # tb_signal_ns NS SIGNAL
+  local pids
+  pids=$(ip netns pids "$1" 2>/dev/null || true)
+  [ -n "$pids" ] && kill -"$2" $pids 2>/dev/null || true
+}
+
 # tb_launch I VAR DIR LAUNCH-ARGS... -- TRAIN-ARGS...: grace-launch on host I
 # in DIR (its events in DIR/events.jsonl, output in DIR/log.txt), as on a
 # separate machine, with the variables in TB_ENV (NAME=value ...) added to
