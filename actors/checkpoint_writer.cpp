@@ -108,7 +108,8 @@ checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_c
         auto& st = self->state;
         auto o = write(*st.cfg.store, st.cfg.fallback, *st.cfg.log, req);
         // Reported before the trainer hears of it: a commit waits for this.
-        if (o.agreement_id && st.cfg.coord) self->send(st.cfg.coord, saved_report(st.cfg.rank, o));
+        if (o.agreement_id && st.cfg.coord)
+          if (auto c = st.cfg.coord->get()) self->send(c, saved_report(st.cfg.rank, o));
         if (o.ok && st.cfg.ctl) st.cfg.ctl->last_save_ns.store(o.save_ns, std::memory_order_relaxed);
         record(*st.cfg.log, o);
         return o;

@@ -14,7 +14,7 @@
 /// In-process only: its messages are C++ structs (a snapshot is host
 /// memory); the protocol between processes is Cap'n Proto (messages/).
 
-#include "actors/coordinator.hpp"
+#include "actors/coordinator_ref.hpp"
 #include "runtime/checkpoint.hpp"
 
 #include <caf/allowed_unsafe_message_type.hpp>
@@ -75,7 +75,7 @@ struct checkpoint_writer_config {
   /// Takes a save other than a periodic one that `store` failed (may be
   /// null; outlives the actor).
   checkpoint_store* fallback = nullptr;
-  coordinator_actor coord;            ///< where agreement saves are reported (none: not reported)
+  std::shared_ptr<coordinator_ref> coord;  ///< where agreement saves are reported (none: not reported)
   uint32_t rank = 0;
   /// Where the last successful save's duration is published for the peer
   /// watcher's heartbeats (may be null).

@@ -64,6 +64,9 @@ struct coordinator_state {
   uint64_t rescue_gen = 0;       ///< tags the armed timers; older ones are ignored
   int64_t rescue_cutoff_ns = 0;
   int64_t last_saved_ns = 0;                   ///< snapshot + write of the newest agreement save reported
+  bool takeover = false;                       ///< survivors of a predecessor service may rejoin
+  int64_t takeover_since_ns = 0;
+  uint64_t takeover_gen = 0;
   rendezvous_table table;                      ///< keys and barriers (runtime/rendezvous_table)
   std::map<uint64_t, kv_promise> get_waiters;  ///< table waiter id -> the get's promise
   std::map<uint64_t, barrier_promise> barrier_waiters;
@@ -127,7 +130,9 @@ void deliver(self_ptr self, const std::vector<rendezvous_table::reply>& replies)
 void reset_incarnation(self_ptr self, uint32_t incarnation) {
   auto& st = self->state;
   st.cfg.incarnation = incarnation;
-  st.agree = std::make_unique<agreement>(st.cfg.world_size);
+  st.agree = std::make_unique<agreement>(st.cfg.world_size, st.cfg.first_agreement_id);
+  st.takeover = false;
+  ++st.takeover_gen;
   membership_config mc;
   mc.dead_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.dead_after).count();
   mc.hung_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.hung_after).count();
@@ -317,6 +322,22 @@ void note_refusal(self_ptr self, const std::string& what, const std::string& why
     st.log->warn("refused {} from {}: {} (further refusals from it are counted, not logged)", what, who, why);
 }
 
+/// A survivor's rejoin after the service moved: only while this service
+/// takes over its incarnation, once per rank.
+std::optional<msg<proto::Welcome>> rejoin_refusal(self_ptr self, proto::Join::Reader j) {
+  auto& st = self->state;
+  const auto inc = std::to_string(j.getIncarnation());
+  if (!st.takeover || j.getIncarnation() != st.cfg.incarnation)
+    return refuse_for_now("no takeover of incarnation " + inc + " here (current " +
+                              std::to_string(st.cfg.incarnation) + ", takeover " + (st.takeover ? "open" : "closed") +
+                              ")",
+                          st.cfg.incarnation);
+  if (st.workers.count(j.getRank()) || st.lost.count(j.getRank()))
+    return refuse_for_now("rank " + std::to_string(j.getRank()) + " already rejoined or lost in incarnation " + inc,
+                          st.cfg.incarnation);
+  return std::nullopt;
+}
+
 /// Every check a join must pass before it becomes a member; the refusal,
 /// if any. May advance the incarnation (the first join of the next group).
 std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Reader j) {
@@ -330,6 +351,7 @@ std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Read
   if (j.getRank() >= st.cfg.world_size) return refuse("rank " + std::to_string(j.getRank()) + " out of range");
   if (str(j.getRunId()) != st.cfg.run_id)
     return refuse("run id '" + str(j.getRunId()) + "' != job's '" + st.cfg.run_id + "'");
+  if (j.getRejoin()) return rejoin_refusal(self, j);
   // Launchers on other nodes restart their groups on their own: the first
   // join of a newer incarnation, once the old group is gone, advances it.
   if (j.getIncarnation() == st.cfg.incarnation + 1 && !st.workers.empty() && st.agree->live().empty()) {
@@ -351,6 +373,56 @@ std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Read
     return refuse_for_now(*why, st.cfg.incarnation);
   }
   return std::nullopt;
+}
+
+/// The ranks a takeover waits for before its window closes: this node's and
+/// those of every launcher registered here.
+std::set<uint32_t> takeover_expected(self_ptr self) {
+  auto& st = self->state;
+  std::set<uint32_t> out;
+  auto add_node = [&](int32_t node, int32_t nproc) {
+    for (int32_t i = 0; i < nproc; ++i) {
+      const uint64_t r = static_cast<uint64_t>(node) * static_cast<uint64_t>(nproc) + static_cast<uint64_t>(i);
+      if (r < st.cfg.world_size) out.insert(static_cast<uint32_t>(r));
+    }
+  };
+  add_node(st.cfg.own_node, st.cfg.nproc);
+  for (auto& [node_id, l] : st.launchers) add_node(l.first, l.second);
+  return out;
+}
+
+/// Ends the takeover: ranks that did not rejoin are lost, and the
+/// survivors' just-in-time round starts (runtime/agreement.hpp, "Takeover").
+void end_takeover(self_ptr self, const std::string& why) {
+  auto& st = self->state;
+  st.takeover = false;
+  ++st.takeover_gen;
+  const auto waited_ms = (now_ns(self) - st.takeover_since_ns) / 1000000;
+  st.log->info("takeover of incarnation {} ends ({}): {}/{} ranks rejoined after {} ms", st.cfg.incarnation, why,
+               st.workers.size(), st.cfg.world_size, waited_ms);
+  emit_event("takeover_end", {{"rejoined", st.workers.size()}, {"why", why}, {"waited_ms", waited_ms}});
+  for (uint32_t r = 0; r < st.cfg.world_size; ++r)
+    if (!st.workers.count(r))
+      member_lost(self, r, loss_reason::dead,
+                  "dead: did not rejoin the successor coordination service within " + std::to_string(waited_ms) +
+                      " ms",
+                  0);
+  dispatch(self, st.agree->end_takeover());
+}
+
+/// After each rejoin, registration and takeover timer: ends the takeover
+/// once nobody more is to be waited for.
+void check_takeover(self_ptr self) {
+  auto& st = self->state;
+  if (!st.takeover) return;
+  const int64_t age = now_ns(self) - st.takeover_since_ns;
+  if (st.workers.size() == st.cfg.world_size) return end_takeover(self, "every rank rejoined");
+  if (age >= std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.takeover_window).count())
+    return end_takeover(self, "window closed");
+  if (age < std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.takeover_min).count()) return;
+  for (auto r : takeover_expected(self))
+    if (!st.workers.count(r)) return;
+  end_takeover(self, "every rank of the live nodes rejoined");
 }
 
 msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {
@@ -384,7 +456,13 @@ msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {
     b.setRendezvousPrefix(prefix);
     b.setVerdictWaitMs(verdict_wait_ms(st.cfg));
   });
-  dispatch(self, st.agree->on_join(rank, j.getCompletedStep()));
+  if (j.getRejoin()) {
+    dispatch(self, st.agree->on_rejoin(rank, j.getCompletedStep()));
+    emit_event("rejoined", {{"rejoined_rank", rank}, {"step", j.getCompletedStep()}});
+    check_takeover(self);
+  } else {
+    dispatch(self, st.agree->on_join(rank, j.getCompletedStep()));
+  }
   return welcome;
 }
 
@@ -464,7 +542,8 @@ std::string on_launcher(self_ptr self, int32_t node, int32_t nproc, const std::s
     why = "wrong job token";
   else if (!sender)
     why = "no sender";
-  else if (node <= 0 || nproc <= 0 || static_cast<uint64_t>(node) * static_cast<uint64_t>(nproc) >= st.cfg.world_size)
+  else if (node < 0 || node == st.cfg.own_node || nproc <= 0 ||
+           static_cast<uint64_t>(node) * static_cast<uint64_t>(nproc) >= st.cfg.world_size)
     why = "node " + std::to_string(node) + " with " + std::to_string(nproc) + " workers does not fit a world of " +
           std::to_string(st.cfg.world_size);
   if (!why.empty()) {
@@ -475,6 +554,7 @@ std::string on_launcher(self_ptr self, int32_t node, int32_t nproc, const std::s
     it = it->second.first == node && it->first != sender->node() ? st.launchers.erase(it) : std::next(it);
   if (st.launchers.emplace(sender->node(), std::make_pair(node, nproc)).second)
     st.log->info("launcher of node {} registered", node);
+  check_takeover(self);
   return {};
 }
 
@@ -678,6 +758,18 @@ void on_down(self_ptr self, caf::down_msg& dm) {
               st.members->completed(rank));
 }
 
+void start_takeover(self_ptr self) {
+  auto& st = self->state;
+  st.takeover = true;
+  st.takeover_since_ns = now_ns(self);
+  const auto gen = ++st.takeover_gen;
+  st.log->info("taking over incarnation {} (agreement ids from {}): waiting up to {} ms for its survivors to rejoin",
+               st.cfg.incarnation, st.cfg.first_agreement_id, st.cfg.takeover_window.count());
+  emit_event("takeover", {{"first_id", st.cfg.first_agreement_id}, {"window_ms", st.cfg.takeover_window.count()}});
+  self->delayed_send(self, st.cfg.takeover_min, takeover_atom::value, gen);
+  self->delayed_send(self, st.cfg.takeover_window, takeover_atom::value, gen);
+}
+
 /// The message table: each handler is a function above.
 coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config cfg) {
   auto& st = self->state;
@@ -687,6 +779,7 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
   lim.barrier_count = cfg.world_size;  // a barrier waiting for more members could never complete
   st.table = rendezvous_table(lim);
   reset_incarnation(self, cfg.incarnation);
+  if (cfg.takeover) start_takeover(self);
   self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
   self->send(self, tick_atom::value);
   return {
@@ -741,6 +834,9 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
       },
       [self](tick_atom) {
         if (from_self(self, "a heartbeat-check timer")) on_tick(self);
+      },
+      [self](takeover_atom, uint64_t gen) {
+        if (from_self(self, "a takeover timer") && gen == self->state.takeover_gen) check_takeover(self);
       },
   };
 }

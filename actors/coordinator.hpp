@@ -35,7 +35,8 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<ckpt_peer_atom, int32_t, std::string>::with<std::string>,
     caf::reacts_to<exited_atom, uint32_t, uint32_t, int32_t>, caf::reacts_to<rescue_atom, uint64_t>,
     caf::replies_to<launcher_atom, int32_t, int32_t, std::string>::with<std::string>,
-    caf::reacts_to<cutoff_atom, uint64_t>, caf::reacts_to<tick_atom>, caf::reacts_to<kv_timeout_atom, uint64_t>>;
+    caf::reacts_to<cutoff_atom, uint64_t>, caf::reacts_to<tick_atom>, caf::reacts_to<kv_timeout_atom, uint64_t>,
+    caf::reacts_to<takeover_atom, uint64_t>>;
 
 struct coordinator_config {
   uint32_t world_size = 1;
@@ -50,6 +51,22 @@ struct coordinator_config {
   /// and heartbeat_check it makes the verdict wait announced in Welcome.
   std::chrono::milliseconds connection_timeout{5000};
   std::shared_ptr<spdlog::logger> log;
+  /// A successor service (etcd failover, runtime/leadership.hpp): its
+  /// agreement ids start here, above every id of its predecessors.
+  uint64_t first_agreement_id = 0;
+  /// Take over the running group of `incarnation`: its survivors rejoin,
+  /// then one just-in-time round saves them (runtime/agreement.hpp,
+  /// "Takeover"). The takeover ends when every rank rejoined, or once every
+  /// rank of this node and of each launcher registered here rejoined (not
+  /// before `takeover_min`, so the other launchers can register), and at
+  /// the latest after `takeover_window`; ranks not back by then are lost.
+  bool takeover = false;
+  std::chrono::milliseconds takeover_window{1500};
+  std::chrono::milliseconds takeover_min{300};
+  /// The node of the launcher hosting this service and its workers per
+  /// node (a takeover expects their ranks; that node registers no launcher).
+  int32_t own_node = 0;
+  int32_t nproc = 0;
   /// The host's hook for failure verdicts: called (on the coordinator's
   /// actor thread) once for each member declared dead or hung - connection
   /// lost or heartbeat silence - but never for a member that left on

@@ -1,10 +1,13 @@
 #include "actors/peer_watcher.hpp"
 
 #include "messages/convert.hpp"
+#include "runtime/cluster_config.hpp"
 #include "runtime/control.hpp"
 #include "runtime/events.hpp"
+#include "runtime/leadership.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/system_messages.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -14,26 +17,47 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <fstream>
 
 namespace grace {
 
 namespace {
 
+/// Where the watcher stands with the service (etcd failover only leaves
+/// `steady`): the service was lost or superseded and a successor is awaited,
+/// or a connection to the successor is being made.
+enum class follow_phase : uint8_t { steady, moving, connecting };
+
 struct peer_watcher_state {
   static inline const char* name = "peer_watcher";
-  coordinator_actor coord;
+  std::shared_ptr<coordinator_ref> coord;
+  coordinator_actor current;  ///< the service joined (and monitored)
   std::shared_ptr<control_block> ctl;
   peer_watcher_config cfg;
   std::shared_ptr<spdlog::logger> log;
   bool joined = false;
+  std::optional<msg<proto::Join>> join;  ///< the accepted join: a rejoin repeats it
+  follow_phase phase = follow_phase::steady;
+  std::chrono::steady_clock::time_point move_deadline;
+  bool gave_up = false;
 };
 
 using self_ptr = peer_watcher_actor::stateful_pointer<peer_watcher_state>;
+
+bool failover(self_ptr self) { return !self->state.cfg.coordinator_file.empty(); }
 
 void lose(self_ptr self, loss_info l) {
   auto& st = self->state;
   st.ctl->post_loss(l);
   st.ctl->abort();
+}
+
+/// With failover, messages from a service that is no longer the one joined
+/// (a predecessor that was superseded) are dropped.
+bool from_current(self_ptr self) {
+  auto& st = self->state;
+  auto sender = self->current_sender();
+  return !failover(self) || !sender || !st.current || sender->node() == st.current.node();
 }
 
 /// A checkpoint order: hand it to the trainer, then acknowledge what can be
@@ -44,7 +68,7 @@ void on_order(self_ptr self, const checkpoint_order& o) {
   if (o.agreed) return;
   if (o.kind != checkpoint_kind::jit) {
     auto earliest = std::max(o.step, progress.started);
-    self->send(st.coord, make<proto::Ack>([&](auto b) {
+    self->send(st.current, make<proto::Ack>([&](auto b) {
                  b.setAgreementId(o.id);
                  b.setRank(st.cfg.rank);
                  b.setEarliestStep(earliest);
@@ -57,7 +81,7 @@ void on_order(self_ptr self, const checkpoint_order& o) {
   // (at a boundary, restoring, in its rendezvous) cannot start one any more
   // (Dekker), so its completed step is final: acknowledge it now.
   if (progress.idle()) {
-    self->send(st.coord, make<proto::Ack>([&](auto b) {
+    self->send(st.current, make<proto::Ack>([&](auto b) {
                  b.setAgreementId(o.id);
                  b.setRank(st.cfg.rank);
                  b.setEarliestStep(progress.completed);
@@ -73,12 +97,14 @@ void on_order(self_ptr self, const checkpoint_order& o) {
 caf::result<msg<proto::Welcome>> on_join(self_ptr self, msg<proto::Join>& m) {
   auto& st = self->state;
   auto rp = self->make_response_promise<msg<proto::Welcome>>();
-  self->request(st.coord, st.cfg.request_timeout, std::move(m))
+  auto sent = m;
+  self->request(st.current, st.cfg.request_timeout, std::move(m))
       .then(
-          [self, rp](msg<proto::Welcome>& w) mutable {
+          [self, rp, sent](msg<proto::Welcome>& w) mutable {
             auto r = decode(w);
             if (r && r->get().getAccepted() && !self->state.joined) {
               self->state.joined = true;
+              self->state.join = sent;
               if (auto ms = r->get().getVerdictWaitMs())
                 self->state.cfg.request_timeout = std::chrono::milliseconds(ms);
               self->send(self, tick_atom::value);
@@ -95,6 +121,146 @@ caf::result<msg<proto::Welcome>> on_join(self_ptr self, msg<proto::Join>& m) {
   return rp;
 }
 
+// ------------------------------------------------------------------ failover
+
+/// The service is gone or superseded: the trainer waits for the successor's
+/// verdict (its collectives, which may wait on ranks of the lost host, are
+/// aborted), and the watcher looks for the successor until the deadline.
+void begin_move(self_ptr self, const std::string& why) {
+  auto& st = self->state;
+  if (st.phase != follow_phase::steady || st.gave_up) return;
+  st.phase = follow_phase::moving;
+  st.move_deadline = std::chrono::steady_clock::now() + st.cfg.failover_wait;
+  st.log->warn("coordination service (epoch {}) {}: waiting up to {} ms for its successor", st.cfg.epoch, why,
+               st.cfg.failover_wait.count());
+  emit_event("coordinator_moving", {{"epoch", st.cfg.epoch}, {"why", why}});
+  lose(self, {loss_kind::coordinator_moving, 0, 0,
+              "the coordination service " + why + " and no successor took the group over"});
+}
+
+void give_up(self_ptr self, const std::string& why) {
+  auto& st = self->state;
+  st.gave_up = true;
+  st.phase = follow_phase::steady;
+  st.log->error("coordination service lost: {}", why);
+  emit_event("coordinator_lost", {{"why", why}});
+  lose(self, {loss_kind::coordinator_lost, 0, 0, why});
+}
+
+/// The location this node's launcher last wrote, if it parses.
+std::optional<coordinator_location> read_location(const std::string& file) {
+  std::ifstream in(file);
+  std::string line;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  auto loc = coordinator_location::parse(line);
+  if (!loc) return std::nullopt;
+  return *loc;
+}
+
+/// Connects to the successor on a helper of its own (a connect blocks for
+/// up to seconds); the outcome comes back as a moved_atom message.
+void start_connect(self_ptr self, const coordinator_location& loc) {
+  auto& st = self->state;
+  auto hp = parse_host_port(loc.endpoint);
+  if (!hp) return;
+  st.phase = follow_phase::connecting;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(st.move_deadline - std::chrono::steady_clock::now());
+  auto timeout = std::clamp(left, std::chrono::milliseconds(100), std::chrono::milliseconds(3000));
+  auto me = caf::actor_cast<caf::actor>(self);
+  self->spawn<caf::detached>(
+      [me, host = hp->first, port = hp->second, epoch = loc.epoch, timeout](caf::event_based_actor* helper) {
+        auto h = connect_coordinator(helper->system(), host, port, timeout);
+        if (h)
+          helper->send(me, moved_atom::value, caf::actor_cast<caf::actor>(*h), epoch, std::string());
+        else
+          helper->send(me, moved_atom::value, caf::actor{}, epoch, h.err().message);
+      });
+}
+
+/// Rejoins the successor as a survivor of this incarnation, with the step
+/// the trainer completed (runtime/agreement.hpp, "Takeover").
+void rejoin(self_ptr self) {
+  auto& st = self->state;
+  auto old = decode(*st.join);
+  if (!old) return give_up(self, "cannot rejoin: " + old.err().message);
+  auto j = old->get();
+  auto m = make<proto::Join>([&](auto b) {
+    b.setRank(j.getRank());
+    b.setWorldSize(j.getWorldSize());
+    b.setRunId(j.getRunId());
+    b.setIncarnation(j.getIncarnation());
+    b.setToken(j.getToken());
+    b.setProtocolVersion(j.getProtocolVersion());
+    b.setHost(j.getHost());
+    b.setPid(j.getPid());
+    b.setCompletedStep(st.ctl->completed.load());
+    b.setRejoin(true);
+  });
+  self->request(st.current, st.cfg.request_timeout, std::move(m))
+      .then(
+          [self](msg<proto::Welcome>& w) {
+            auto& st = self->state;
+            auto r = decode(w);
+            if (!r || !r->get().getAccepted())
+              return give_up(self, "the successor coordination service refused the rejoin: " +
+                                       (r ? str(r->get().getReason()) : r.err().message));
+            st.phase = follow_phase::steady;
+            if (auto ms = r->get().getVerdictWaitMs()) st.cfg.request_timeout = std::chrono::milliseconds(ms);
+            st.log->info("rejoined the successor coordination service (epoch {})", st.cfg.epoch);
+            emit_event("rejoined_successor", {{"epoch", st.cfg.epoch}});
+          },
+          [self](caf::error& e) {
+            give_up(self, "the successor coordination service did not answer the rejoin: " +
+                              self->system().render(e));
+          });
+}
+
+void on_moved(self_ptr self, caf::actor& handle, uint64_t epoch, const std::string& why) {
+  auto& st = self->state;
+  if (st.phase != follow_phase::connecting || st.gave_up) return;
+  if (!handle) {
+    st.log->warn("successor coordination service (epoch {}) not reached yet: {}", epoch, why);
+    st.phase = follow_phase::moving;  // the next poll tries again, until the deadline
+    return;
+  }
+  st.current = caf::actor_cast<coordinator_actor>(handle);
+  st.coord->set(st.current);
+  st.cfg.epoch = epoch;
+  self->monitor(st.current);
+  rejoin(self);
+}
+
+/// Every follow_poll with failover: a location with a newer epoch means the
+/// service moved (possibly before its loss shows on the connection).
+void on_follow(self_ptr self) {
+  auto& st = self->state;
+  if (st.gave_up) return;
+  self->delayed_send(self, st.cfg.follow_poll, follow_atom::value);
+  if (!st.joined) return;
+  if (st.phase != follow_phase::connecting) {
+    auto loc = read_location(st.cfg.coordinator_file);
+    if (loc && loc->epoch > st.cfg.epoch) {
+      begin_move(self, "was superseded (a successor with epoch " + std::to_string(loc->epoch) + ")");
+      start_connect(self, *loc);
+      return;
+    }
+  }
+  if (st.phase != follow_phase::steady && std::chrono::steady_clock::now() > st.move_deadline)
+    give_up(self, "no successor coordination service took the group over within " +
+                      std::to_string(st.cfg.failover_wait.count()) + " ms");
+}
+
+void on_down(self_ptr self, caf::down_msg& dm) {
+  auto& st = self->state;
+  if (dm.source != st.current.address()) return;  // a superseded service
+  if (failover(self) && st.joined) return begin_move(self, "was lost (" + self->system().render(dm.reason) + ")");
+  st.log->error("coordination service lost ({}): stopping", self->system().render(dm.reason));
+  emit_event("coordinator_lost", {});
+  lose(self, {loss_kind::coordinator_lost, 0, 0, "coordination service lost"});
+}
+
+// -------------------------------------------------------------------- notices
+
 /// A notice from the signal watcher (or session::notify): claimed at the
 /// trainer's current step. The claim leaves first: the log line and the
 /// event are not on the path to the agreement.
@@ -108,7 +274,7 @@ void on_notice(self_ptr self, msg<proto::Notice>& m) {
     b.setNotice(n);
     b.setStartedStep(started);
   });
-  self->request(st.coord, st.cfg.request_timeout, std::move(claim))
+  self->request(st.current, st.cfg.request_timeout, std::move(claim))
       .then(
           [self](msg<proto::ClaimReply>& rep) {
             auto r = decode(rep);
@@ -120,6 +286,9 @@ void on_notice(self_ptr self, msg<proto::Notice>& m) {
           },
           [self](caf::error& e) {
             self->state.log->error("claim failed: {}", self->system().render(e));
+            // With failover the successor's round saves and stops the group,
+            // which is what the notice asks for.
+            if (failover(self)) return begin_move(self, "did not answer a claim");
             lose(self, {loss_kind::coordinator_lost, 0, 0, "coordination service unreachable while claiming a notice"});
           });
   st.log->info("termination notice ({}): claiming at step {}", str(n.getDetail()), started);
@@ -132,7 +301,7 @@ void on_notice(self_ptr self, msg<proto::Notice>& m) {
 
 void on_tick(self_ptr self) {
   auto& st = self->state;
-  self->send(st.coord, make<proto::Heartbeat>([&](auto b) {
+  self->send(st.current, make<proto::Heartbeat>([&](auto b) {
                b.setRank(st.cfg.rank);
                b.setIncarnation(st.cfg.incarnation);
                b.setCompletedStep(st.ctl->completed.load(std::memory_order_relaxed));
@@ -145,23 +314,22 @@ void on_tick(self_ptr self) {
 /// The message table: what comes from the coordinator is handed to the
 /// trainer through the control block (post, then abort where a collective
 /// may wait on a peer that is gone).
-peer_watcher_actor::behavior_type peer_watcher(self_ptr self, coordinator_actor coord,
+peer_watcher_actor::behavior_type peer_watcher(self_ptr self, std::shared_ptr<coordinator_ref> coord,
                                                std::shared_ptr<control_block> control, peer_watcher_config cfg) {
   auto& st = self->state;
-  st.coord = coord;
+  st.coord = std::move(coord);
+  st.current = st.coord->get();
   st.ctl = std::move(control);
   st.cfg = std::move(cfg);
   st.log = st.cfg.log ? st.cfg.log : spdlog::default_logger();
-  self->monitor(coord);
-  self->set_down_handler([self](caf::down_msg& dm) {
-    self->state.log->error("coordination service lost ({}): stopping", self->system().render(dm.reason));
-    emit_event("coordinator_lost", {});
-    lose(self, {loss_kind::coordinator_lost, 0, 0, "coordination service lost"});
-  });
+  self->monitor(st.current);
+  self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
+  if (failover(self)) self->send(self, follow_atom::value);
   return {
       [self](join_atom, msg<proto::Join>& m) { return on_join(self, m); },
       [self](msg<proto::Notice>& m) { on_notice(self, m); },
       [self](msg<proto::CheckpointAt>& m) {
+        if (!from_current(self)) return;
         if (auto r = decode(m)) {
           auto c = r->get();
           on_order(self, checkpoint_order{c.getAgreementId(), c.getStep(), from_wire(c.getKind()), c.getAgreed(),
@@ -169,30 +337,36 @@ peer_watcher_actor::behavior_type peer_watcher(self_ptr self, coordinator_actor 
         }
       },
       [self](msg<proto::Committed>& m) {
+        if (!from_current(self)) return;
         if (auto r = decode(m))
           self->state.ctl->post_commit({r->get().getAgreementId(), r->get().getStep(), r->get().getExitAfter()});
       },
       [self](msg<proto::PeerLost>& m) {
+        if (!from_current(self)) return;
         if (auto r = decode(m))
           lose(self, {from_wire(r->get().getReason()), r->get().getRank(), r->get().getLastStep(),
                       str(r->get().getDetail())});
       },
       [self](msg<proto::ClusterError>& m) {
+        if (!from_current(self)) return;
         if (auto r = decode(m)) {
           self->state.ctl->post_failure({r->get().getOriginRank(), r->get().getStep(), str(r->get().getMessage())});
           self->state.ctl->abort();
         }
       },
       [self](msg<proto::DeadlineUpdate>& m) {
+        if (!from_current(self)) return;
         if (auto r = decode(m)) self->state.ctl->post_deadline(r->get().getDeadlineNs());
       },
       [self](tick_atom) { on_tick(self); },
+      [self](follow_atom) { on_follow(self); },
+      [self](moved_atom, caf::actor& h, uint64_t epoch, const std::string& why) { on_moved(self, h, epoch, why); },
   };
 }
 
 }  // namespace
 
-peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor coord,
+peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, std::shared_ptr<coordinator_ref> coord,
                                       std::shared_ptr<control_block> control, peer_watcher_config cfg) {
   return sys.spawn(peer_watcher, std::move(coord), std::move(control), std::move(cfg));
 }

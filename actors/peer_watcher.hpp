@@ -4,7 +4,7 @@
 /// the trainer through the control block (one atomic flag on the fast path);
 /// acknowledges proposals without involving the trainer; sends heartbeats.
 
-#include "actors/coordinator.hpp"
+#include "actors/coordinator_ref.hpp"
 
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
@@ -20,7 +20,8 @@ using peer_watcher_actor =
                      caf::reacts_to<msg<proto::PeerLost>>, caf::reacts_to<msg<proto::ClusterError>>,
                      caf::reacts_to<msg<proto::DeadlineUpdate>>, caf::reacts_to<msg<proto::Notice>>,
                      caf::replies_to<join_atom, msg<proto::Join>>::with<msg<proto::Welcome>>,
-                     caf::reacts_to<tick_atom>>;
+                     caf::reacts_to<tick_atom>, caf::reacts_to<follow_atom>,
+                     caf::reacts_to<moved_atom, caf::actor, uint64_t, std::string>>;
 
 struct peer_watcher_config {
   uint32_t rank = 0;
@@ -28,9 +29,19 @@ struct peer_watcher_config {
   std::chrono::milliseconds heartbeat{200};
   std::chrono::milliseconds request_timeout{10000};
   std::shared_ptr<spdlog::logger> log;
+  /// etcd failover (runtime/leadership.hpp): the file in which this node's
+  /// launcher keeps the service's location ("address:port epoch node"), the
+  /// epoch of the service joined, and how long to look for a successor
+  /// after losing it. Without a file a lost service is final.
+  std::string coordinator_file;
+  uint64_t epoch = 0;
+  std::chrono::milliseconds failover_wait{0};
+  std::chrono::milliseconds follow_poll{100};
 };
 
-peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, coordinator_actor coord,
+/// `coord` is shared with the worker's other actors and its trainer; the
+/// watcher swaps it when the service moves.
+peer_watcher_actor spawn_peer_watcher(caf::actor_system& sys, std::shared_ptr<coordinator_ref> coord,
                                       std::shared_ptr<control_block> control, peer_watcher_config cfg);
 
 }  // namespace grace

@@ -115,6 +115,20 @@ int main(int argc, char** argv) {
   app.add_option("--standby-wait-ms", standby_wait_ms,
                  "at a restart, wait this long for a spare still starting before starting its worker from scratch")
       ->check(CLI::Range(0, 3600000));
+  int takeover_ms = 1500;
+  app.add_option("--etcd", o.etcd,
+                 "etcd endpoints (http://ADDRESS:PORT,...; default GRACE_ETCD_ENDPOINTS): the launchers elect which "
+                 "one hosts the coordination service, and when its host is lost another takes the group over "
+                 "(docs/DEPLOY.md); --coordinator is then not needed");
+  app.add_option("--etcd-ttl", o.etcd_ttl_seconds,
+                 "seconds etcd keeps the leader's lease after its last renewal: how soon a lost leader is replaced")
+      ->check(CLI::Range(1, 60));
+  app.add_option("--coordinator-port", o.coordinator_port,
+                 "with --etcd: the port the elected launcher hosts the coordination service on")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--takeover-window-ms", takeover_ms,
+                 "with --etcd: how long a newly elected coordination service waits for the survivors to rejoin")
+      ->check(CLI::Range(100, 600000));
   bool ignore_env = false;
   app.add_flag("--no-scheduler-env", ignore_env,
                "do not read torchrun (MASTER_ADDR, ...) or SLURM (SLURM_JOB_ID, "
@@ -135,6 +149,9 @@ int main(int argc, char** argv) {
   o.metrics_linger = std::chrono::milliseconds(linger_ms);
   o.standby_delay = std::chrono::milliseconds(standby_delay_ms);
   o.standby_ready_wait = std::chrono::milliseconds(standby_wait_ms);
+  o.takeover_window = std::chrono::milliseconds(takeover_ms);
+  if (o.etcd.empty())
+    if (const char* e = std::getenv("GRACE_ETCD_ENDPOINTS")) o.etcd = e;
   spdlog::set_pattern("[%H:%M:%S.%e] [launch] %v");
   return grace::run_launcher(o);
 }

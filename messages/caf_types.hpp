@@ -46,6 +46,13 @@ using launcher_atom = caf::atom_constant<caf::atom("g_launch")>;
 /// tagged with the arming's generation.
 using rescue_atom = caf::atom_constant<caf::atom("g_rescue")>;
 using cutoff_atom = caf::atom_constant<caf::atom("g_cutoff")>;
+/// Coordinator -> itself: a takeover's window checks, tagged with its generation.
+using takeover_atom = caf::atom_constant<caf::atom("g_takeover")>;
+/// Peer watcher -> itself: look for a successor service (etcd failover).
+using follow_atom = caf::atom_constant<caf::atom("g_follow")>;
+/// Connect helper -> peer watcher: the successor's handle (invalid: not
+/// reached, with why), its epoch.
+using moved_atom = caf::atom_constant<caf::atom("g_moved")>;
 
 }  // namespace grace
 

@@ -21,7 +21,11 @@ struct Join {
   protocolVersion @5 :UInt32;
   host @6 :Text;
   pid @7 :UInt32;
-  completedStep @8 :UInt64;   # step restored from a checkpoint (0: fresh)
+  completedStep @8 :UInt64;   # step restored from a checkpoint (0: fresh);
+                              # with rejoin: the step this worker completed
+  rejoin @9 :Bool;            # the service moved (etcd failover): a survivor of
+                              # this incarnation rejoins the successor, which saves
+                              # the survivors just in time (runtime/agreement.hpp)
 }
 
 struct Welcome {

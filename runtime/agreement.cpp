@@ -52,7 +52,8 @@ void append(actions& out, actions more) { out.insert(out.end(), more.begin(), mo
 
 }  // namespace
 
-agreement::agreement(uint32_t world_size) : world_size_(world_size) {}
+agreement::agreement(uint32_t world_size, uint64_t first_id)
+    : world_size_(world_size), id_(first_id) {}
 
 uint32_t agreement::chief() const { return live_.empty() ? 0 : *live_.begin(); }
 
@@ -79,6 +80,24 @@ actions agreement::on_join(uint32_t rank, uint64_t completed) {
   restored_max_ = std::max(restored_max_.value_or(completed), completed);
   if (phase_ == agreement_phase::waiting && all_joined()) return propose(checkpoint_kind::initial, claim_started_);
   return {};
+}
+
+actions agreement::on_rejoin(uint32_t rank, uint64_t completed) {
+  if (rank >= world_size_ || lost_.count(rank) || gone_.count(rank) || joined_.count(rank)) return {};
+  (void)completed;  // the round's acknowledgements carry the steps that count
+  joined_.insert(rank);
+  live_.insert(rank);
+  return {};
+}
+
+actions agreement::end_takeover() {
+  if (phase_ != agreement_phase::idle && phase_ != agreement_phase::waiting) return {};
+  if (live_.empty()) {
+    phase_ = agreement_phase::stopping;
+    return {};
+  }
+  if (!holder_) holder_ = launcher_rank;
+  return propose(checkpoint_kind::jit, 0);
 }
 
 actions agreement::on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns) {

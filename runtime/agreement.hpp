@@ -60,6 +60,19 @@
 /// incarnation was lost or left: the group can no longer train together,
 /// so a late joiner restarts with the next incarnation.
 ///
+/// ## Takeover (the coordination service moved: etcd failover)
+/// A service elected after its predecessor's host was lost starts in the
+/// group's incarnation with nobody joined. The survivors *rejoin*
+/// (`on_rejoin`) with the step they completed - which is not known to be on
+/// disk, so it never counts as restored. When the takeover ends
+/// (`end_takeover`: every rank rejoined, or the window closed and the
+/// service declared the rest lost), one just-in-time round among the
+/// rejoined members saves the most advanced state and everyone exits for a
+/// restart: the old group's collectives were torn with the old service, so
+/// it cannot train on. Agreement ids start at `first_id` (derived from the
+/// service's epoch), above any id a predecessor handed out, so a survivor
+/// never mistakes an old order for a new one.
+///
 /// ## Faults on top of faults
 /// Every loss while anything is unsettled (a claim waiting for members, a
 /// proposal out, an agreed step not yet reached, a save in flight by the
@@ -154,7 +167,9 @@ using actions = std::vector<agreement_action>;
 
 class agreement {
 public:
-  explicit agreement(uint32_t world_size);
+  /// `first_id`: ids handed out are above it (a successor service's ids
+  /// above every id of its predecessor, see "Takeover").
+  explicit agreement(uint32_t world_size, uint64_t first_id = 0);
 
   /// Why `rank` may not join now (nullopt: it may). A refusal here is
   /// restartable: the member should exit with the restart code.
@@ -165,6 +180,14 @@ public:
   /// A member joined with `completed` steps restored (call only when
   /// join_refusal() said yes).
   actions on_join(uint32_t rank, uint64_t completed);
+  /// Takeover: a survivor of this incarnation rejoins a successor service
+  /// with the step it completed (not restored: nothing is known durable).
+  /// Refused (nothing happens) for a rank out of range, lost or joined.
+  actions on_rejoin(uint32_t rank, uint64_t completed);
+  /// Takeover over (the ranks that did not rejoin were declared lost
+  /// before): the just-in-time round among the rejoined, unless a loss
+  /// already started it or nobody rejoined.
+  actions end_takeover();
   /// A termination notice claimed by `rank` (or launcher_rank), whose step in
   /// progress is `started`; `deadline_ns` is 0 without a grace period.
   actions on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns);
@@ -223,7 +246,7 @@ private:
   std::set<uint32_t> lost_;  ///< declared lost (dead or hung)
   std::set<uint32_t> gone_;  ///< left on purpose
   std::optional<uint32_t> holder_;
-  uint64_t id_ = 0;
+  uint64_t id_;
   checkpoint_kind kind_ = checkpoint_kind::initial;
   uint64_t lower_bound_ = 0;
   int64_t deadline_ns_ = 0;

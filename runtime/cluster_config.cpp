@@ -1,5 +1,9 @@
 #include "runtime/cluster_config.hpp"
 
+#include "runtime/leadership.hpp"
+
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
@@ -126,6 +130,30 @@ result<cluster_config> cluster_from_tf_config(const std::string& text) {
   return c;
 }
 
+/// GRACE_COORDINATOR_FILE / GRACE_FAILOVER_WAIT_MS (etcd failover): the
+/// service's current location, newer than GRACE_COORDINATOR.
+static status failover_from_environment(cluster_config& c) {
+  auto file = env("GRACE_COORDINATOR_FILE");
+  if (!file) return {};
+  std::ifstream in(file);
+  std::string line;
+  if (!in || !std::getline(in, line))
+    return bad(std::string("GRACE_COORDINATOR_FILE=") + file + ": cannot read the coordination service's location");
+  auto loc = coordinator_location::parse(line);
+  if (!loc) return error{errc::invalid_input, std::string("GRACE_COORDINATOR_FILE=") + file + ": " + loc.err().message};
+  auto hp = parse_host_port(loc->endpoint);
+  if (!hp) return hp.err();
+  c.coordinator_file = file;
+  c.coordinator_host = hp->first;
+  c.coordinator_port = hp->second;
+  c.coordinator_epoch = loc->epoch;
+  auto w = parse_uint("GRACE_FAILOVER_WAIT_MS", env("GRACE_FAILOVER_WAIT_MS") ? env("GRACE_FAILOVER_WAIT_MS") : "10000",
+                      600000);
+  if (!w) return w.err();
+  c.failover_wait_ms = static_cast<uint32_t>(*w);
+  return {};
+}
+
 result<cluster_config> cluster_from_environment() {
   if (env("GRACE_WORLD_SIZE")) {
     cluster_config c;
@@ -155,6 +183,7 @@ result<cluster_config> cluster_from_environment() {
     } else if (c.world_size > 1) {
       return bad("GRACE_WORLD_SIZE > 1 but GRACE_COORDINATOR is not set");
     }
+    if (auto st = failover_from_environment(c); !st) return st.err();
     if (auto v = env("GRACE_RUN_ID")) {
       if (auto st = check_run_id(v, "GRACE_RUN_ID"); !st) return st.err();
       c.run_id = v;

@@ -26,6 +26,13 @@ struct cluster_config {
   std::string host;
   std::string iface;
   std::string host_source;  ///< why this address ("route to the coordinator ...", "GRACE_HOST", ...)
+  /// etcd failover (grace-launch --etcd): the file in which the launcher
+  /// keeps the coordination service's location (GRACE_COORDINATOR_FILE; it
+  /// wins over GRACE_COORDINATOR), that service's epoch, and how long a
+  /// worker looks for a successor after losing it (GRACE_FAILOVER_WAIT_MS).
+  std::string coordinator_file;
+  uint64_t coordinator_epoch = 0;
+  uint32_t failover_wait_ms = 0;
   bool is_chief() const noexcept { return rank == 0; }
   bool local_mode() const noexcept { return world_size == 1 && coordinator_host.empty(); }
 };

@@ -10,6 +10,7 @@ const char* to_string(loss_kind k) noexcept {
     case loss_kind::peer_hung: return "peer hung";
     case loss_kind::peer_left: return "peer left";
     case loss_kind::coordinator_lost: return "coordinator lost";
+    case loss_kind::coordinator_moving: return "coordinator moving";
   }
   return "?";
 }

@@ -54,6 +54,9 @@ enum class loss_kind : uint8_t {
   peer_hung,         ///< the coordinator declared a peer hung
   peer_left,         ///< a peer left on purpose while the group trained
   coordinator_lost,  ///< the coordination service is unreachable
+  /// The coordination service is gone and a successor is being elected
+  /// (etcd failover): wait for its verdict like a peer's loss.
+  coordinator_moving,
 };
 const char* to_string(loss_kind k) noexcept;
 

@@ -5,7 +5,7 @@
 #include "runtime/grace.hpp"
 
 #include "actors/checkpoint_writer.hpp"
-#include "actors/coordinator.hpp"
+#include "actors/coordinator_ref.hpp"
 #include "actors/kv_store.hpp"
 #include "actors/peer_watcher.hpp"
 #include "actors/signal_watcher.hpp"
@@ -61,7 +61,9 @@ struct session::impl {
   /// GRACE_TLS_*: certificates for the coordination traffic (runtime/tls.hpp).
   tls_files tls;
   std::unique_ptr<actor_runtime> rt;
-  coordinator_actor coord;
+  /// The coordination service, swapped by the peer watcher if it moves
+  /// (etcd failover); read for each message.
+  std::shared_ptr<coordinator_ref> coord = std::make_shared<coordinator_ref>();
   bool hosts_coordinator = false;
   peer_watcher_actor watcher;
   std::shared_ptr<control_block> ctl = std::make_shared<control_block>();
@@ -131,9 +133,9 @@ struct session::impl {
   template <class M>
   void to_coordinator(M m) {
     if (self)
-      (*self)->send(coord, std::move(m));
+      (*self)->send(coord->get(), std::move(m));
     else
-      caf::anon_send(coord, std::move(m));
+      caf::anon_send(coord->get(), std::move(m));
   }
 
   checkpoint_meta meta_for(uint64_t step, checkpoint_kind kind) {
@@ -347,7 +349,7 @@ struct session::impl {
     });
     left = true;
     caf::scoped_actor self{rt->sys()};
-    self->request(coord, verdict_wait, std::move(m))
+    self->request(coord->get(), verdict_wait, std::move(m))
         .receive([](bool) {},
                  [&](caf::error& e) { log->warn("leave: no answer from the coordinator: {}", rt->sys().render(e)); });
   }
@@ -526,7 +528,7 @@ session::~session() {
     // the actor system's destructor waits for that thread.
     impl_->writer = nullptr;
     caf::anon_send_exit(impl_->watcher, caf::exit_reason::user_shutdown);
-    if (impl_->hosts_coordinator) caf::anon_send_exit(impl_->coord, caf::exit_reason::user_shutdown);
+    if (impl_->hosts_coordinator) caf::anon_send_exit(impl_->coord->get(), caf::exit_reason::user_shutdown);
   }
   impl_->kv.reset();
   impl_->rt.reset();
@@ -651,23 +653,26 @@ status session::impl::start_actors() {
     cc.dead_after = opts.dead_after;
     cc.connection_timeout = system_options{}.connection_timeout;
     cc.log = log;
-    coord = spawn_coordinator(sys, cc);
+    coord->set(spawn_coordinator(sys, cc));
     hosts_coordinator = true;
     if (!cluster.local_mode()) {
-      auto port = publish_coordinator(sys, coord, cluster.coordinator_port, cluster.coordinator_host);
+      auto port = publish_coordinator(sys, coord->get(), cluster.coordinator_port, cluster.coordinator_host);
       if (!port) return port.err();
       if (auto w = plaintext_warning(cluster.coordinator_host, tls.any())) log->warn("{}", *w);
     }
   } else {
     auto h = connect_coordinator(sys, cluster.coordinator_host, cluster.coordinator_port, std::chrono::seconds(30));
     if (!h) return h.err();
-    coord = *h;
+    coord->set(*h);
   }
   peer_watcher_config pc;
   pc.rank = cluster.rank;
   pc.incarnation = cluster.incarnation;
   pc.heartbeat = opts.heartbeat;
   pc.log = log;
+  pc.coordinator_file = cluster.coordinator_file;
+  pc.epoch = cluster.coordinator_epoch;
+  pc.failover_wait = std::chrono::milliseconds(cluster.failover_wait_ms);
   watcher = spawn_peer_watcher(sys, coord, ctl, pc);
   checkpoint_writer_config wc;
   wc.store = store.get();
@@ -757,8 +762,14 @@ status session::impl::join() {
   pc.save_wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(opts.save_timeout).count();
   pc.margin_factor = opts.margin_factor;
   pc.margin_steps = opts.margin_steps;
+  if (!cluster.coordinator_file.empty()) {
+    // A successor service may take the group over: the verdict may come
+    // from it, after the failover, and nobody saves without it.
+    pc.verdict_wait_ns += static_cast<int64_t>(cluster.failover_wait_ms) * 1'000'000;
+    pc.save_alone_without_coordinator = false;
+  }
   policy = std::make_unique<worker_policy>(pc, completed);
-  if (!cluster.local_mode()) kv = std::make_shared<coordinator_store>(sys, coord, opts.wait_timeout);
+  if (!cluster.local_mode()) kv = std::make_shared<coordinator_store>(sys, coord->get(), opts.wait_timeout);
   return {};
 }
 
@@ -901,7 +912,7 @@ void session::impl::finish_barrier() {
   if (!kv) return;
   caf::scoped_actor self{rt->sys()};
   std::string err;
-  self->request(coord, opts.save_timeout + verdict_wait, make<proto::Barrier>([&](auto b) {
+  self->request(coord->get(), opts.save_timeout + verdict_wait, make<proto::Barrier>([&](auto b) {
                   b.setName(prefix + "finish");
                   b.setRank(cluster.rank);
                   b.setCount(cluster.world_size);

@@ -59,9 +59,9 @@ launcher_decision coordinator_gone(const std::string& where, int64_t waited_ms, 
     d.reason = "received " + signal_name + " while the coordination service at " + where +
                " was unreachable: nothing to save here (the workers have exited); " + resume + " when relaunched";
   else
-    d.reason = "the coordination service at " + where + " (node 0) is gone: unreachable for " +
+    d.reason = "the coordination service at " + where + " is gone: unreachable for " +
                std::to_string(waited_ms / 1000) + " s after this node's group ended, and without it no step can be "
-               "agreed; relaunch the job (node 0 with it): " + resume;
+               "agreed; relaunch the job (with the node that hosts it): " + resume;
   return d;
 }
 

@@ -11,6 +11,7 @@
 #include "runtime/group_policy.hpp"
 #include "runtime/job_monitor.hpp"
 #include "runtime/job_token.hpp"
+#include "runtime/leader_elector.hpp"
 #include "runtime/save_interval.hpp"
 #include "runtime/net_address.hpp"
 #include "runtime/standby.hpp"
@@ -157,7 +158,9 @@ result<endpoints> resolve_endpoints(const launch_options& o, const std::string& 
   auto adv = choose_advertise_address(*req, host);
   if (!adv) return adv.err();
   e.adv = *adv;
-  if (o.node_rank == 0) {
+  if (!o.etcd.empty()) {
+    e.listen_ip = e.adv.address;  // any launcher may be elected to host the service
+  } else if (o.node_rank == 0) {
     auto l = choose_listen_address(e.coordinator_ip, e.adv, host);
     if (!l) return l.err();
     e.listen_ip = *l;
@@ -275,8 +278,9 @@ status validate(const launch_options& o) {
     return error{errc::invalid_input, "no program given (grace-launch --nproc N -- PROGRAM ARGS...)"};
   if (o.nproc < 1 || o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes)
     return error{errc::invalid_input, "need --nproc >= 1 and 0 <= --node-rank < --nnodes"};
-  if (o.nnodes > 1 && o.coordinator.empty())
-    return error{errc::invalid_input, "--nnodes > 1 needs --coordinator host:port (node 0's address)"};
+  if (o.nnodes > 1 && o.coordinator.empty() && o.etcd.empty())
+    return error{errc::invalid_input,
+                 "--nnodes > 1 needs --coordinator host:port (node 0's address) or --etcd (an elected coordinator)"};
   if (o.nnodes > 1 && o.run_id.empty())
     return error{errc::invalid_input, "--nnodes > 1 needs the same --run-id on every node"};
   if (!o.run_id.empty())
@@ -309,6 +313,16 @@ private:
   status start_monitor();
   void report_goodput(const goodput_account& a) const;
   status host_or_join_coordinator();
+  coordinator_config service_config(bool takeover, uint64_t epoch);
+  status host_service(bool takeover, uint64_t epoch);
+  bool hosts_service() const { return elector_ ? leading_ : o_.node_rank == 0; }
+  status start_election();
+  void take_leadership_events();
+  void on_elected(const coordinator_location& where);
+  void on_following(const coordinator_location& where);
+  void fence_service();
+  void set_location(const coordinator_location& where);
+  std::chrono::milliseconds failover_wait() const;
   result<coordinator_actor> connect_as_launcher(std::chrono::milliseconds timeout);
   void start_checkpoint_server();
   void enter_incarnation();
@@ -351,6 +365,16 @@ private:
   std::unique_ptr<standby_pool> spares_;  ///< --standby: the next incarnation's processes
   bool spares_said_ready_ = false;
   std::optional<uint32_t> spares_group_;  ///< the incarnation during which spares were last started
+  // --etcd: the election of the launcher hosting the service
+  std::unique_ptr<leader_elector> elector_;
+  bool leading_ = false;
+  bool group_running_ = false;
+  std::string coordinator_file_;  ///< the service's location for this node's workers (GRACE_COORDINATOR_FILE)
+  /// The service this launcher hosts, and its port: guarded, since the
+  /// elector's depose hook closes it from the elector's thread.
+  std::mutex hosted_m_;
+  coordinator_actor hosted_;
+  uint16_t hosted_port_ = 0;
 };
 
 void launcher::say(const std::string& line) const {
@@ -365,6 +389,15 @@ status launcher::setup_addresses() {
     if (!hp) return error{errc::invalid_input, "--coordinator: " + hp.err().message};
     host_ = hp->first;
     port_ = hp->second;
+  }
+  if (!o_.etcd.empty()) {
+    // The address advertised is the one that routes to etcd (any launcher
+    // may be elected: its peers reach it where they reach etcd).
+    auto first = o_.etcd.substr(0, o_.etcd.find(','));
+    if (first.rfind("http://", 0) == 0) first = first.substr(7);
+    auto hp = parse_host_port(first);
+    if (!hp) return error{errc::invalid_input, "--etcd: " + hp.err().message};
+    host_ = hp->first;
   }
   auto ep = resolve_endpoints(o_, host_);
   if (!ep) return ep.err();
@@ -416,13 +449,19 @@ status launcher::host_or_join_coordinator() {
   system_options so;
   so.tls = tls_;
   rt_ = std::make_unique<actor_runtime>(so);
-  auto& sys = rt_->sys();
+  if (!o_.etcd.empty()) return start_election();
   if (o_.node_rank != 0) {
     auto h = connect_as_launcher(std::chrono::seconds(60));
     if (!h) return h.err();
     coord_ = *h;
     return {};
   }
+  if (auto st = host_service(false, 0); !st) return st;
+  if (auto w = plaintext_warning(ep_.listen_ip, tls_.any())) say(*w);
+  return {};
+}
+
+coordinator_config launcher::service_config(bool takeover, uint64_t epoch) {
   coordinator_config cc;
   cc.world_size = world_;
   cc.run_id = o_.run_id;
@@ -430,7 +469,7 @@ status launcher::host_or_join_coordinator() {
   cc.incarnation = incarnation_;
   cc.dead_after = o_.dead_after;
   cc.hung_after = o_.hang_after;
-  cc.connection_timeout = so.connection_timeout;
+  cc.connection_timeout = system_options{}.connection_timeout;
   // Member-lost verdicts come back here, so a worker the coordinator has
   // declared dead (frozen, hung) is killed at once instead of holding the
   // restart until --exit-timeout-ms.
@@ -439,13 +478,28 @@ status launcher::host_or_join_coordinator() {
   cc.on_progress = [m = monitor_](uint32_t rank, uint64_t completed, int64_t last_step_ns) {
     m->progress(rank, completed, last_step_ns);
   };
-  coord_ = spawn_coordinator(sys, cc);
-  auto p = publish_coordinator(sys, coord_, port_, ep_.listen_ip);
+  // A successor's ids lie above every id of its predecessors (epochs only grow).
+  cc.first_agreement_id = epoch * 1'000'000;
+  cc.takeover = takeover;
+  cc.takeover_window = o_.takeover_window;
+  cc.own_node = o_.node_rank;
+  cc.nproc = o_.nproc;
+  return cc;
+}
+
+/// Spawns and publishes the coordination service on this node.
+status launcher::host_service(bool takeover, uint64_t epoch) {
+  auto& sys = rt_->sys();
+  auto coord = spawn_coordinator(sys, service_config(takeover, epoch));
+  auto p = publish_coordinator(sys, coord, elector_ ? o_.coordinator_port : port_, ep_.listen_ip);
   if (!p) {
-    caf::anon_send_exit(coord_, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
     return p.err();
   }
-  if (auto w = plaintext_warning(ep_.listen_ip, tls_.any())) say(*w);
+  std::lock_guard<std::mutex> g(hosted_m_);
+  hosted_ = coord;
+  hosted_port_ = *p;
+  coord_ = coord;
   port_ = *p;
   return {};
 }
@@ -466,7 +520,8 @@ void launcher::start_checkpoint_server() {
 /// start theirs in the coordinator's current one (group_policy.hpp).
 void launcher::enter_incarnation() {
   auto& sys = rt_->sys();
-  if (o_.node_rank == 0) {
+  if (elector_) take_leadership_events();
+  if (hosts_service()) {
     caf::scoped_actor self{sys};
     self->request(coord_, std::chrono::seconds(10), incarnation_atom::value, incarnation_)
         .receive([](uint32_t) {}, [&](caf::error& e) { spdlog::warn("incarnation: {}", sys.render(e)); });
@@ -495,6 +550,10 @@ std::map<std::string, std::string> launcher::worker_environment(int rank, int lo
       {"GRACE_HOST", ep_.adv.address},
   };
   if (!std::getenv("NCCL_SOCKET_IFNAME") && !ep_.adv.iface.empty()) env["NCCL_SOCKET_IFNAME"] = ep_.adv.iface;
+  if (elector_) {
+    env["GRACE_COORDINATOR_FILE"] = coordinator_file_;
+    env["GRACE_FAILOVER_WAIT_MS"] = std::to_string(failover_wait().count());
+  }
   if (!o_.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o_.checkpoint_dir;
   env.merge(tls_environment(tls_));
   add_torchrun_environment(env, o_, host_, rank, local_rank, incarnation_, restarts_);
@@ -664,9 +723,11 @@ group_end launcher::watch_group() {
   std::optional<std::chrono::steady_clock::time_point> kill_at;
   int live = o_.nproc;
   const auto started = std::chrono::steady_clock::now();
+  group_running_ = true;
   while (live > 0) {
-    pollfd pfds[2] = {{sfd_, POLLIN, 0}, {verdicts_->pipe_fd[0], POLLIN, 0}};
-    int pr = ::poll(pfds, verdicts_->pipe_fd[0] >= 0 ? 2 : 1, 200);
+    pollfd pfds[3] = {{sfd_, POLLIN, 0}, {verdicts_->pipe_fd[0], POLLIN, 0}, {elector_ ? elector_->fd() : -1, POLLIN, 0}};
+    int pr = ::poll(pfds, 3, 200);
+    if (elector_) take_leadership_events();
     kill_declared_dead();
     if (pr > 0 && (pfds[0].revents & POLLIN)) read_signals();
     reap(g, kill_at, live);
@@ -680,6 +741,7 @@ group_end launcher::watch_group() {
       kill_at = std::chrono::steady_clock::now() + std::chrono::hours(1);
     }
   }
+  group_running_ = false;
   return g;
 }
 
@@ -724,7 +786,7 @@ int launcher::run() {
   // The failure history (--save-every auto) is node 0's: its chief saves.
   const bool keeps_history = o_.node_rank == 0 && !o_.checkpoint_dir.empty();
   for (;;) {
-    if (restarts_ > 0 && o_.node_rank != 0)
+    if (restarts_ > 0 && !hosts_service())
       if (auto gone = await_coordinator()) {
         d = *gone;
         break;
@@ -753,7 +815,12 @@ int launcher::run() {
         std::to_string(incarnation_) + "): " + d.reason);
   }
   if (spares_) spares_->discard();
-  if (o_.node_rank == 0) stop_coordinator();
+  if (hosts_service()) stop_coordinator();
+  if (elector_) {
+    elector_->stop(true);
+    std::error_code ec;
+    std::filesystem::remove(coordinator_file_, ec);
+  }
   auto job = monitor_->finish();
   report_goodput(job);
   say("exit " + std::to_string(d.code) + ": " + d.reason);
@@ -769,22 +836,27 @@ int launcher::run() {
 std::optional<launcher_decision> launcher::await_coordinator() {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  const auto where = host_ + ":" + std::to_string(port_);
+  auto where = [this] {
+    return host_ + ":" + std::to_string(port_) +
+           (elector_ ? " (the last one elected through etcd)" : std::string(" (node 0)"));
+  };
   auto newest = [&] { return o_.checkpoint_dir.empty() ? 0 : checkpoint_store(o_.checkpoint_dir).newest_valid_step(); };
   bool said = false;
   for (;;) {
+    if (elector_) take_leadership_events();
+    if (hosts_service()) return std::nullopt;
     if (current_incarnation(rt_->sys(), coord_, [this] { return connect_as_launcher(std::chrono::seconds(2)); })) return std::nullopt;
     auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - t0);
-    if (waited >= o_.coordinator_wait) return coordinator_gone(where, waited.count(), newest(), o_.restart_code);
+    if (waited >= o_.coordinator_wait) return coordinator_gone(where(), waited.count(), newest(), o_.restart_code);
     if (!std::exchange(said, true))
-      say("the coordination service at " + where + " does not answer: waiting up to " +
+      say("the coordination service at " + where() + " does not answer: waiting up to " +
           std::to_string(o_.coordinator_wait.count() / 1000) + " s for it");
-    pollfd p{sfd_, POLLIN, 0};
-    if (::poll(&p, 1, 500) <= 0) continue;
+    pollfd p[2] = {{sfd_, POLLIN, 0}, {elector_ ? elector_->fd() : -1, POLLIN, 0}};
+    if (::poll(p, 2, 500) <= 0 || !(p[0].revents & POLLIN)) continue;
     signalfd_siginfo si;
     while (::read(sfd_, &si, sizeof(si)) == sizeof(si))
       if (si.ssi_signo != SIGCHLD)
-        return coordinator_gone(where, waited.count(), newest(), o_.restart_code,
+        return coordinator_gone(where(), waited.count(), newest(), o_.restart_code,
                                 si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
   }
 }
@@ -811,13 +883,139 @@ void launcher::linger_for_scrapes() {
 /// connection broker referring to each other, never freed.
 void launcher::stop_coordinator() {
   auto& sys = rt_->sys();
+  coordinator_actor hosted;
+  uint16_t port;
+  {
+    std::lock_guard<std::mutex> g(hosted_m_);
+    hosted = std::exchange(hosted_, coordinator_actor{});
+    port = hosted_port_;
+  }
+  if (!hosted) return;  // fenced by the elector already
   caf::scoped_actor self{sys};
-  self->monitor(coord_);
-  unpublish_coordinator(sys, coord_, port_);
-  self->send_exit(coord_, caf::exit_reason::user_shutdown);
+  self->monitor(hosted);
+  unpublish_coordinator(sys, hosted, port);
+  self->send_exit(hosted, caf::exit_reason::user_shutdown);
   self->receive([](const caf::down_msg&) {},
                 caf::after(std::chrono::seconds(2)) >>
                     [] { spdlog::warn("grace-launch: the coordination service did not stop within 2 s"); });
+}
+
+// ------------------------------------------------------------ --etcd failover
+
+/// How long a worker looks for a successor after losing the service: etcd
+/// drops the lost leader's lease within its TTL (and may first elect a
+/// leader of its own), a follower campaigns within a poll, and the successor
+/// waits up to the takeover window for the survivors.
+std::chrono::milliseconds launcher::failover_wait() const {
+  return std::chrono::milliseconds(2000 * o_.etcd_ttl_seconds + 2000) + o_.takeover_window;
+}
+
+/// Starts the election and waits until a leader is known (this launcher or
+/// another it reached), at most --coordinator-wait-ms.
+status launcher::start_election() {
+  coordinator_file_ = (std::filesystem::temp_directory_path() /
+                       ("grace-" + o_.run_id + "-node" + std::to_string(o_.node_rank) + "-" +
+                        std::to_string(::getpid()) + ".coordinator"))
+                          .string();
+  elector_config ec;
+  ec.endpoints = o_.etcd;
+  ec.key = "/grace/" + o_.run_id + "/coordinator";
+  ec.endpoint = ep_.adv.address + ":" + std::to_string(o_.coordinator_port);
+  ec.node = static_cast<uint32_t>(o_.node_rank);
+  ec.ttl_seconds = o_.etcd_ttl_seconds;
+  auto e = leader_elector::create(ec, [this] { fence_service(); });
+  if (!e) return error{errc::invalid_input, "--etcd: " + e.err().message};
+  elector_ = std::move(*e);
+  elector_->start();
+  const auto deadline = std::chrono::steady_clock::now() + o_.coordinator_wait;
+  while (!leading_ && !coord_) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return error{errc::disconnected, "no coordination service was elected through etcd (" + o_.etcd + ") within " +
+                                           std::to_string(o_.coordinator_wait.count()) + " ms"};
+    pollfd p{elector_->fd(), POLLIN, 0};
+    ::poll(&p, 1, 200);
+    take_leadership_events();
+  }
+  return {};
+}
+
+void launcher::set_location(const coordinator_location& where) {
+  auto hp = parse_host_port(where.endpoint);
+  if (hp) {
+    host_ = hp->first;
+    port_ = hp->second;
+  }
+  // For this node's workers: those running rejoin the successor, new ones
+  // start with it. Written whole, then renamed: a reader sees one line.
+  auto tmp = coordinator_file_ + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << where.to_line() << "\n";
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, coordinator_file_, ec);
+  if (ec) say("cannot write " + coordinator_file_ + ": " + ec.message());
+}
+
+void launcher::take_leadership_events() {
+  for (auto& e : elector_->take()) {
+    using ty = leadership_event::type;
+    switch (e.what) {
+      case ty::elected: on_elected(e.where); break;
+      case ty::following: on_following(e.where); break;
+      case ty::deposed:
+        leading_ = false;
+        say("no longer hosting the coordination service: " + e.detail + " (closed at once, so a successor cannot "
+            "overlap with it)");
+        emit_event("coordinator_deposed", {{"epoch", e.where.epoch}});
+        break;
+      case ty::unreachable: say("etcd does not answer: " + e.detail); break;
+    }
+  }
+}
+
+/// This launcher leads: it hosts the service, taking the running group
+/// over when it has one (its predecessor was lost).
+void launcher::on_elected(const coordinator_location& where) {
+  leading_ = true;
+  const bool takeover = group_running_;
+  say("elected through etcd to host the coordination service on " + where.endpoint + " (epoch " +
+      std::to_string(where.epoch) + ")" +
+      (takeover ? ", taking over incarnation " + std::to_string(incarnation_) : std::string()));
+  emit_event("coordinator_elected", {{"epoch", where.epoch}, {"takeover", takeover}, {"endpoint", where.endpoint}});
+  if (auto st = host_service(takeover, where.epoch); !st) {
+    say("cannot host the coordination service: " + st.err().message);
+    return;
+  }
+  set_location(where);
+  if (ckpt_server_) checkpoint_peers(rt_->sys(), coord_, o_, ckpt_server_->endpoint());
+}
+
+/// Another launcher leads (a newer epoch than the last seen): the workers
+/// are told first (they rejoin on their own), then this launcher registers.
+void launcher::on_following(const coordinator_location& where) {
+  leading_ = false;
+  say("following the coordination service on " + where.endpoint + " (epoch " + std::to_string(where.epoch) +
+      ", node " + std::to_string(where.node) + ")");
+  emit_event("coordinator_following", {{"epoch", where.epoch}, {"endpoint", where.endpoint}, {"node", where.node}});
+  set_location(where);
+  auto h = connect_as_launcher(std::chrono::seconds(3));
+  if (!h) {
+    say("cannot register with it yet: " + h.err().message);
+    return;
+  }
+  coord_ = *h;
+  if (ckpt_server_) checkpoint_peers(rt_->sys(), coord_, o_, ckpt_server_->endpoint());
+}
+
+/// The elector's depose hook (its own thread): the service stops deciding
+/// now, before etcd may elect a successor.
+void launcher::fence_service() {
+  std::lock_guard<std::mutex> g(hosted_m_);
+  if (!hosted_) return;
+  unpublish_coordinator(rt_->sys(), hosted_, hosted_port_);
+  caf::anon_send_exit(hosted_, caf::exit_reason::kill);
+  hosted_ = coordinator_actor{};
 }
 
 }  // namespace

@@ -54,6 +54,14 @@ struct launch_options {
   /// How long a restart waits for a spare still starting before it starts
   /// that worker from scratch.
   std::chrono::milliseconds standby_ready_wait{30000};
+  /// The optional etcd backend (runtime/leader_elector.hpp): the launchers
+  /// elect the one hosting the coordination service, and when its host is
+  /// lost another takes the running group over. Empty: node 0 hosts it.
+  std::string etcd;
+  int etcd_ttl_seconds = 2;
+  uint16_t coordinator_port = 29400;  ///< with etcd: where the elected launcher hosts the service
+  /// With etcd: how long a successor waits for the survivors to rejoin.
+  std::chrono::milliseconds takeover_window{1500};
   std::vector<std::string> command;
   bool quiet = false;
 };

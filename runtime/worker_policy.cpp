@@ -95,7 +95,9 @@ worker_decision worker_policy::next(const control_state& s, const boundary_input
     auto step = std::to_string(s.committed->step);
     // A just-in-time round without a lost peer is the coordinator's rescue
     // of a round its grace-period deadline would have cut off.
-    const char* why = s.lost ? "peer lost" : s.coordinator_gone ? "coordination service lost" : "deadline near";
+    const char* why = s.lost ? (s.lost->kind == loss_kind::coordinator_moving ? "coordination service moved" : "peer lost")
+                      : s.coordinator_gone ? "coordination service lost"
+                                           : "deadline near";
     return stop(cfg_.restart_code, s.order->kind == checkpoint_kind::jit
                                        ? std::string(why) + "; just-in-time checkpoint at step " + step + " committed"
                                        : "preempted: checkpoint at step " + step + " committed, restart to resume");
@@ -104,7 +106,9 @@ worker_decision worker_policy::next(const control_state& s, const boundary_input
   if (s.coordinator_gone) return coordinator_lost(in);
   if (s.lost) {
     auto& l = *s.lost;
-    return wait(wait_reason::verdict, in, cfg_.restart_code, "rank " + std::to_string(l.rank) + " lost: " + l.detail);
+    return wait(wait_reason::verdict, in, cfg_.restart_code,
+                l.kind == loss_kind::coordinator_moving ? l.detail
+                                                        : "rank " + std::to_string(l.rank) + " lost: " + l.detail);
   }
   if (in.mode == boundary_mode::collective_failed)
     return wait(wait_reason::verdict, in, cfg_.restart_code,
@@ -189,7 +193,7 @@ worker_decision worker_policy::coordinator_lost(const boundary_input& in) {
   const uint64_t c = in.completed;
   // Synchronous peers hold the same state at the same step, so the chief's
   // completed step is at most one behind the most advanced survivor.
-  if (cfg_.is_chief && c > last_saved_) {
+  if (cfg_.save_alone_without_coordinator && cfg_.is_chief && c > last_saved_) {
     auto d = make(ty::save_own);
     d.step = c;
     d.kind = checkpoint_kind::jit;

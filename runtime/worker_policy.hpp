@@ -18,7 +18,11 @@
 /// | just-in-time round agreed, we save            | save the completed step (sync), wait commit  |
 /// | just-in-time round agreed, another saves      | wait for the commit                          |
 /// | the coordination service lost                 | chief: save the completed step if newer than |
-/// |                                               | what is on disk; then stop (restart code)    |
+/// |                                               | what is on disk; then stop (restart code).   |
+/// |                                               | With a successor possible (etcd failover)    |
+/// |                                               | nobody saves alone: stop (restart code)      |
+/// | the coordination service moving (failover)    | wait for the successor's verdict (the        |
+/// |                                               | just-in-time round after the rejoin)         |
 /// | a peer lost, or a collective failed           | wait for the coordinator's verdict (the      |
 /// |                                               | just-in-time round or a commit)              |
 /// | proposal, completed >= its lower bound        | wait for the agreed step                     |
@@ -98,6 +102,10 @@ struct worker_policy_config {
   int64_t save_wait_ns = 600'000'000'000;
   double margin_factor = 2.0;
   int margin_steps = 2;
+  /// The chief saves on its own when the coordination service is lost.
+  /// Off when a successor service may exist (etcd failover): a worker cut
+  /// off from it must not write while the others save under the successor.
+  bool save_alone_without_coordinator = true;
 };
 
 struct boundary_input {

@@ -26,6 +26,7 @@ PACKAGES=(
   procps psmisc              # pgrep/pkill in the integration tests
   iproute2                   # tests/netns: hosts as network namespaces (ip netns, veth, bridge)
   slurm-wlm munge            # tests/slurm: a real one-node SLURM (slurmctld, slurmd, munged)
+  etcd-server etcd-client    # grace-launch --etcd: coordinator failover; tests/netns/failover.sh runs a 3-member etcd
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer harnesses with ASan + UBSan
 )
 missing=()

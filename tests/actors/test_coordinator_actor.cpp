@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 #include <spdlog/spdlog.h>
 
+#include <functional>
 #include <optional>
 #include <tuple>
 
@@ -31,7 +32,8 @@ struct fixture {
   std::vector<std::tuple<uint32_t, uint32_t, std::string>> host_verdicts;
 
   explicit fixture(uint32_t world, std::string token = "tok",
-                   std::chrono::milliseconds dead_after = std::chrono::milliseconds(5000)) {
+                   std::chrono::milliseconds dead_after = std::chrono::milliseconds(5000),
+                   const std::function<void(coordinator_config&)>& tweak = {}) {
     spdlog::set_level(spdlog::level::err);  // expected losses at teardown are not news
     register_message_types(cfg);
     cfg.set("scheduler.policy", caf::atom("testing"));
@@ -45,6 +47,7 @@ struct fixture {
     cc.on_member_lost = [this](uint32_t rank, uint32_t incarnation, const std::string& why) {
       host_verdicts.emplace_back(rank, incarnation, why);
     };
+    if (tweak) tweak(cc);
     coord = spawn_coordinator(*sys, cc);
     run();
     for (uint32_t r = 0; r < world; ++r) workers.push_back(std::make_unique<caf::scoped_actor>(*sys));
@@ -510,4 +513,123 @@ TEST_CASE("coordinator: launcher messages and timers are accepted only from laun
   REQUIRE(f.host_verdicts.size() == 1);
   CHECK(std::get<0>(f.host_verdicts[0]) == 1);
   CHECK(std::get<2>(f.host_verdicts[0]).find("killed by signal 9") != std::string::npos);
+}
+
+TEST_CASE("coordinator: a successor takes the running group over", "[coordinator][takeover]") {
+  using namespace std::chrono_literals;
+  fixture f(3, "tok", 5000ms, [](coordinator_config& c) {
+    c.takeover = true;
+    c.first_agreement_id = 7'000'000;
+    c.incarnation = 2;
+    c.own_node = 0;
+    c.nproc = 1;
+    c.takeover_min = 300ms;
+    c.takeover_window = 1500ms;
+  });
+  auto rejoin = [](uint32_t rank, uint64_t step, uint32_t incarnation = 2) {
+    return make<proto::Join>([&](auto b) {
+      b.setRank(rank);
+      b.setWorldSize(3);
+      b.setRunId("run");
+      b.setToken("tok");
+      b.setProtocolVersion(proto::PROTOCOL_VERSION);
+      b.setIncarnation(incarnation);
+      b.setCompletedStep(step);
+      b.setRejoin(true);
+    });
+  };
+  // A rejoin into another incarnation, and a first join of the next group,
+  // are refused for now while the takeover runs.
+  f.w(2)->send(f.coord, rejoin(2, 40, 1));
+  f.run();
+  auto stale = f.expect<proto::Welcome>(2);
+  CHECK_FALSE(stale->getAccepted());
+  CHECK(stale->getRestartable());
+  f.w(2)->send(f.coord, fixture::join_msg(2, 3, "tok", proto::PROTOCOL_VERSION, 3));
+  f.run();
+  CHECK_FALSE(f.expect<proto::Welcome>(2)->getAccepted());
+  f.w(0)->send(f.coord, rejoin(0, 40));
+  f.w(1)->send(f.coord, rejoin(1, 41));
+  f.run();
+  CHECK(f.expect<proto::Welcome>(0)->getAccepted());
+  CHECK(f.expect<proto::Welcome>(1)->getAccepted());
+  f.w(1)->send(f.coord, rejoin(1, 41));  // once per rank
+  f.run();
+  CHECK_FALSE(f.expect<proto::Welcome>(1)->getAccepted());
+  CHECK_FALSE(f.next<proto::CheckpointAt>(0));  // the launchers may still register: not yet
+  f.sched->advance_time(300ms);
+  f.run();
+  // This node's rank is back and no other launcher registered: rank 2 is
+  // lost, and the survivors' round has an id above the first one.
+  uint64_t id = 0;
+  for (size_t r = 0; r < 2; ++r) {
+    CHECK(f.expect<proto::PeerLost>(r)->getRank() == 2);
+    auto p = f.expect<proto::CheckpointAt>(r);
+    CHECK(p->getKind() == proto::CheckpointKind::JIT);
+    CHECK_FALSE(p->getAgreed());
+    id = p->getAgreementId();
+  }
+  CHECK(id > 7'000'000);
+  REQUIRE(f.host_verdicts.size() == 1);
+  CHECK(std::get<0>(f.host_verdicts[0]) == 2);
+  f.w(0)->send(f.coord, ack(id, 0, 40));
+  f.w(1)->send(f.coord, ack(id, 1, 41));
+  f.run();
+  for (size_t r = 0; r < 2; ++r) {
+    auto a = f.expect<proto::CheckpointAt>(r);
+    CHECK(a->getAgreed());
+    CHECK(a->getStep() == 41);
+    CHECK(a->getSaver() == 1);
+  }
+  f.w(1)->send(f.coord, make<proto::CheckpointSaved>([&](auto b) {
+                 b.setAgreementId(id);
+                 b.setRank(1);
+                 b.setStep(41);
+                 b.setOk(true);
+               }));
+  f.run();
+  for (size_t r = 0; r < 2; ++r) CHECK(f.expect<proto::Committed>(r)->getExitAfter());
+  // The takeover is over: a late survivor is refused.
+  f.w(2)->send(f.coord, rejoin(2, 40));
+  f.run();
+  CHECK_FALSE(f.expect<proto::Welcome>(2)->getAccepted());
+}
+
+TEST_CASE("coordinator: a takeover waits for registered launchers' ranks until its window closes",
+          "[coordinator][takeover]") {
+  using namespace std::chrono_literals;
+  fixture f(4, "tok", 5000ms, [](coordinator_config& c) {
+    c.takeover = true;
+    c.own_node = 1;
+    c.nproc = 2;
+    c.takeover_min = 300ms;
+    c.takeover_window = 1500ms;
+  });
+  auto rejoin = [](uint32_t rank) {
+    return make<proto::Join>([&](auto b) {
+      b.setRank(rank);
+      b.setWorldSize(4);
+      b.setRunId("run");
+      b.setToken("tok");
+      b.setProtocolVersion(proto::PROTOCOL_VERSION);
+      b.setRejoin(true);
+    });
+  };
+  // Node 0's launcher registers (node 0 is not this service's node here):
+  // its ranks 0 and 1 are expected, but only rank 0 comes back.
+  caf::scoped_actor launcher{*f.sys};
+  launcher->send(f.coord, launcher_atom::value, int32_t{0}, int32_t{2}, std::string("tok"));
+  f.run();
+  std::string refused = "?";
+  launcher->receive([&](std::string& r) { refused = r; }, caf::after(0ms) >> [] {});
+  CHECK(refused.empty());
+  for (uint32_t r : {0u, 2u, 3u}) f.w(r)->send(f.coord, rejoin(r));
+  f.run();
+  f.sched->advance_time(300ms);
+  f.run();
+  CHECK_FALSE(f.next<proto::CheckpointAt>(0));  // rank 1 may still come
+  f.sched->advance_time(1200ms);
+  f.run();
+  CHECK(f.expect<proto::PeerLost>(0)->getRank() == 1);
+  CHECK(f.expect<proto::CheckpointAt>(0)->getKind() == proto::CheckpointKind::JIT);
 }

@@ -96,6 +96,9 @@ tb_init() { # tb_init K
     tb_link_into "$ns" "${TB_PREFIX}v$i" "${TB_PREFIX}b" eth0 "$(tb_ip "$i")"
     [ "$i" -gt 0 ] && tb_link_into "$ns" "${TB_PREFIX}w$i" "${TB_PREFIX}c" eth1 "198.51.100.$((i + 1))"
     ip -n "$ns" link set lo up
+    # Two interfaces per host: answer ARP only on the interface that holds
+    # the address asked for, from its own address (no ARP flux between them).
+    ip netns exec "$ns" sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2 || true
     [ "$i" -eq 0 ] && ip -n "$ns" addr add 169.254.77.1/32 dev lo
     { echo "127.0.0.1 localhost"; for j in $(seq 0 $((k - 1))); do echo "$(tb_ip "$j") h$j"; done; } \
       >"/etc/netns/$ns/hosts"
@@ -168,4 +171,34 @@ tb_wait_pid() { # tb_wait_pid PID VAR: waits for PID, sets VAR to its exit code
   local rc=0
   wait "$1" || rc=$?
   printf -v "$2" '%s' "$rc"
+}
+
+# tb_etcd_start I...: an etcd member on each host I given (client port 2379,
+# peer port 2380 on its cluster address, data in $TB/h<I>/etcd), all members
+# of one cluster; short raft timers so a lost member is noticed in ~0.5 s.
+# tb_etcd_endpoints I...: their client URLs, comma separated. Killed with
+# the host (tb_kill_host) and by tb_cleanup like any process in it.
+tb_etcd_endpoints() {
+  local i out=""
+  for i in "$@"; do out+="${out:+,}http://$(tb_ip "$i"):2379"; done
+  echo "$out"
+}
+tb_etcd_start() {
+  command -v etcd >/dev/null || tb_skip "no etcd (Debian etcd-server) for the coordination backend"
+  local i cluster=""
+  for i in "$@"; do cluster+="${cluster:+,}e$i=http://$(tb_ip "$i"):2380"; done
+  for i in "$@"; do
+    mkdir -p "$TB/h$i"
+    tb_exec "$i" etcd --name "e$i" --data-dir "$TB/h$i/etcd" \
+      --listen-client-urls "http://$(tb_ip "$i"):2379" --advertise-client-urls "http://$(tb_ip "$i"):2379" \
+      --listen-peer-urls "http://$(tb_ip "$i"):2380" --initial-advertise-peer-urls "http://$(tb_ip "$i"):2380" \
+      --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "gtb$$" \
+      --heartbeat-interval 50 --election-timeout 500 --pre-vote >"$TB/h$i/etcd.log" 2>&1 &
+  done
+  local end=$((SECONDS + 30))
+  until tb_exec "$1" etcdctl --endpoints "$(tb_etcd_endpoints "$@")" --command-timeout=1s endpoint health \
+      >/dev/null 2>&1; do
+    [ $SECONDS -lt $end ] || { tail -n 5 "$TB"/h*/etcd.log; fail "etcd did not become healthy within 30 s"; }
+    sleep 0.2
+  done
 }

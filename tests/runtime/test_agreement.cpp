@@ -480,3 +480,51 @@ TEST_CASE("agreement: members that restored different steps never train together
   CHECK(a.live().size() == 1);  // refused: not a member
   CHECK_FALSE(a.join_refusal(1, 40));
 }
+
+TEST_CASE("agreement: takeover - survivors rejoin, the missing are lost, one jit round above the first id",
+          "[agreement][takeover]") {
+  agreement a(4, 5'000'000);
+  CHECK(a.on_rejoin(1, 40).empty());
+  CHECK(a.on_rejoin(2, 41).empty());
+  CHECK(a.on_rejoin(3, 41).empty());
+  CHECK(a.on_rejoin(9, 41).empty());  // out of range: ignored
+  CHECK(a.live() == std::set<uint32_t>{1, 2, 3});
+  // The rank that did not rejoin is declared lost: the jit round starts.
+  auto acts = a.on_member_lost(0, 0, loss_reason::dead, "did not rejoin");
+  auto p = find(acts, ty::propose);
+  REQUIRE(p);
+  CHECK(p->kind == checkpoint_kind::jit);
+  CHECK(p->id == 5'000'001);
+  CHECK(a.end_takeover().empty());  // already collecting
+  CHECK(a.on_rejoin(0, 40).empty());
+  CHECK_FALSE(a.live().count(0));  // lost in this incarnation: no way back
+  a.on_ack(1, p->id, 40);
+  a.on_ack(2, p->id, 41);
+  auto agreed = find(a.on_ack(3, p->id, 41), ty::agreed);
+  REQUIRE(agreed);
+  CHECK(agreed->step == 41);  // rejoined steps are not durable: a save, by the lowest most advanced rank
+  CHECK(agreed->saver == 2);
+  CHECK(agreed->exit_after);
+  auto c = find(a.on_saved(2, p->id, 41, true, ""), ty::committed);
+  REQUIRE(c);
+  CHECK(c->exit_after);
+}
+
+TEST_CASE("agreement: takeover with every rank back still ends in one jit round", "[agreement][takeover]") {
+  agreement a(2, 3'000'000);
+  a.on_rejoin(0, 7);
+  a.on_rejoin(1, 7);
+  auto p = find(a.end_takeover(), ty::propose);
+  REQUIRE(p);
+  CHECK(p->kind == checkpoint_kind::jit);
+  CHECK(p->id > 3'000'000);
+  a.on_ack(0, p->id, 7);
+  auto agreed = find(a.on_ack(1, p->id, 7), ty::agreed);
+  REQUIRE(agreed);
+  CHECK(agreed->step == 7);
+  CHECK(agreed->saver == 0);
+  // Nobody rejoined: nothing to save, the group stops.
+  agreement empty(2, 1);
+  CHECK(empty.end_takeover().empty());
+  CHECK(empty.phase() == agreement_phase::stopping);
+}

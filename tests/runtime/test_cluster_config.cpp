@@ -1,8 +1,10 @@
 #include "runtime/cluster_config.hpp"
+#include "../temp_dir.hpp"
 
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <fstream>
 
 using namespace grace;
 
@@ -92,4 +94,33 @@ TEST_CASE("cluster: a run id is printable ASCII without blanks, 1 to 256 charact
   auto st = check_run_id("a\xff" "b", "GRACE_RUN_ID");
   REQUIRE_FALSE(st);
   CHECK(st.err().message == "GRACE_RUN_ID may hold printable ASCII characters only, no blanks (byte 255 found)");
+}
+
+TEST_CASE("cluster: GRACE_COORDINATOR_FILE (etcd failover) names the service and wins over GRACE_COORDINATOR",
+          "[cluster][takeover]") {
+  grace::testing::temp_dir tmp;
+  auto file = (tmp.path / "coordinator").string();
+  ::setenv("GRACE_WORLD_SIZE", "4", 1);
+  ::setenv("GRACE_RANK", "1", 1);
+  ::setenv("GRACE_COORDINATOR", "127.0.0.1:4567", 1);
+  ::setenv("GRACE_COORDINATOR_FILE", file.c_str(), 1);
+  ::setenv("GRACE_FAILOVER_WAIT_MS", "7500", 1);
+  auto missing = cluster_from_environment();
+  REQUIRE_FALSE(missing);
+  CHECK(missing.err().message.find(file) != std::string::npos);
+  std::ofstream(file) << "192.0.2.2:29500 17 1\n";
+  auto c = cluster_from_environment();
+  REQUIRE(c);
+  CHECK(c->coordinator_host == "192.0.2.2");
+  CHECK(c->coordinator_port == 29500);
+  CHECK(c->coordinator_epoch == 17);
+  CHECK(c->coordinator_file == file);
+  CHECK(c->failover_wait_ms == 7500);
+  std::ofstream(file) << "not a location\n";
+  auto bad = cluster_from_environment();
+  REQUIRE_FALSE(bad);
+  CHECK(bad.err().message.find("coordinator location") != std::string::npos);
+  CHECK(bad.err().message.find(file) != std::string::npos);
+  for (auto v : {"GRACE_WORLD_SIZE", "GRACE_RANK", "GRACE_COORDINATOR", "GRACE_COORDINATOR_FILE", "GRACE_FAILOVER_WAIT_MS"})
+    ::unsetenv(v);
 }

@@ -1,3 +1,4 @@
+#include "runtime/leader_elector.hpp"
 #include "runtime/leadership.hpp"
 
 #include <catch2/catch.hpp>
@@ -45,4 +46,21 @@ TEST_CASE("a follower keeps its leader, follows a newer one, campaigns when ther
   CHECK(next_follow_action(std::nullopt, a) == follow_action::moved);
   CHECK(next_follow_action(b, a) == follow_action::keep);  // an older epoch never wins back
   CHECK(next_follow_action(a, std::nullopt) == follow_action::campaign);
+}
+
+TEST_CASE("leader key: value without the epoch, location with the key's create revision", "[leadership]") {
+  CHECK(leader_value("192.0.2.2:29500", 1) == "192.0.2.2:29500 1");
+  etcd_value v;
+  v.value = leader_value("192.0.2.2:29500", 1);
+  v.create_revision = 42;
+  auto loc = location_from(v);
+  REQUIRE(loc);
+  CHECK(loc->endpoint == "192.0.2.2:29500");
+  CHECK(loc->epoch == 42);
+  CHECK(loc->node == 1);
+  CHECK(loc->to_line() == "192.0.2.2:29500 42 1");
+  v.value = "garbage";
+  CHECK_FALSE(location_from(v));
+  v.value = "192.0.2.2:99999 1";
+  CHECK_FALSE(location_from(v));
 }

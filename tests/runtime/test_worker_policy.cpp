@@ -337,3 +337,35 @@ TEST_CASE("worker_policy: a just-in-time round without a lost peer is the deadli
   CHECK(stop.code == 42);
   CHECK(stop.message == "deadline near; just-in-time checkpoint at step 9 committed");
 }
+
+TEST_CASE("worker_policy: with failover the service moving is waited out, and nobody saves alone", "[policy][takeover]") {
+  auto c = cfg(0, true);
+  c.save_alone_without_coordinator = false;
+  worker_policy chief(c, 10);
+  control_state s;
+  s.lost = loss_info{loss_kind::coordinator_moving, 0, 0, "the coordination service was lost and no successor took over"};
+  auto d = chief.next(s, at(14, 0, boundary_mode::collective_failed));
+  REQUIRE(d.what == ty::wait);
+  CHECK(d.reason == wait_reason::verdict);
+  // The successor's round arrives: acknowledge, then save as its saver.
+  s.order = order(4'000'001, 0, checkpoint_kind::jit, false);
+  auto a = chief.next(s, at(14, 10 * ms));
+  REQUIRE(a.what == ty::ack_jit);
+  CHECK(a.step == 14);
+  // No successor in time: the wait ends with the restart code, naming why.
+  worker_policy waiting(c, 10);
+  control_state t = s;
+  t.order.reset();
+  REQUIRE(waiting.next(t, at(14, 0)).what == ty::wait);
+  auto late = waiting.next(t, at(14, 500 * ms));
+  REQUIRE(late.what == ty::stop);
+  CHECK(late.code == 42);
+  CHECK(late.message.find("no successor took over") != std::string::npos);
+  // The service gone for good: the chief stops without writing.
+  control_state g;
+  g.coordinator_gone = true;
+  worker_policy chief2(c, 10);
+  auto stop = chief2.next(g, at(14));
+  REQUIRE(stop.what == ty::stop);
+  CHECK(stop.message == "coordination service lost");
+}

@@ -1,0 +1,200 @@
+#include "runtime/leader_elector.hpp"
+
+#include "runtime/events.hpp"
+
+#include <algorithm>
+#include <fcntl.h>
+#include <sstream>
+#include <unistd.h>
+
+namespace grace {
+
+namespace {
+int64_t mono_now() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+const char* to_string(leadership_event::type t) noexcept {
+  using ty = leadership_event::type;
+  switch (t) {
+    case ty::elected: return "elected";
+    case ty::following: return "following";
+    case ty::deposed: return "deposed";
+    case ty::unreachable: return "unreachable";
+  }
+  return "?";
+}
+
+std::string leader_value(const std::string& endpoint, uint32_t node) {
+  return endpoint + " " + std::to_string(node);
+}
+
+std::optional<coordinator_location> location_from(const etcd_value& v) {
+  std::istringstream in(v.value);
+  std::string endpoint, node;
+  if (!(in >> endpoint >> node)) return std::nullopt;
+  auto loc = coordinator_location::parse(endpoint + " " + std::to_string(v.create_revision) + " " + node);
+  if (!loc) return std::nullopt;
+  return *loc;
+}
+
+result<std::unique_ptr<leader_elector>> leader_elector::create(elector_config cfg, std::function<void()> depose) {
+  if (cfg.ttl_seconds < 1) return error{errc::invalid_input, "--etcd-ttl must be at least 1 second"};
+  // Every call must end well within the time a leader may go unrenewed.
+  auto timeout = std::chrono::milliseconds(std::clamp(cfg.ttl_seconds * 1000 / 6, 100, 1000));
+  auto c = etcd_client::create(cfg.endpoints, timeout);
+  if (!c) return c.err();
+  return std::unique_ptr<leader_elector>(new leader_elector(std::move(cfg), std::move(*c), std::move(depose)));
+}
+
+leader_elector::leader_elector(elector_config cfg, etcd_client client, std::function<void()> depose)
+    : cfg_(std::move(cfg)),
+      client_(std::move(client)),
+      depose_(std::move(depose)),
+      lease_(static_cast<int64_t>(cfg_.ttl_seconds) * 1'000'000'000) {
+  if (::pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0) pipe_[0] = pipe_[1] = -1;
+}
+
+leader_elector::~leader_elector() {
+  stop(false);
+  for (int fd : pipe_)
+    if (fd >= 0) ::close(fd);
+}
+
+void leader_elector::start() { thread_ = std::thread([this] { loop(); }); }
+
+void leader_elector::stop(bool release) {
+  {
+    std::lock_guard<std::mutex> g(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (release && leading_ && lease_id_) {
+    (void)client_.revoke(lease_id_);
+    leading_ = false;
+  }
+}
+
+std::vector<leadership_event> leader_elector::take() {
+  if (pipe_[0] >= 0) {
+    char buf[64];
+    while (::read(pipe_[0], buf, sizeof buf) > 0) {}
+  }
+  std::lock_guard<std::mutex> g(m_);
+  return std::exchange(events_, {});
+}
+
+void leader_elector::push(leadership_event e) {
+  {
+    std::lock_guard<std::mutex> g(m_);
+    events_.push_back(std::move(e));
+  }
+  if (pipe_[1] >= 0) {
+    char c = 1;
+    ssize_t n = ::write(pipe_[1], &c, 1);
+    (void)n;
+  }
+}
+
+void leader_elector::etcd_failed(const std::string& why) {
+  if (std::exchange(said_unreachable_, true)) return;
+  leadership_event e;
+  e.what = leadership_event::type::unreachable;
+  e.detail = why;
+  push(e);
+}
+
+void leader_elector::loop() {
+  for (;;) {
+    if (leading_)
+      lead_once();
+    else
+      follow_once();
+    auto wait = cfg_.poll;
+    if (leading_) {
+      auto until_renew = std::chrono::nanoseconds(std::max<int64_t>(0, lease_.renew_at() - mono_now()));
+      wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(until_renew) +
+                                std::chrono::milliseconds(1));
+    }
+    std::unique_lock<std::mutex> lk(m_);
+    if (cv_.wait_for(lk, wait, [this] { return stop_; })) return;
+  }
+}
+
+/// Renews the lease when due; once it has gone unrenewed for half the TTL,
+/// stops leading (the hook fences the service first).
+void leader_elector::lead_once() {
+  const int64_t t0 = mono_now();
+  if (t0 >= lease_.renew_at()) {
+    auto r = client_.keep_alive(lease_id_);
+    if (r) {
+      lease_.renewed(t0);
+      said_unreachable_ = false;
+    } else {
+      etcd_failed("lease renewal: " + r.err().message);
+    }
+  }
+  if (lease_.may_lead(mono_now())) return;
+  leading_ = false;
+  if (depose_) depose_();
+  leadership_event e;
+  e.what = leadership_event::type::deposed;
+  e.where = *known_;
+  e.detail = "the lease was not renewed for half its TTL (" + std::to_string(cfg_.ttl_seconds) + " s)";
+  push(e);
+}
+
+void leader_elector::follow_once() {
+  auto r = client_.get(cfg_.key);
+  if (!r) return etcd_failed(r.err().message);
+  said_unreachable_ = false;
+  std::optional<coordinator_location> seen;
+  if (*r) seen = location_from(**r);
+  switch (next_follow_action(known_, *r ? seen : std::nullopt)) {
+    case follow_action::keep: return;
+    case follow_action::campaign: return campaign();
+    case follow_action::moved:
+      if (!seen) return;  // a malformed value: wait for it to expire
+      known_ = seen;
+      push({leadership_event::type::following, *seen, {}});
+      return;
+  }
+}
+
+/// The key is absent: try to create it under a fresh lease.
+void leader_elector::campaign() {
+  const int64_t t0 = mono_now();
+  auto lease = client_.grant_lease(cfg_.ttl_seconds);
+  if (!lease) return etcd_failed("lease grant: " + lease.err().message);
+  std::optional<etcd_value> current;
+  auto won = client_.create_if_absent(cfg_.key, leader_value(cfg_.endpoint, cfg_.node), *lease, &current);
+  if (!won || !*won) {
+    (void)client_.revoke(*lease);
+    if (!won) return etcd_failed("campaign: " + won.err().message);
+    if (current)
+      if (auto loc = location_from(*current); loc && (!known_ || loc->epoch > known_->epoch)) {
+        known_ = loc;
+        push({leadership_event::type::following, *loc, {}});
+      }
+    return;
+  }
+  auto mine = client_.get(cfg_.key);
+  std::optional<coordinator_location> loc;
+  if (mine && *mine && (*mine)->lease == *lease) loc = location_from(**mine);
+  if (!loc) {
+    // Created, but not readable back (etcd lost between the calls, or the
+    // lease already gone): give the key up rather than lead blind.
+    (void)client_.revoke(*lease);
+    return etcd_failed("campaign: the leader key could not be read back");
+  }
+  lease_id_ = *lease;
+  lease_.renewed(t0);
+  leading_ = true;
+  known_ = loc;
+  push({leadership_event::type::elected, *loc, {}});
+}
+
+}  // namespace grace

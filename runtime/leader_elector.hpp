@@ -1,0 +1,96 @@
+#pragma once
+/// The launcher's side of the optional etcd backend (`grace-launch --etcd`):
+/// a thread that campaigns for the job's leader key, renews the lease while
+/// it leads, follows the key otherwise, and reports each change as an
+/// event. The rules it follows are the pure ones of runtime/leadership.hpp;
+/// this class only talks to etcd and keeps time.
+///
+/// Fencing: when the lease cannot be renewed for half its TTL, the elector
+/// calls the `depose` hook on its own thread at once (the launcher closes
+/// its coordination service there), before it reports the event; a
+/// successor can only be elected after etcd dropped the lease, a full TTL
+/// after the last renewal etcd saw.
+
+#include "runtime/etcd_client.hpp"
+#include "runtime/leadership.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace grace {
+
+struct elector_config {
+  std::string endpoints;            ///< etcd, "http://a:p,http://b:p"
+  std::string key;                  ///< the job's leader key
+  std::string endpoint;             ///< where this launcher would host the service ("address:port")
+  uint32_t node = 0;                ///< this launcher's node rank
+  int ttl_seconds = 2;              ///< the leader lease
+  std::chrono::milliseconds poll{200};  ///< how often a follower reads the key
+};
+
+struct leadership_event {
+  enum class type : uint8_t {
+    elected,    ///< this launcher leads: host the service at `where`
+    following,  ///< another launcher leads, at `where` (a newer epoch than the last)
+    deposed,    ///< this launcher stopped leading (lease not renewed in time)
+    unreachable,  ///< etcd did not answer (`detail`); reported once until it answers again
+  };
+  type what = type::following;
+  coordinator_location where;
+  std::string detail;
+};
+const char* to_string(leadership_event::type t) noexcept;
+
+/// The leader key's value: "address:port node" (the epoch is the key's
+/// create revision, known only once it exists).
+std::string leader_value(const std::string& endpoint, uint32_t node);
+/// The location a leader key describes; nothing if its value is malformed.
+std::optional<coordinator_location> location_from(const etcd_value& v);
+
+class leader_elector {
+public:
+  /// Checks the endpoints (an error names a malformed one); does not start.
+  static result<std::unique_ptr<leader_elector>> create(elector_config cfg, std::function<void()> depose);
+  ~leader_elector();
+
+  void start();
+  /// Stops the thread; `release`: a leader revokes its lease, so a later
+  /// job of the same run id need not wait for it to expire.
+  void stop(bool release);
+
+  /// Readable when events are queued (for a launcher's poll loop).
+  int fd() const noexcept { return pipe_[0]; }
+  std::vector<leadership_event> take();
+
+private:
+  leader_elector(elector_config cfg, etcd_client client, std::function<void()> depose);
+  void loop();
+  void lead_once();
+  void follow_once();
+  void campaign();
+  void push(leadership_event e);
+  void etcd_failed(const std::string& why);
+
+  elector_config cfg_;
+  etcd_client client_;
+  std::function<void()> depose_;
+  leader_lease lease_;
+  int64_t lease_id_ = 0;
+  bool leading_ = false;
+  bool said_unreachable_ = false;
+  std::optional<coordinator_location> known_;  ///< the leader last seen (ours while leading)
+  std::thread thread_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<leadership_event> events_;
+  int pipe_[2] = {-1, -1};
+};
+
+}  // namespace grace
