@@ -1,5 +1,6 @@
 #include "actors/coordinator.hpp"
 
+#include "actors/node_relay.hpp"
 #include "actors/peer_watcher.hpp"
 #include "messages/convert.hpp"
 #include "runtime/agreement.hpp"
@@ -49,6 +50,10 @@ struct coordinator_state {
   std::map<uint32_t, peer_watcher_actor> workers;
   std::map<caf::actor_addr, uint32_t> ranks;
   std::map<int32_t, std::string> ckpt_servers;  ///< node -> its launcher's checkpoint server
+  /// Node relays (actors/node_relay.hpp): node -> the relay its launcher
+  /// hosts; orders for that node's ranks go to it once.
+  std::map<int32_t, node_relay_actor> relays;
+  int32_t relay_nproc = 0;  ///< workers per node, as the relays said
   /// Launchers on node > 0 that registered with the secret: their process
   /// -> (node rank, workers per node).
   std::map<caf::node_id, std::pair<int32_t, int32_t>> launchers;
@@ -152,6 +157,15 @@ void reset_incarnation(self_ptr self, uint32_t incarnation) {
 void arm_rescue(self_ptr self);
 std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& acts);
 
+/// The node whose relay carries orders for `rank`, if it has one.
+std::optional<int32_t> relay_node(self_ptr self, uint32_t rank) {
+  auto& st = self->state;
+  if (st.relays.empty() || st.relay_nproc <= 0) return std::nullopt;
+  auto node = static_cast<int32_t>(rank / static_cast<uint32_t>(st.relay_nproc));
+  if (!st.relays.count(node)) return std::nullopt;
+  return node;
+}
+
 /// Carries out the state machine's actions; returns the claim reply if any.
 std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& acts) {
   auto reply = carry_out(self, acts);
@@ -163,10 +177,16 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
   auto& st = self->state;
   std::optional<msg<proto::ClaimReply>> reply;
   auto to_all = [&](auto m) {
+    std::set<int32_t> nodes;  // once per node with a relay, directly to the others
     for (auto r : st.agree->live()) {
+      if (auto n = relay_node(self, r)) {
+        nodes.insert(*n);
+        continue;
+      }
       auto it = st.workers.find(r);
       if (it != st.workers.end()) self->send(it->second, m);
     }
+    for (auto n : nodes) self->send(st.relays[n], m);
   };
   for (auto& a : acts) {
     using ty = agreement_action::type;
@@ -750,12 +770,81 @@ std::string on_ckpt_peer(self_ptr self, int32_t node, const std::string& endpoin
 
 void on_down(self_ptr self, caf::down_msg& dm) {
   auto& st = self->state;
+  for (auto r = st.relays.begin(); r != st.relays.end(); ++r)
+    if (r->second.address() == dm.source) {
+      st.log->warn("node {}'s relay is gone: its workers' orders go to them directly", r->first);
+      st.relays.erase(r);
+      return;
+    }
   auto it = st.ranks.find(dm.source);
   if (it == st.ranks.end()) return;
   auto rank = it->second;
   st.ranks.erase(it);
   member_lost(self, rank, loss_reason::dead, "dead: connection lost (" + self->system().render(dm.reason) + ")",
               st.members->completed(rank));
+}
+
+/// A node relay registers, from its launcher's process (registered for
+/// that node, or this service's own).
+void on_relay(self_ptr self, int32_t node, int32_t nproc) {
+  auto& st = self->state;
+  auto sender = self->current_sender();
+  if (!sender || !from_launcher(self, "a relay registration", node)) return;
+  if (nproc <= 0 || (st.relay_nproc > 0 && nproc != st.relay_nproc) ||
+      static_cast<uint64_t>(node) * static_cast<uint64_t>(nproc) >= st.cfg.world_size) {
+    note_refusal(self, "a relay registration for node " + std::to_string(node), "it does not fit the job");
+    return;
+  }
+  auto relay = caf::actor_cast<node_relay_actor>(sender);
+  st.relay_nproc = nproc;
+  if (auto old = st.relays.find(node); old != st.relays.end()) self->demonitor(old->second.address());
+  st.relays[node] = relay;
+  self->monitor(relay);
+  st.log->info("node {}'s relay registered: its {} workers' orders, heartbeats and acknowledgements go through it",
+               node, nproc);
+}
+
+/// A batch is accepted only from the relay registered for its node, and
+/// only for that node's ranks.
+bool from_relay(self_ptr self, int32_t node, const char* what) {
+  auto& st = self->state;
+  auto sender = self->current_sender();
+  auto it = st.relays.find(node);
+  if (sender && it != st.relays.end() && sender == it->second.address()) return true;
+  note_refusal(self, what, "not the relay registered for node " + std::to_string(node));
+  return false;
+}
+
+bool rank_of_node(self_ptr self, uint32_t rank, int32_t node) {
+  auto& st = self->state;
+  return st.relay_nproc > 0 && static_cast<int64_t>(rank / static_cast<uint32_t>(st.relay_nproc)) == node &&
+         st.workers.count(rank);
+}
+
+void accept_heartbeat(self_ptr self, proto::Heartbeat::Reader h) {
+  auto& st = self->state;
+  st.members->heartbeat(h.getRank(), now_ns(self), h.getCompletedStep(), h.getLastStepNs(), h.getLastSaveNs());
+  if (st.cfg.on_progress) st.cfg.on_progress(h.getRank(), h.getCompletedStep(), h.getLastStepNs());
+}
+
+void on_heartbeat_batch(self_ptr self, msg<proto::HeartbeatBatch>& m) {
+  auto r = decode(m);
+  if (!r || !from_relay(self, r->get().getNode(), "a heartbeat batch")) return;
+  for (auto h : r->get().getBeats())
+    if (h.getIncarnation() == self->state.cfg.incarnation && rank_of_node(self, h.getRank(), r->get().getNode()))
+      accept_heartbeat(self, h);
+}
+
+void on_ack_batch(self_ptr self, msg<proto::AckBatch>& m) {
+  auto r = decode(m);
+  if (!r || !from_relay(self, r->get().getNode(), "an acknowledgement batch")) return;
+  actions acts;
+  for (auto a : r->get().getAcks())
+    if (rank_of_node(self, a.getRank(), r->get().getNode())) {
+      auto more = self->state.agree->on_ack(a.getRank(), a.getAgreementId(), a.getEarliestStep());
+      acts.insert(acts.end(), more.begin(), more.end());
+    }
+  dispatch(self, acts);
 }
 
 void start_takeover(self_ptr self) {
@@ -802,10 +891,7 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
         if (!r || r->get().getIncarnation() != self->state.cfg.incarnation) return;
         auto h = r->get();
         if (!from_member(self, h.getRank(), "a heartbeat")) return;
-        self->state.members->heartbeat(h.getRank(), now_ns(self), h.getCompletedStep(), h.getLastStepNs(),
-                                       h.getLastSaveNs());
-        if (self->state.cfg.on_progress)
-          self->state.cfg.on_progress(h.getRank(), h.getCompletedStep(), h.getLastStepNs());
+        accept_heartbeat(self, h);
       },
       [self](msg<proto::CheckpointSaved>& m) { on_saved(self, m); },
       [self](msg<proto::ProposeFinal>& m) {
@@ -835,6 +921,9 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
       [self](tick_atom) {
         if (from_self(self, "a heartbeat-check timer")) on_tick(self);
       },
+      [self](relay_atom, int32_t node, int32_t nproc) { on_relay(self, node, nproc); },
+      [self](msg<proto::HeartbeatBatch>& m) { on_heartbeat_batch(self, m); },
+      [self](msg<proto::AckBatch>& m) { on_ack_batch(self, m); },
       [self](takeover_atom, uint64_t gen) {
         if (from_self(self, "a takeover timer") && gen == self->state.takeover_gen) check_takeover(self);
       },

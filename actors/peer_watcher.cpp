@@ -57,7 +57,22 @@ void lose(self_ptr self, loss_info l) {
 bool from_current(self_ptr self) {
   auto& st = self->state;
   auto sender = self->current_sender();
-  return !failover(self) || !sender || !st.current || sender->node() == st.current.node();
+  return !failover(self) || !sender || !st.current || sender->node() == st.current.node() ||
+         (st.cfg.relay && sender->node() == st.cfg.relay.node());
+}
+
+/// An acknowledgement: through the node's relay if there is one.
+void send_ack(self_ptr self, uint64_t id, uint64_t earliest) {
+  auto& st = self->state;
+  auto m = make<proto::Ack>([&](auto b) {
+    b.setAgreementId(id);
+    b.setRank(st.cfg.rank);
+    b.setEarliestStep(earliest);
+  });
+  if (st.cfg.relay)
+    self->send(st.cfg.relay, std::move(m));
+  else
+    self->send(st.current, std::move(m));
 }
 
 /// A checkpoint order: hand it to the trainer, then acknowledge what can be
@@ -67,12 +82,7 @@ void on_order(self_ptr self, const checkpoint_order& o) {
   auto progress = st.ctl->post_order(o);
   if (o.agreed) return;
   if (o.kind != checkpoint_kind::jit) {
-    auto earliest = std::max(o.step, progress.started);
-    self->send(st.current, make<proto::Ack>([&](auto b) {
-                 b.setAgreementId(o.id);
-                 b.setRank(st.cfg.rank);
-                 b.setEarliestStep(earliest);
-               }));
+    send_ack(self, o.id, std::max(o.step, progress.started));
     return;
   }
   // A peer is gone. A trainer inside a step has its collective aborted and
@@ -81,11 +91,7 @@ void on_order(self_ptr self, const checkpoint_order& o) {
   // (at a boundary, restoring, in its rendezvous) cannot start one any more
   // (Dekker), so its completed step is final: acknowledge it now.
   if (progress.idle()) {
-    self->send(st.current, make<proto::Ack>([&](auto b) {
-                 b.setAgreementId(o.id);
-                 b.setRank(st.cfg.rank);
-                 b.setEarliestStep(progress.completed);
-               }));
+    send_ack(self, o.id, progress.completed);
     st.ctl->post_acked_for_trainer(o.id);
   }
   st.ctl->abort();
@@ -94,9 +100,39 @@ void on_order(self_ptr self, const checkpoint_order& o) {
 /// Joins through the coordinator; the answer goes back to the trainer
 /// (session::impl::join). Once accepted, heartbeats start and requests wait
 /// as long as the service's verdict wait.
+void join_service(self_ptr self, msg<proto::Join> m, caf::typed_response_promise<msg<proto::Welcome>> rp);
+
+/// With a node relay, the watcher registers with it first (so the relay
+/// knows it before any order for it can come), then joins; a relay that
+/// refuses or does not answer is done without.
 caf::result<msg<proto::Welcome>> on_join(self_ptr self, msg<proto::Join>& m) {
   auto& st = self->state;
   auto rp = self->make_response_promise<msg<proto::Welcome>>();
+  if (!st.cfg.relay) {
+    join_service(self, std::move(m), rp);
+    return rp;
+  }
+  self->request(st.cfg.relay, std::chrono::seconds(5), relay_atom::value, st.cfg.rank, st.cfg.incarnation)
+      .then(
+          [self, m, rp](bool ok) mutable {
+            if (!ok) {
+              self->state.log->warn("this node's relay refused rank {}: talking to the service directly",
+                                    self->state.cfg.rank);
+              self->state.cfg.relay = node_relay_actor{};
+            }
+            join_service(self, std::move(m), rp);
+          },
+          [self, m, rp](caf::error& e) mutable {
+            self->state.log->warn("this node's relay did not answer ({}): talking to the service directly",
+                                  self->system().render(e));
+            self->state.cfg.relay = node_relay_actor{};
+            join_service(self, std::move(m), rp);
+          });
+  return rp;
+}
+
+void join_service(self_ptr self, msg<proto::Join> m, caf::typed_response_promise<msg<proto::Welcome>> rp) {
+  auto& st = self->state;
   auto sent = m;
   self->request(st.current, st.cfg.request_timeout, std::move(m))
       .then(
@@ -118,7 +154,6 @@ caf::result<msg<proto::Welcome>> on_join(self_ptr self, msg<proto::Join>& m) {
               b.setReason(why);
             }));
           });
-  return rp;
 }
 
 // ------------------------------------------------------------------ failover
@@ -252,6 +287,11 @@ void on_follow(self_ptr self) {
 
 void on_down(self_ptr self, caf::down_msg& dm) {
   auto& st = self->state;
+  if (st.cfg.relay && dm.source == st.cfg.relay.address()) {
+    st.log->warn("this node's relay is gone: talking to the service directly");
+    st.cfg.relay = node_relay_actor{};
+    return;
+  }
   if (dm.source != st.current.address()) return;  // a superseded service
   if (failover(self) && st.joined) return begin_move(self, "was lost (" + self->system().render(dm.reason) + ")");
   st.log->error("coordination service lost ({}): stopping", self->system().render(dm.reason));
@@ -301,13 +341,17 @@ void on_notice(self_ptr self, msg<proto::Notice>& m) {
 
 void on_tick(self_ptr self) {
   auto& st = self->state;
-  self->send(st.current, make<proto::Heartbeat>([&](auto b) {
-               b.setRank(st.cfg.rank);
-               b.setIncarnation(st.cfg.incarnation);
-               b.setCompletedStep(st.ctl->completed.load(std::memory_order_relaxed));
-               b.setLastStepNs(st.ctl->last_step_ns.load(std::memory_order_relaxed));
-               b.setLastSaveNs(st.ctl->last_save_ns.load(std::memory_order_relaxed));
-             }));
+  auto hb = make<proto::Heartbeat>([&](auto b) {
+    b.setRank(st.cfg.rank);
+    b.setIncarnation(st.cfg.incarnation);
+    b.setCompletedStep(st.ctl->completed.load(std::memory_order_relaxed));
+    b.setLastStepNs(st.ctl->last_step_ns.load(std::memory_order_relaxed));
+    b.setLastSaveNs(st.ctl->last_save_ns.load(std::memory_order_relaxed));
+  });
+  if (st.cfg.relay)
+    self->send(st.cfg.relay, std::move(hb));
+  else
+    self->send(st.current, std::move(hb));
   self->delayed_send(self, st.cfg.heartbeat, tick_atom::value);
 }
 
@@ -323,6 +367,7 @@ peer_watcher_actor::behavior_type peer_watcher(self_ptr self, std::shared_ptr<co
   st.cfg = std::move(cfg);
   st.log = st.cfg.log ? st.cfg.log : spdlog::default_logger();
   self->monitor(st.current);
+  if (st.cfg.relay) self->monitor(st.cfg.relay);
   self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
   if (failover(self)) self->send(self, follow_atom::value);
   return {

@@ -5,6 +5,7 @@
 /// acknowledges proposals without involving the trainer; sends heartbeats.
 
 #include "actors/coordinator_ref.hpp"
+#include "actors/node_relay.hpp"
 
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
@@ -37,6 +38,10 @@ struct peer_watcher_config {
   uint64_t epoch = 0;
   std::chrono::milliseconds failover_wait{0};
   std::chrono::milliseconds follow_poll{100};
+  /// This node's relay (multi-node jobs, GRACE_RELAY): heartbeats and
+  /// acknowledgements go through it, and orders come from it. None: the
+  /// watcher talks to the service directly.
+  node_relay_actor relay;
 };
 
 /// `coord` is shared with the worker's other actors and its trainer; the

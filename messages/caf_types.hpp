@@ -53,6 +53,13 @@ using follow_atom = caf::atom_constant<caf::atom("g_follow")>;
 /// Connect helper -> peer watcher: the successor's handle (invalid: not
 /// reached, with why), its epoch.
 using moved_atom = caf::atom_constant<caf::atom("g_moved")>;
+/// Node relay (actors/node_relay.hpp): a local worker registers (rank,
+/// incarnation); a relay registers with the coordinator (node, workers per node).
+using relay_atom = caf::atom_constant<caf::atom("g_relay")>;
+/// Launcher -> node relay: the coordination service to talk to.
+using coord_atom = caf::atom_constant<caf::atom("g_coord")>;
+/// Node relay -> itself: send the acknowledgements gathered (generation).
+using flush_atom = caf::atom_constant<caf::atom("g_flush")>;
 
 }  // namespace grace
 

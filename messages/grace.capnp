@@ -233,3 +233,15 @@ struct BarrierReply {
   ok @0 :Bool;
   error @1 :Text;
 }
+
+# ---- per-host aggregation (a node relay in each launcher of a multi-node job) --
+
+struct HeartbeatBatch {       # node relay -> coordinator, once per heartbeat interval
+  node @0 :Int32;             # the relay's node: every beat is of one of its ranks
+  beats @1 :List(Heartbeat);  # the newest heartbeat of each local worker heard since the last batch
+}
+
+struct AckBatch {             # node relay -> coordinator, once the node's workers acknowledged
+  node @0 :Int32;
+  acks @1 :List(Ack);
+}

@@ -184,6 +184,10 @@ result<cluster_config> cluster_from_environment() {
       return bad("GRACE_WORLD_SIZE > 1 but GRACE_COORDINATOR is not set");
     }
     if (auto st = failover_from_environment(c); !st) return st.err();
+    if (auto v = env("GRACE_RELAY")) {
+      if (auto hp = parse_host_port(v); !hp) return error{errc::invalid_input, "GRACE_RELAY: " + hp.err().message};
+      c.relay = v;
+    }
     if (auto v = env("GRACE_RUN_ID")) {
       if (auto st = check_run_id(v, "GRACE_RUN_ID"); !st) return st.err();
       c.run_id = v;

@@ -33,6 +33,9 @@ struct cluster_config {
   std::string coordinator_file;
   uint64_t coordinator_epoch = 0;
   uint32_t failover_wait_ms = 0;
+  /// This node's relay (GRACE_RELAY, "127.0.0.1:port"; multi-node jobs):
+  /// heartbeats and acknowledgements go through it (actors/node_relay.hpp).
+  std::string relay;
   bool is_chief() const noexcept { return rank == 0; }
   bool local_mode() const noexcept { return world_size == 1 && coordinator_host.empty(); }
 };

@@ -673,6 +673,12 @@ status session::impl::start_actors() {
   pc.coordinator_file = cluster.coordinator_file;
   pc.epoch = cluster.coordinator_epoch;
   pc.failover_wait = std::chrono::milliseconds(cluster.failover_wait_ms);
+  if (!cluster.relay.empty()) {
+    if (auto r = connect_node_relay(sys, cluster.relay, std::chrono::seconds(10)))
+      pc.relay = *r;
+    else
+      log->warn("{}: heartbeats and acknowledgements go to the service directly", r.err().message);
+  }
   watcher = spawn_peer_watcher(sys, coord, ctl, pc);
   checkpoint_writer_config wc;
   wc.store = store.get();

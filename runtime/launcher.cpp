@@ -1,6 +1,7 @@
 #include "runtime/launcher.hpp"
 
 #include "actors/coordinator.hpp"
+#include "actors/node_relay.hpp"
 #include "actors/signal_watcher.hpp"
 #include "runtime/agreement.hpp"
 #include "runtime/checkpoint.hpp"
@@ -306,6 +307,14 @@ int block_launcher_signals() {
 class launcher {
 public:
   explicit launcher(launch_options o) : o_(std::move(o)) {}
+  /// The actor system waits for every actor when it is destroyed: the ones
+  /// with timers of their own (relay, service) are stopped on every path.
+  ~launcher() {
+    if (elector_) elector_->stop(false);
+    if (relay_) caf::anon_send_exit(relay_, caf::exit_reason::user_shutdown);
+    std::lock_guard<std::mutex> g(hosted_m_);
+    if (hosted_) caf::anon_send_exit(hosted_, caf::exit_reason::user_shutdown);
+  }
   int run();
 
 private:
@@ -323,6 +332,9 @@ private:
   void fence_service();
   void set_location(const coordinator_location& where);
   std::chrono::milliseconds failover_wait() const;
+  status start_relay();
+  void tell_relay_coordinator();
+  void tell_relay_incarnation();
   result<coordinator_actor> connect_as_launcher(std::chrono::milliseconds timeout);
   void start_checkpoint_server();
   void enter_incarnation();
@@ -375,6 +387,10 @@ private:
   std::mutex hosted_m_;
   coordinator_actor hosted_;
   uint16_t hosted_port_ = 0;
+  /// Multi-node jobs: this node's relay (actors/node_relay.hpp), published
+  /// on loopback for the node's workers.
+  node_relay_actor relay_;
+  uint16_t relay_port_ = 0;
 };
 
 void launcher::say(const std::string& line) const {
@@ -442,6 +458,8 @@ result<coordinator_actor> launcher::connect_as_launcher(std::chrono::millisecond
   auto h = connect_coordinator(sys, host_, port_, timeout);
   if (!h) return h.err();
   if (auto st = register_launcher(sys, *h, o_.node_rank, o_.nproc, token_); !st) return st.err();
+  coord_ = *h;
+  tell_relay_coordinator();
   return *h;
 }
 
@@ -449,6 +467,7 @@ status launcher::host_or_join_coordinator() {
   system_options so;
   so.tls = tls_;
   rt_ = std::make_unique<actor_runtime>(so);
+  if (auto st = start_relay(); !st) return st;
   if (!o_.etcd.empty()) return start_election();
   if (o_.node_rank != 0) {
     auto h = connect_as_launcher(std::chrono::seconds(60));
@@ -496,12 +515,42 @@ status launcher::host_service(bool takeover, uint64_t epoch) {
     caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
     return p.err();
   }
-  std::lock_guard<std::mutex> g(hosted_m_);
-  hosted_ = coord;
-  hosted_port_ = *p;
+  {
+    std::lock_guard<std::mutex> g(hosted_m_);
+    hosted_ = coord;
+    hosted_port_ = *p;
+  }
   coord_ = coord;
   port_ = *p;
+  tell_relay_coordinator();
   return {};
+}
+
+/// Several nodes: the node relay, before any worker starts.
+status launcher::start_relay() {
+  if (o_.nnodes <= 1) return {};
+  node_relay_config rc;
+  rc.node = o_.node_rank;
+  rc.nproc = o_.nproc;
+  relay_ = spawn_node_relay(rt_->sys(), rc);
+  auto p = publish_node_relay(rt_->sys(), relay_);
+  if (!p) return p.err();
+  relay_port_ = *p;
+  return {};
+}
+
+/// The relay's messages to the service come from this process: the
+/// service accepts them once this launcher registered (or hosts it).
+void launcher::tell_relay_coordinator() {
+  if (!relay_) return;
+  caf::scoped_actor self{rt_->sys()};
+  self->send(relay_, coord_atom::value, caf::actor_cast<caf::actor>(coord_));
+}
+
+void launcher::tell_relay_incarnation() {
+  if (!relay_) return;
+  caf::scoped_actor self{rt_->sys()};
+  self->send(relay_, incarnation_atom::value, incarnation_);
 }
 
 void launcher::start_checkpoint_server() {
@@ -534,6 +583,7 @@ void launcher::enter_incarnation() {
           ", the coordination service's current one");
   }
   if (node_local_sync_) fetch_newer_checkpoint(sys, coord_, o_, token_, [this](const std::string& l) { say(l); });
+  tell_relay_incarnation();
   set_event_identity(launcher_rank, incarnation_);
 }
 
@@ -550,6 +600,7 @@ std::map<std::string, std::string> launcher::worker_environment(int rank, int lo
       {"GRACE_HOST", ep_.adv.address},
   };
   if (!std::getenv("NCCL_SOCKET_IFNAME") && !ep_.adv.iface.empty()) env["NCCL_SOCKET_IFNAME"] = ep_.adv.iface;
+  if (relay_) env["GRACE_RELAY"] = "127.0.0.1:" + std::to_string(relay_port_);
   if (elector_) {
     env["GRACE_COORDINATOR_FILE"] = coordinator_file_;
     env["GRACE_FAILOVER_WAIT_MS"] = std::to_string(failover_wait().count());
@@ -816,6 +867,7 @@ int launcher::run() {
   }
   if (spares_) spares_->discard();
   if (hosts_service()) stop_coordinator();
+  if (relay_) caf::anon_send_exit(relay_, caf::exit_reason::user_shutdown);
   if (elector_) {
     elector_->stop(true);
     std::error_code ec;

@@ -2,6 +2,7 @@
 // sleeps, no threads racing; every message is delivered when run() says so.
 // Workers are played by scoped actors.
 #include "actors/coordinator.hpp"
+#include "actors/node_relay.hpp"
 #include "runtime/agreement.hpp"
 
 #include <caf/actor_system.hpp>
@@ -632,4 +633,75 @@ TEST_CASE("coordinator: a takeover waits for registered launchers' ranks until i
   f.run();
   CHECK(f.expect<proto::PeerLost>(0)->getRank() == 1);
   CHECK(f.expect<proto::CheckpointAt>(0)->getKind() == proto::CheckpointKind::JIT);
+}
+
+TEST_CASE("coordinator: a node relay carries its node's orders, heartbeats and acknowledgements", "[coordinator][relay]") {
+  using namespace std::chrono_literals;
+  fixture f(4, "tok", 1000ms);
+  node_relay_config rc;
+  rc.node = 1;
+  rc.nproc = 2;
+  rc.heartbeat = 200ms;
+  auto relay = spawn_node_relay(*f.sys, rc);
+  caf::scoped_actor launcher{*f.sys};
+  launcher->send(relay, incarnation_atom::value, uint32_t{0});
+  launcher->send(relay, coord_atom::value, caf::actor_cast<caf::actor>(f.coord));
+  f.run();
+  for (uint32_t r : {2u, 3u}) f.w(r)->send(relay, relay_atom::value, r, uint32_t{0});
+  f.run();
+  for (uint32_t r : {2u, 3u}) {
+    bool ok = false;
+    f.w(r)->receive([&](bool b) { ok = b; }, caf::after(0ms) >> [] {});
+    CHECK(ok);
+  }
+  f.join_all(4);
+  f.w(0)->send(f.coord, claim(0, 5));
+  f.run();
+  CHECK(f.expect<proto::ClaimReply>(0)->getWon());
+  uint64_t id = 0;
+  for (size_t r = 0; r < 4; ++r) id = f.expect<proto::CheckpointAt>(r)->getAgreementId();  // 2, 3: via the relay
+  // A forged batch (not from node 1's relay) counts for nothing.
+  f.w(0)->send(f.coord, make<proto::AckBatch>([&](auto b) {
+                 b.setNode(1);
+                 auto l = b.initAcks(2);
+                 for (unsigned i = 0; i < 2; ++i) {
+                   l[i].setAgreementId(id);
+                   l[i].setRank(2 + i);
+                   l[i].setEarliestStep(5);
+                 }
+               }));
+  f.w(0)->send(f.coord, ack(id, 0, 5));
+  f.w(1)->send(f.coord, ack(id, 1, 5));
+  f.run();
+  CHECK_FALSE(f.next<proto::CheckpointAt>(0));
+  f.w(2)->send(relay, ack(id, 2, 6));
+  f.run();
+  CHECK_FALSE(f.next<proto::CheckpointAt>(0));  // the relay waits for rank 3
+  f.w(3)->send(relay, ack(id, 3, 5));
+  f.run();
+  for (size_t r = 0; r < 4; ++r) {
+    auto a = f.expect<proto::CheckpointAt>(r);
+    CHECK(a->getAgreed());
+    CHECK(a->getStep() == 6);
+  }
+  // Heartbeats: rank 2's reach the service in the relay's batches, rank 3
+  // says nothing, ranks 0 and 1 beat directly: only rank 3 is declared dead.
+  auto beat = [](uint32_t r) {
+    return make<proto::Heartbeat>([&](auto b) {
+      b.setRank(r);
+      b.setCompletedStep(5);
+    });
+  };
+  for (int i = 0; i < 8; ++i) {
+    f.w(0)->send(f.coord, beat(0));
+    f.w(1)->send(f.coord, beat(1));
+    f.w(2)->send(relay, beat(2));
+    f.run();
+    f.sched->advance_time(200ms);
+    f.run();
+  }
+  REQUIRE(f.host_verdicts.size() == 1);
+  CHECK(std::get<0>(f.host_verdicts[0]) == 3);
+  caf::anon_send_exit(relay, caf::exit_reason::user_shutdown);
+  f.run();
 }

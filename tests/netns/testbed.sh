@@ -9,7 +9,9 @@
 #   lo (host 0's also holds 169.254.77.1/32: an address of host 0 that no other
 #   host has a route to), and names h0..h<K-1> in its own /etc/hosts (ip netns exec mounts
 #   /etc/netns/<ns>/hosts). Documentation prefixes (TEST-NET-1, TEST-NET-2), no
-#   address on the bridges, no default route: nothing leaves the machine.
+#   address on the bridges and no ARP answered there by the machine's own
+#   namespace (which may hold one of these addresses itself), no default route:
+#   nothing leaves the machine.
 # Directories: $TB/h<i> per host (node-local), $TB/shared (as NFS would be).
 #
 # Cleanup on every exit path (EXIT trap; INT/TERM exit through it): every
@@ -85,9 +87,17 @@ tb_init() { # tb_init K
   TB="$WORK/tb"
   mkdir -p "$TB/shared"
   ip link add "${TB_PREFIX}b" type bridge || tb_skip "cannot create a bridge"
-  ip link set "${TB_PREFIX}b" up
   ip link add "${TB_PREFIX}c" type bridge
-  ip link set "${TB_PREFIX}c" up
+  local br
+  for br in "${TB_PREFIX}b" "${TB_PREFIX}c"; do
+    # The machine's own namespace sits on each bridge (the bridge device)
+    # and may itself hold one of the test addresses (this machine kind's
+    # eth0 is 192.0.2.2): it must never answer ARP there, or a host's
+    # packets for a peer land in the machine's own stack (seen: host 0
+    # reached "192.0.2.2" at the bridge's MAC for seconds at a time).
+    sysctl -qw "net.ipv4.conf.$br.arp_ignore=8" "net.ipv6.conf.$br.disable_ipv6=1" 2>/dev/null || true
+    ip link set "$br" up
+  done
   for i in $(seq 0 $((k - 1))); do
     ns=$(tb_ns "$i")
     ip netns add "$ns"

@@ -1,0 +1,211 @@
+#include "actors/node_relay.hpp"
+
+#include "actors/peer_watcher.hpp"
+#include "messages/convert.hpp"
+#include "runtime/cluster_config.hpp"
+#include "runtime/relay_batches.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/openssl/publish.hpp>
+#include <caf/openssl/remote_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/system_messages.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <spdlog/spdlog.h>
+
+#include <map>
+
+namespace grace {
+
+namespace {
+
+struct node_relay_state {
+  static inline const char* name = "node_relay";
+  node_relay_config cfg;
+  std::shared_ptr<spdlog::logger> log;
+  coordinator_actor coord;                         ///< the service (none until the launcher says)
+  std::map<uint32_t, peer_watcher_actor> workers;  ///< local watchers of the current incarnation
+  std::map<caf::actor_addr, uint32_t> ranks;
+  relay_batches batches;
+  uint64_t flush_gen = 0;
+};
+
+using self_ptr = node_relay_actor::stateful_pointer<node_relay_state>;
+
+/// The service's orders reach the relay from the service only.
+bool from_service(self_ptr self) {
+  auto sender = self->current_sender();
+  return sender && self->state.coord && sender->node() == self->state.coord.node();
+}
+
+template <class M>
+void fan_out(self_ptr self, M& m) {
+  if (!from_service(self)) return;
+  for (auto& [rank, w] : self->state.workers) self->send(w, m);
+}
+
+void send_acks(self_ptr self, const std::vector<relay_ack>& acks) {
+  auto& st = self->state;
+  if (acks.empty() || !st.coord) return;
+  self->send(st.coord, make<proto::AckBatch>([&](auto b) {
+               b.setNode(st.cfg.node);
+               auto list = b.initAcks(static_cast<unsigned>(acks.size()));
+               for (size_t i = 0; i < acks.size(); ++i) {
+                 list[i].setAgreementId(acks[i].id);
+                 list[i].setRank(acks[i].rank);
+                 list[i].setEarliestStep(acks[i].earliest);
+               }
+             }));
+}
+
+void on_ack(self_ptr self, msg<proto::Ack>& m) {
+  auto& st = self->state;
+  auto r = decode(m);
+  if (!r) return;
+  auto a = r->get();
+  auto sender = self->current_sender();
+  auto it = sender ? st.ranks.find(caf::actor_cast<caf::actor_addr>(sender)) : st.ranks.end();
+  if (it == st.ranks.end() || it->second != a.getRank()) return;  // only a worker for itself
+  std::vector<relay_ack> older;
+  bool first = !st.batches.acks_pending();
+  auto out = st.batches.ack({a.getAgreementId(), a.getRank(), a.getEarliestStep()}, &older);
+  send_acks(self, older);
+  if (out == relay_batches::ack_outcome::complete) {
+    ++st.flush_gen;
+    send_acks(self, st.batches.take_acks());
+  } else if (out == relay_batches::ack_outcome::pending && (first || !older.empty())) {
+    self->delayed_send(self, st.cfg.ack_flush, flush_atom::value, ++st.flush_gen);
+  }
+}
+
+void on_heartbeat(self_ptr self, msg<proto::Heartbeat>& m) {
+  auto& st = self->state;
+  auto r = decode(m);
+  if (!r) return;
+  auto h = r->get();
+  auto sender = self->current_sender();
+  auto it = sender ? st.ranks.find(caf::actor_cast<caf::actor_addr>(sender)) : st.ranks.end();
+  if (it == st.ranks.end() || it->second != h.getRank()) return;
+  st.batches.beat({h.getRank(), h.getIncarnation(), h.getCompletedStep(), h.getLastStepNs(), h.getLastSaveNs()});
+}
+
+void on_tick(self_ptr self) {
+  auto& st = self->state;
+  self->delayed_send(self, st.cfg.heartbeat, tick_atom::value);
+  auto beats = st.batches.take_beats();
+  if (beats.empty() || !st.coord) return;
+  self->send(st.coord, make<proto::HeartbeatBatch>([&](auto b) {
+               b.setNode(st.cfg.node);
+               auto list = b.initBeats(static_cast<unsigned>(beats.size()));
+               for (size_t i = 0; i < beats.size(); ++i) {
+                 list[i].setRank(beats[i].rank);
+                 list[i].setIncarnation(beats[i].incarnation);
+                 list[i].setCompletedStep(beats[i].completed);
+                 list[i].setLastStepNs(beats[i].last_step_ns);
+                 list[i].setLastSaveNs(beats[i].last_save_ns);
+               }
+             }));
+}
+
+bool on_register(self_ptr self, uint32_t rank, uint32_t incarnation) {
+  auto& st = self->state;
+  auto sender = self->current_sender();
+  if (!sender || !st.batches.add_member(rank, incarnation)) return false;
+  auto w = caf::actor_cast<peer_watcher_actor>(sender);
+  if (auto old = st.workers.find(rank); old != st.workers.end()) st.ranks.erase(old->second.address());
+  st.workers[rank] = w;
+  st.ranks[w.address()] = rank;
+  self->monitor(w);
+  return true;
+}
+
+void on_incarnation(self_ptr self, uint32_t incarnation) {
+  auto& st = self->state;
+  if (incarnation == st.batches.incarnation()) return;
+  send_acks(self, st.batches.take_acks());
+  st.batches.set_incarnation(incarnation);
+  for (auto& [rank, w] : st.workers) self->demonitor(w.address());
+  st.workers.clear();
+  st.ranks.clear();
+}
+
+/// The service to talk to (at start, and after a failover): the relay
+/// registers with it, from the launcher's process.
+void on_coordinator(self_ptr self, caf::actor& coord) {
+  auto& st = self->state;
+  st.coord = caf::actor_cast<coordinator_actor>(coord);
+  if (!st.coord) return;
+  self->send(st.coord, relay_atom::value, st.cfg.node, st.cfg.nproc);
+}
+
+node_relay_actor::behavior_type node_relay(self_ptr self, node_relay_config cfg) {
+  auto& st = self->state;
+  st.cfg = std::move(cfg);
+  st.log = st.cfg.log ? st.cfg.log : spdlog::default_logger();
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    auto it = st.ranks.find(dm.source);
+    if (it == st.ranks.end()) return;
+    st.batches.remove_member(it->second);
+    st.workers.erase(it->second);
+    st.ranks.erase(it);
+  });
+  self->send(self, tick_atom::value);
+  return {
+      [self](relay_atom, uint32_t rank, uint32_t incarnation) { return on_register(self, rank, incarnation); },
+      [self](msg<proto::Heartbeat>& m) { on_heartbeat(self, m); },
+      [self](msg<proto::Ack>& m) { on_ack(self, m); },
+      [self](msg<proto::CheckpointAt>& m) { fan_out(self, m); },
+      [self](msg<proto::Committed>& m) { fan_out(self, m); },
+      [self](msg<proto::PeerLost>& m) { fan_out(self, m); },
+      [self](msg<proto::ClusterError>& m) { fan_out(self, m); },
+      [self](msg<proto::DeadlineUpdate>& m) { fan_out(self, m); },
+      [self](incarnation_atom, uint32_t inc) {
+        if (self->current_sender() && self->current_sender()->node() == self->node()) on_incarnation(self, inc);
+      },
+      [self](coord_atom, caf::actor& coord) {
+        if (self->current_sender() && self->current_sender()->node() == self->node()) on_coordinator(self, coord);
+      },
+      [self](tick_atom) {
+        if (self->current_sender() == self->ctrl()) on_tick(self);
+      },
+      [self](flush_atom, uint64_t gen) {
+        auto& st = self->state;
+        if (self->current_sender() != self->ctrl() || gen != st.flush_gen) return;
+        send_acks(self, st.batches.take_acks());
+      },
+  };
+}
+
+}  // namespace
+
+node_relay_actor spawn_node_relay(caf::actor_system& sys, node_relay_config cfg) {
+  return sys.spawn(node_relay, std::move(cfg));
+}
+
+result<uint16_t> publish_node_relay(caf::actor_system& sys, const node_relay_actor& relay) {
+  auto p = sys.has_openssl_manager() ? caf::openssl::publish(relay, 0, "127.0.0.1", true)
+                                     : sys.middleman().publish(relay, 0, "127.0.0.1", true);
+  if (!p) return error{errc::failed, "cannot publish the node relay on 127.0.0.1: " + sys.render(p.error())};
+  return *p;
+}
+
+result<node_relay_actor> connect_node_relay(caf::actor_system& sys, const std::string& where,
+                                            std::chrono::milliseconds timeout) {
+  auto hp = parse_host_port(where);
+  if (!hp) return error{errc::invalid_input, "GRACE_RELAY: " + hp.err().message};
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto h = sys.has_openssl_manager() ? caf::openssl::remote_actor<node_relay_actor>(sys, hp->first, hp->second)
+                                       : sys.middleman().remote_actor<node_relay_actor>(hp->first, hp->second);
+    if (h) return *h;
+    if (std::chrono::steady_clock::now() > deadline)
+      return error{errc::disconnected, "cannot reach this node's relay at " + where + ": " + sys.render(h.error())};
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace grace
