@@ -6,6 +6,14 @@
 // through CAF's middleman, as workers on several hosts would.
 //
 //   grace-bench-scale --members 1024 --procs 4 --reps 5 --idle-s 5
+//   grace-bench-scale --members 1024 --per-host 8 --reps 5 --idle-s 5
+//
+// --per-host K: the members are laid out as hosts of K workers each, as a
+// multi-node job is: one process per host (members/K of them), registered
+// as that node's launcher, with a node relay (actors/node_relay.hpp)
+// through which its members' heartbeats and acknowledgements go and the
+// coordinator's orders come. Without it the members talk to the
+// coordinator directly, --procs processes holding every procs-th rank.
 //
 // Per rep (a fresh incarnation, so every member joins again):
 //   join_ms     first Join sent -> last Welcome received, all members
@@ -17,6 +25,7 @@
 // One JSON line on stdout. Member processes report over pipes; times are
 // CLOCK_MONOTONIC, which every process on the machine shares.
 #include "actors/coordinator.hpp"
+#include "actors/node_relay.hpp"
 #include "messages/caf_types.hpp"
 #include "runtime/events.hpp"
 #include "runtime/system.hpp"
@@ -135,11 +144,21 @@ struct member_state {
   uint32_t incarnation = 0;
   uint32_t world = 0;
   tally* t = nullptr;
+  node_relay_actor relay;  ///< --per-host: heartbeats and acks go through it
 };
+
+/// Where heartbeats and acknowledgements go: the relay, else the service.
+template <class M>
+void up(caf::stateful_actor<member_state>* self, const coordinator_actor& coord, M m) {
+  if (self->state.relay)
+    self->send(self->state.relay, std::move(m));
+  else
+    self->send(coord, std::move(m));
+}
 
 void heartbeat(caf::stateful_actor<member_state>* self, const coordinator_actor& coord) {
   auto& st = self->state;
-  self->send(coord, make<proto::Heartbeat>([&](auto b) {
+  up(self, coord, make<proto::Heartbeat>([&](auto b) {
                b.setRank(st.rank);
                b.setIncarnation(st.incarnation);
                b.setCompletedStep(100);
@@ -147,8 +166,43 @@ void heartbeat(caf::stateful_actor<member_state>* self, const coordinator_actor&
              }));
 }
 
+void join(caf::stateful_actor<member_state>* self, coordinator_actor coord);
+
 caf::behavior member(caf::stateful_actor<member_state>* self, coordinator_actor coord, member_state init) {
   self->state = init;
+  auto& st = self->state;
+  if (st.relay)
+    self->request(st.relay, std::chrono::seconds(60), relay_atom::value, st.rank, st.incarnation)
+        .then([self, coord](bool) { join(self, coord); });
+  else
+    join(self, coord);
+  return {
+      [self, coord](tick_atom) {
+        heartbeat(self, coord);
+        self->delayed_send(self, heartbeat_every, tick_atom::value);
+      },
+      [self, coord](msg<proto::CheckpointAt>& m) {
+        auto c = decode(m);
+        if (!c) return;
+        if (c->get().getAgreed()) {
+          self->state.t->add(self->state.t->agreed, self->state.t->last_agreed_ns);
+          return;
+        }
+        auto id = c->get().getAgreementId();
+        auto step = c->get().getStep();
+        up(self, coord, make<proto::Ack>([&](auto b) {
+             b.setAgreementId(id);
+             b.setRank(self->state.rank);
+             b.setEarliestStep(step);
+           }));
+      },
+      [](msg<proto::ClaimReply>&) {},
+      [](msg<proto::PeerLost>&) {},  // the other member processes quitting at the end
+      [](msg<proto::Committed>&) {},
+  };
+}
+
+void join(caf::stateful_actor<member_state>* self, coordinator_actor coord) {
   auto& st = self->state;
   self->request(coord, std::chrono::seconds(60), make<proto::Join>([&](auto b) {
                   b.setRank(st.rank);
@@ -178,42 +232,49 @@ caf::behavior member(caf::stateful_actor<member_state>* self, coordinator_actor 
             self->state.t->refused = true;
             self->state.t->cv.notify_all();
           });
-  return {
-      [self, coord](tick_atom) {
-        heartbeat(self, coord);
-        self->delayed_send(self, heartbeat_every, tick_atom::value);
-      },
-      [self, coord](msg<proto::CheckpointAt>& m) {
-        auto c = decode(m);
-        if (!c) return;
-        if (c->get().getAgreed()) {
-          self->state.t->add(self->state.t->agreed, self->state.t->last_agreed_ns);
-          return;
-        }
-        auto id = c->get().getAgreementId();
-        auto step = c->get().getStep();
-        self->send(coord, make<proto::Ack>([&](auto b) {
-                     b.setAgreementId(id);
-                     b.setRank(self->state.rank);
-                     b.setEarliestStep(step);
-                   }));
-      },
-      [](msg<proto::ClaimReply>&) {},
-  };
 }
 
-/// A member process: hosts ranks r with r % procs == index.
-[[noreturn]] void member_process(channel ch, uint32_t index, uint32_t procs, uint32_t world) {
+/// The ranks a member process holds: every procs-th (no relays), or one
+/// host's contiguous block of `per_host` (ranks node * K .. node * K + K - 1).
+std::vector<uint32_t> ranks_of(uint32_t index, uint32_t procs, uint32_t world, uint32_t per_host) {
+  std::vector<uint32_t> out;
+  if (per_host)
+    for (uint32_t r = index * per_host; r < std::min(world, (index + 1) * per_host); ++r) out.push_back(r);
+  else
+    for (uint32_t r = index; r < world; r += procs) out.push_back(r);
+  return out;
+}
+
+/// --per-host: this process is node `index`'s launcher (registered with the
+/// job's secret) and hosts the node's relay.
+node_relay_actor start_relay(caf::actor_system& sys, const coordinator_actor& coord, uint32_t index,
+                             uint32_t per_host) {
+  if (auto st = register_launcher(sys, coord, static_cast<int32_t>(index), static_cast<int32_t>(per_host), token); !st)
+    die(st.err().message);
+  node_relay_config rc;
+  rc.node = static_cast<int32_t>(index);
+  rc.nproc = static_cast<int32_t>(per_host);
+  rc.heartbeat = heartbeat_every;
+  auto relay = spawn_node_relay(sys, rc);
+  caf::scoped_actor self{sys};
+  self->send(relay, coord_atom::value, caf::actor_cast<caf::actor>(coord));
+  return relay;
+}
+
+/// A member process: hosts ranks_of(index, ...).
+[[noreturn]] void member_process(channel ch, uint32_t index, uint32_t procs, uint32_t world, uint32_t per_host) {
   spdlog::set_level(spdlog::level::warn);
   uint16_t port = static_cast<uint16_t>(std::stoul(get(ch.from)));
   actor_runtime rt;
   auto& sys = rt.sys();
   auto coord = connect_coordinator(sys, "127.0.0.1", port, std::chrono::seconds(30));
   if (!coord) die(coord.err().message);
+  node_relay_actor relay;
+  if (per_host) relay = start_relay(sys, *coord, index, per_host);
   std::vector<caf::actor> mine;
   tally t;
-  uint32_t count = 0;
-  for (uint32_t r = index; r < world; r += procs) ++count;
+  const auto ranks = ranks_of(index, procs, world, per_host);
+  const auto count = static_cast<uint32_t>(ranks.size());
   for (;;) {
     auto cmd = get(ch.from);
     if (cmd.rfind("join ", 0) == 0) {
@@ -225,8 +286,11 @@ caf::behavior member(caf::stateful_actor<member_state>* self, coordinator_actor 
         t.last_joined_ns = t.last_agreed_ns = 0;
       }
       uint32_t inc = static_cast<uint32_t>(std::stoul(cmd.substr(5)));
-      for (uint32_t r = index; r < world; r += procs)
-        mine.push_back(sys.spawn(member, *coord, member_state{r, inc, world, &t}));
+      if (relay) {
+        caf::scoped_actor self{sys};
+        self->send(relay, incarnation_atom::value, inc);
+      }
+      for (auto r : ranks) mine.push_back(sys.spawn(member, *coord, member_state{r, inc, world, &t, relay}));
       t.wait(t.joined, count);
       put(ch.to, std::to_string(t.last_joined_ns));
     } else if (cmd == "claim") {  // only the process hosting rank 0, which claims
@@ -245,6 +309,7 @@ caf::behavior member(caf::stateful_actor<member_state>* self, coordinator_actor 
       put(ch.to, std::to_string(t.last_agreed_ns));
     } else {
       for (auto& a : mine) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      if (relay) caf::anon_send_exit(relay, caf::exit_reason::user_shutdown);
       std::_Exit(0);
     }
   }
@@ -254,7 +319,8 @@ caf::behavior member(caf::stateful_actor<member_state>* self, coordinator_actor 
 
 namespace {
 
-std::vector<channel> fork_member_processes(uint32_t procs, uint32_t world, std::vector<pid_t>& pids) {
+std::vector<channel> fork_member_processes(uint32_t procs, uint32_t world, uint32_t per_host,
+                                          std::vector<pid_t>& pids) {
   std::vector<channel> out;
   for (uint32_t i = 0; i < procs; ++i) {
     int down[2], up[2];
@@ -264,7 +330,7 @@ std::vector<channel> fork_member_processes(uint32_t procs, uint32_t world, std::
     if (pid == 0) {
       ::close(down[1]);
       ::close(up[0]);
-      member_process({fdopen(up[1], "w"), fdopen(down[0], "r")}, i, procs, world);
+      member_process({fdopen(up[1], "w"), fdopen(down[0], "r")}, i, procs, world, per_host);
     }
     ::close(down[0]);
     ::close(up[1]);
@@ -301,12 +367,14 @@ idle_sample measure_idle(const std::atomic<uint64_t>& heartbeats, double seconds
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
   const auto world = static_cast<uint32_t>(arg_u(argc, argv, "--members", 64));
-  const auto procs = static_cast<uint32_t>(std::min<uint64_t>(arg_u(argc, argv, "--procs", 4), world));
+  const auto per_host = static_cast<uint32_t>(arg_u(argc, argv, "--per-host", 0));
+  const auto procs = per_host ? (world + per_host - 1) / per_host
+                              : static_cast<uint32_t>(std::min<uint64_t>(arg_u(argc, argv, "--procs", 4), world));
   const auto reps = static_cast<uint32_t>(arg_u(argc, argv, "--reps", 5));
   const double idle_s = static_cast<double>(arg_u(argc, argv, "--idle-s", 5));
   if (world < 2 || procs < 1 || reps < 1) die("usage: grace-bench-scale --members N>=2 [--procs P] [--reps R] [--idle-s S]");
   std::vector<pid_t> pids;
-  auto chs = fork_member_processes(procs, world, pids);  // before any thread exists
+  auto chs = fork_member_processes(procs, world, per_host, pids);  // before any thread exists
 
   actor_runtime rt;
   auto& sys = rt.sys();
@@ -317,6 +385,7 @@ int main(int argc, char** argv) {
   cc.run_id = run_id;
   cc.token = token;
   cc.dead_after = std::chrono::seconds(60);
+  cc.own_node = -1;  // every node's launcher is a member process
   // The member processes' exit at the end is reported as lost members.
   cc.log = spdlog::stderr_color_mt("coordinator");
   cc.log->set_level(spdlog::level::err);
@@ -347,9 +416,9 @@ int main(int argc, char** argv) {
   for (auto& c : chs) put(c.to, "quit");
   for (auto p : pids) ::waitpid(p, nullptr, 0);
   std::printf(
-      "{\"row\":\"scale\",\"members\":%u,\"procs\":%u,\"reps\":%u,\"join_ms\":%.2f,\"agree_ms\":%.3f,"
+      "{\"row\":\"scale\",\"members\":%u,\"procs\":%u,\"per_host\":%u,\"reps\":%u,\"join_ms\":%.2f,\"agree_ms\":%.3f,"
       "\"agree_ms_max\":%.3f,\"idle_cpu\":%.4f,\"hb_per_s\":%.0f,\"rss_per_member_kib\":%.2f}\n",
-      world, procs, reps, median(join_ms), median(agree_ms), *std::max_element(agree_ms.begin(), agree_ms.end()),
+      world, procs, per_host, reps, median(join_ms), median(agree_ms), *std::max_element(agree_ms.begin(), agree_ms.end()),
       idle.cpu, idle.hb_per_s, double(rss1 - rss0) / world);
   std::fflush(stdout);
   // The actor system waits for every actor when it is destroyed.

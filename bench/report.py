@@ -109,7 +109,7 @@ for mbr in (64, 256) if sel("agreement") else ():
         yes(c is not None and c < 2))
 
 base = None
-for r in sorted(sel("scale"), key=lambda r: r["members"]):
+for r in sorted((r for r in sel("scale") if not r.get("per_host")), key=lambda r: r["members"]):
     n = r["members"]
     if base is None:
         base = r
@@ -121,6 +121,14 @@ for r in sorted(sel("scale"), key=lambda r: r["members"]):
         (rss - base["rss_per_member_kib"] * base["members"]) / (n - base["members"]), base["members"])
     add("   idle coordinator, %d members heartbeating (%d/s)" % (n, r["hb_per_s"]), "%.1f%% of a core" % (100 * r["idle_cpu"]),
         "RSS +%.0f KiB%s" % (rss, slope), "-", "< 5% at 1024", yes(n < 1024 or r["idle_cpu"] < 0.05))
+    # The same members as hosts with a node relay each, in the same run.
+    for h in sorted((x for x in sel("scale") if x.get("per_host") and x["members"] == n), key=lambda x: x["per_host"]):
+        add("1f   the same as %d hosts of %d, a node relay each" % (h["procs"], h["per_host"]), fmt(h["agree_ms"], "ms"),
+            "direct %s" % fmt(r["agree_ms"], "ms"), "%.2fx" % (h["agree_ms"] / r["agree_ms"]), "< 10 ms at 1024",
+            yes(n < 1024 or h["agree_ms"] < 10))
+        add("     idle coordinator with relays", "%.1f%% of a core" % (100 * h["idle_cpu"]),
+            "direct %.1f%%" % (100 * r["idle_cpu"]), "%.2fx" % (h["idle_cpu"] / r["idle_cpu"] if r["idle_cpu"] else 0),
+            "< 5% at 1024", yes(n < 1024 or h["idle_cpu"] < 0.05))
 
 ov = med("step", "overhead_ns")
 if ov is not None:

@@ -89,6 +89,10 @@ harness& env() {
   return *h;
 }
 
+/// Inputs whose length is 3 mod 7 run against a service taking a group
+/// over (etcd failover): its members rejoin instead of joining.
+bool rejoining = false;
+
 msg<proto::Join> join(uint32_t rank, input& in, bool faithful) {
   return make<proto::Join>([&](auto b) {
     b.setRank(rank);
@@ -98,6 +102,7 @@ msg<proto::Join> join(uint32_t rank, input& in, bool faithful) {
     b.setProtocolVersion(faithful ? proto::PROTOCOL_VERSION : in.byte());
     b.setIncarnation(faithful ? 0 : in.byte() % 4);
     b.setCompletedStep(faithful ? 0 : in.u64(1));
+    b.setRejoin(rejoining || (!faithful && (in.byte() & 1)));
   });
 }
 
@@ -220,6 +225,43 @@ void send_control(uint8_t kind, uint8_t who, senders& s, const coordinator_actor
   }
 }
 
+/// Node relays' messages (per-host aggregation) and the takeover's timer.
+void send_relay(uint8_t kind, uint8_t who, senders& s, const coordinator_actor& c, input& in) {
+  const int32_t node = static_cast<int32_t>(in.byte() % 3) - 1;
+  switch (kind % 5) {
+    case 0: s.send(who, c, relay_atom::value, node, int32_t{in.byte() % 3}); break;
+    case 1:
+      s.send(who, c, make<proto::HeartbeatBatch>([&](auto b) {
+               b.setNode(node);
+               auto l = b.initBeats(in.byte() % 4);
+               for (auto h : l) {
+                 h.setRank(in.rank());
+                 h.setIncarnation(in.byte() % 2);
+                 h.setCompletedStep(in.u64(1));
+               }
+             }));
+      break;
+    case 2:
+      s.send(who, c, make<proto::AckBatch>([&](auto b) {
+               b.setNode(node);
+               auto l = b.initAcks(in.byte() % 4);
+               for (auto a : l) {
+                 a.setAgreementId(in.byte() % 4);
+                 a.setRank(in.rank());
+                 a.setEarliestStep(in.u64(1));
+               }
+             }));
+      break;
+    case 3:
+      if (in.byte() & 1)
+        s.send(who, c, msg<proto::HeartbeatBatch>{in.raw()});
+      else
+        s.send(who, c, msg<proto::AckBatch>{in.raw()});
+      break;
+    default: s.send(who, c, takeover_atom::value, uint64_t{in.byte() % 4u});
+  }
+}
+
 /// The service must still answer after the program.
 void check_alive(harness& h, const coordinator_actor& coord) {
   caf::scoped_actor probe{*h.sys};
@@ -250,6 +292,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cc.dead_after = std::chrono::milliseconds(1000);
   cc.hung_after = std::chrono::milliseconds(3000);
   cc.log = spdlog::default_logger();
+  rejoining = size % 7 == 3;
+  cc.takeover = rejoining;
+  cc.first_agreement_id = rejoining ? 2'000'000 : 0;
   auto coord = spawn_coordinator(*h.sys, cc);
   senders s;
   for (uint32_t r = 0; r < world; ++r) s.members.push_back(std::make_unique<caf::scoped_actor>(*h.sys));
@@ -264,7 +309,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 2: send_raw(code / 6, who, s, coord, in); break;
       case 3: send_control(code / 6, who, s, coord, in); break;
       case 4: h.sched->advance_time(caf::timespan{std::chrono::milliseconds(50 * (1 + code / 6))}); break;
-      default:  // a member's process dies; a new one takes its place
+      default:
+        if ((code / 6) % 2) {
+          send_relay(code / 12, who, s, coord, in);
+          break;
+        }
+        // a member's process dies; a new one takes its place
         s.members[who % world] = std::make_unique<caf::scoped_actor>(*h.sys);
     }
     h.sched->run();
