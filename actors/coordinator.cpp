@@ -53,7 +53,8 @@ struct coordinator_state {
   /// Node relays (actors/node_relay.hpp): node -> the relay its launcher
   /// hosts; orders for that node's ranks go to it once.
   std::map<int32_t, node_relay_actor> relays;
-  int32_t relay_nproc = 0;  ///< workers per node, as the relays said
+  int32_t relay_nproc = 0;       ///< workers per node, as the relays said
+  std::set<uint32_t> relayed;    ///< members that joined through their node's relay
   /// Launchers on node > 0 that registered with the secret: their process
   /// -> (node rank, workers per node).
   std::map<caf::node_id, std::pair<int32_t, int32_t>> launchers;
@@ -145,6 +146,7 @@ void reset_incarnation(self_ptr self, uint32_t incarnation) {
   for (auto& [rank, w] : st.workers) self->demonitor(w.address());
   st.workers.clear();
   st.ranks.clear();
+  st.relayed.clear();
   st.left.clear();
   st.lost.clear();
   st.refused.clear();
@@ -160,7 +162,7 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
 /// The node whose relay carries orders for `rank`, if it has one.
 std::optional<int32_t> relay_node(self_ptr self, uint32_t rank) {
   auto& st = self->state;
-  if (st.relays.empty() || st.relay_nproc <= 0) return std::nullopt;
+  if (st.relays.empty() || st.relay_nproc <= 0 || !st.relayed.count(rank)) return std::nullopt;
   auto node = static_cast<int32_t>(rank / static_cast<uint32_t>(st.relay_nproc));
   if (!st.relays.count(node)) return std::nullopt;
   return node;
@@ -462,6 +464,7 @@ msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {
   auto handle = caf::actor_cast<peer_watcher_actor>(sender);
   st.workers.emplace(rank, handle);
   st.ranks.emplace(caf::actor_cast<caf::actor_addr>(sender), rank);
+  if (j.getRelayed()) st.relayed.insert(rank);
   self->monitor(handle);
   st.members->add(rank, now_ns(self), j.getCompletedStep());
   st.log->info("rank {} joined (pid {} on {}, step {}), {}/{} members", rank, j.getPid(), str(j.getHost()),

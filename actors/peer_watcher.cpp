@@ -131,8 +131,29 @@ caf::result<msg<proto::Welcome>> on_join(self_ptr self, msg<proto::Join>& m) {
   return rp;
 }
 
+/// The join as sent, with whether this watcher goes through a relay.
+msg<proto::Join> with_relay_flag(const msg<proto::Join>& m, bool relayed, bool rejoin, uint64_t completed) {
+  auto old = decode(m);
+  if (!old) return m;  // the coordinator names what is wrong with it
+  auto j = old->get();
+  return make<proto::Join>([&](auto b) {
+    b.setRank(j.getRank());
+    b.setWorldSize(j.getWorldSize());
+    b.setRunId(j.getRunId());
+    b.setIncarnation(j.getIncarnation());
+    b.setToken(j.getToken());
+    b.setProtocolVersion(j.getProtocolVersion());
+    b.setHost(j.getHost());
+    b.setPid(j.getPid());
+    b.setCompletedStep(rejoin ? completed : j.getCompletedStep());
+    b.setRejoin(rejoin);
+    b.setRelayed(relayed);
+  });
+}
+
 void join_service(self_ptr self, msg<proto::Join> m, caf::typed_response_promise<msg<proto::Welcome>> rp) {
   auto& st = self->state;
+  if (st.cfg.relay) m = with_relay_flag(m, true, false, 0);
   auto sent = m;
   self->request(st.current, st.cfg.request_timeout, std::move(m))
       .then(
@@ -216,21 +237,7 @@ void start_connect(self_ptr self, const coordinator_location& loc) {
 /// the trainer completed (runtime/agreement.hpp, "Takeover").
 void rejoin(self_ptr self) {
   auto& st = self->state;
-  auto old = decode(*st.join);
-  if (!old) return give_up(self, "cannot rejoin: " + old.err().message);
-  auto j = old->get();
-  auto m = make<proto::Join>([&](auto b) {
-    b.setRank(j.getRank());
-    b.setWorldSize(j.getWorldSize());
-    b.setRunId(j.getRunId());
-    b.setIncarnation(j.getIncarnation());
-    b.setToken(j.getToken());
-    b.setProtocolVersion(j.getProtocolVersion());
-    b.setHost(j.getHost());
-    b.setPid(j.getPid());
-    b.setCompletedStep(st.ctl->completed.load());
-    b.setRejoin(true);
-  });
+  auto m = with_relay_flag(*st.join, static_cast<bool>(st.cfg.relay), true, st.ctl->completed.load());
   self->request(st.current, st.cfg.request_timeout, std::move(m))
       .then(
           [self](msg<proto::Welcome>& w) {

@@ -26,6 +26,8 @@ struct Join {
   rejoin @9 :Bool;            # the service moved (etcd failover): a survivor of
                               # this incarnation rejoins the successor, which saves
                               # the survivors just in time (runtime/agreement.hpp)
+  relayed @10 :Bool;          # registered with its node's relay: the service sends
+                              # this member's orders through the relay (actors/node_relay.hpp)
 }
 
 struct Welcome {

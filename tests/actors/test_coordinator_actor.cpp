@@ -654,12 +654,33 @@ TEST_CASE("coordinator: a node relay carries its node's orders, heartbeats and a
     f.w(r)->receive([&](bool b) { ok = b; }, caf::after(0ms) >> [] {});
     CHECK(ok);
   }
-  f.join_all(4);
+  for (uint32_t r = 0; r < 4; ++r) {
+    f.w(r)->send(f.coord, make<proto::Join>([&](auto b) {
+                   b.setRank(r);
+                   b.setWorldSize(4);
+                   b.setRunId("run");
+                   b.setToken("tok");
+                   b.setProtocolVersion(proto::PROTOCOL_VERSION);
+                   b.setRelayed(r >= 2);  // ranks 2 and 3 registered with node 1's relay
+                 }));
+  }
+  f.run();
+  for (uint32_t r = 0; r < 4; ++r) REQUIRE(f.expect<proto::Welcome>(r)->getAccepted());
   f.w(0)->send(f.coord, claim(0, 5));
   f.run();
   CHECK(f.expect<proto::ClaimReply>(0)->getWon());
   uint64_t id = 0;
-  for (size_t r = 0; r < 4; ++r) id = f.expect<proto::CheckpointAt>(r)->getAgreementId();  // 2, 3: via the relay
+  for (size_t r = 0; r < 4; ++r) {
+    caf::strong_actor_ptr from;
+    f.w(r)->receive(
+        [&](msg<proto::CheckpointAt>& m) {
+          from = f.w(r)->current_sender();
+          id = decode(m)->get().getAgreementId();
+        },
+        caf::after(0ms) >> [] {});
+    REQUIRE(from);
+    CHECK((from == caf::actor_cast<caf::strong_actor_ptr>(relay)) == (r >= 2));  // 2, 3: via the relay
+  }
   // A forged batch (not from node 1's relay) counts for nothing.
   f.w(0)->send(f.coord, make<proto::AckBatch>([&](auto b) {
                  b.setNode(1);
