@@ -381,6 +381,7 @@ private:
   std::unique_ptr<leader_elector> elector_;
   bool leading_ = false;
   bool group_running_ = false;
+  bool warned_plaintext_ = false;
   std::string coordinator_file_;  ///< the service's location for this node's workers (GRACE_COORDINATOR_FILE)
   /// The service this launcher hosts, and its port: guarded, since the
   /// elector's depose hook closes it from the elector's thread.
@@ -1038,6 +1039,10 @@ void launcher::on_elected(const coordinator_location& where) {
   if (auto st = host_service(takeover, where.epoch); !st) {
     say("cannot host the coordination service: " + st.err().message);
     return;
+  }
+  if (auto w = plaintext_warning(ep_.listen_ip, tls_.any()); w && !warned_plaintext_) {
+    warned_plaintext_ = true;
+    say(*w);
   }
   set_location(where);
   if (ckpt_server_) checkpoint_peers(rt_->sys(), coord_, o_, ckpt_server_->endpoint());

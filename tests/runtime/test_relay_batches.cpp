@@ -25,7 +25,7 @@ TEST_CASE("relay batches: the newest beat of each member, members of the incarna
   CHECK(b.members().empty());
 }
 
-TEST_CASE("relay batches: acks complete when every member acknowledged; a new id flushes the old", "[relay]") {
+TEST_CASE("relay batches: acks complete when every member acknowledged, a new id flushes the old", "[relay]") {
   relay_batches b;
   b.set_incarnation(0);
   for (uint32_t r : {4u, 5u, 6u}) b.add_member(r, 0);
