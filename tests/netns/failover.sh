@@ -13,10 +13,12 @@
 #                             finishes bit-identical, every step once
 #   failover.sh leader_cut    host 0's link down until the others committed
 #                             their save and host 0's launcher stepped down
-#                             (+3 s), then up: the isolated leader cannot
-#                             renew its lease, closes its service, and its
-#                             workers write nothing and stop; the others fail
-#                             over and save; host 0 rejoins the new leader
+#                             (+3 s), then up: the cut-off leader cannot
+#                             renew its lease and closes its service (until
+#                             then it may save its own ranks just in time:
+#                             the same state); once the others declared it
+#                             dead it writes nothing, and nothing newer than
+#                             their save; host 0 rejoins the new leader
 #                             (no split brain)
 source "$(dirname "$0")/../integration/lib.sh"
 source "$(dirname "$0")/testbed.sh"
@@ -81,7 +83,8 @@ ev = sorted((json.loads(l) for l in sys.stdin if l.startswith("{")), key=lambda 
 take = [e for e in ev if e["event"] == "takeover" and e["t_ns"] >= t0]
 if not take: sys.exit("no takeover after the fault")
 inc = take[0]["incarnation"]
-agreed = [e for e in ev if e["event"] == "agreed" and e.get("kind") == "jit" and e["t_ns"] >= t0]
+first = take[0]["first_id"]  # rounds of the successor (a cut-off leader may have had its own)
+agreed = [e for e in ev if e["event"] == "agreed" and e.get("kind") == "jit" and e["t_ns"] >= t0 and e["id"] > first]
 commit = [e for e in ev if e["event"] == "committed" and e["t_ns"] >= t0 and agreed and e["id"] == agreed[0]["id"]]
 if not agreed or not commit: sys.exit("the successor committed no just-in-time checkpoint")
 reached = max([e.get("step", 0) for e in ev if e["event"] == "exit" and e.get("incarnation") == inc] or [0])
@@ -122,12 +125,19 @@ leader_cut() {
   # The isolated side wrote nothing of the incarnation it was cut off in.
   r=$(check_jit "$t0") || fail "$r"
   read -r jit lost ms <<<"$r"
-  local inc
+  # Until its lease ran out host 0 still led: it may have declared the
+  # others dead and saved its own ranks just in time (the same state).
+  # Once the others declared host 0 dead (the takeover's end), host 0 wrote
+  # nothing, and nothing it wrote is newer than the successor's save.
+  local inc ended
   inc=$(field "e['event']=='takeover' and e['t_ns']>=$t0" incarnation)
-  [ "$(count_events "$TB/h0/events.jsonl" "e['event'] in ('committed_local','snapshot_done') and e['incarnation']==$inc")" -eq 0 ] \
-    || fail "split brain: the isolated leader's host wrote a checkpoint in incarnation $inc"
+  ended=$(field "e['event']=='takeover_end' and e['t_ns']>=$t0" t_ns)
+  [ "$(count_events "$TB/h0/events.jsonl" "e['event'] in ('committed_local','snapshot_done') and e['incarnation']==$inc and e['t_ns']>=$ended")" -eq 0 ] \
+    || fail "split brain: the cut-off host wrote a checkpoint after the others declared it dead"
+  [ "$(count_events "$TB/h0/events.jsonl" "e['event']=='committed_local' and e['incarnation']==$inc and e['step']>$jit")" -eq 0 ] \
+    || fail "the cut-off host committed a step newer than the successor's save ($jit)"
   [ "$lost" -le 1 ] || fail "the just-in-time save lost $lost steps (at most 1)"
-  pass "leader's host cut off: it closed its service (deposed) and wrote nothing, a successor saved jit step $jit ${ms} ms after the cut ($lost step(s) lost), host 0 rejoined, weights identical"
+  pass "leader's host cut off: it closed its service (deposed), wrote nothing after the others declared it dead, a successor saved jit step $jit ${ms} ms after the cut ($lost step(s) lost), host 0 rejoined, weights identical"
 }
 
 case $SCENARIO in
