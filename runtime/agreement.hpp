@@ -229,8 +229,25 @@ public:
   const std::set<uint32_t>& live() const noexcept { return live_; }
   uint32_t world_size() const noexcept { return world_size_; }
   bool all_joined() const noexcept { return joined_.size() == world_size_ && lost_.empty() && gone_.empty(); }
-  /// Every field, compactly: the protocol model's state key and a debug aid.
+  /// Every field, readable: a debug aid.
   std::string state_key() const;
+  /// Calls `put(v)` for every field (sets and the acks as their size, then
+  /// their elements): the protocol model's de-duplication key.
+  template <class Put>
+  void visit_state(Put&& put) const {
+    for (auto* s : {&joined_, &live_, &lost_, &gone_, &not_awaited_}) {
+      put(s->size());
+      for (auto r : *s) put(r);
+    }
+    put(acks_.size());
+    for (auto& [r, step] : acks_) {
+      put(r);
+      put(step);
+    }
+    put(phase_), put(holder_.value_or(UINT32_MAX)), put(id_), put(kind_), put(lower_bound_), put(deadline_ns_);
+    put(claim_started_), put(agreed_step_), put(saver_), put(exit_after_), put(restored_min_.value_or(UINT64_MAX));
+    put(committed_step_);
+  }
 
 private:
   actions propose(checkpoint_kind kind, uint64_t lower_bound);

@@ -137,9 +137,14 @@ public:
   int64_t margin_ns() const;
   uint64_t last_saved() const noexcept { return last_saved_; }
   const worker_policy_config& config() const noexcept { return cfg_; }
-  /// The policy's memory, compactly (without timings): the protocol
-  /// model's state key and a debug aid.
+  /// The policy's memory (without timings), readable: a debug aid.
   std::string state_key() const;
+  /// Calls `put(v)` for every field of that memory: the protocol model's
+  /// de-duplication key.
+  template <class Put>
+  void visit_state(Put&& put) const {
+    put(last_saved_), put(acked_), put(reached_), put(final_proposed_), put(waiting_), put(wait_reason_);
+  }
 
 private:
   worker_decision after_own_error(const control_state& s, const boundary_input& in);
