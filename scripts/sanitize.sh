@@ -18,13 +18,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-}
 case "$kind" in
-  thread) dir=build-tsan; flags="-fsanitize=thread" ;;
-  address) dir=build-asan; flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined" ;;
+  thread) dir=build-tsan; flags="-fsanitize=thread"; opt=-O2 ;;
+  # -O1 (as ASan's documentation advises): with UBSan's checks, -O2 makes a
+  # CAF translation unit compile 1.5x longer (113 s vs 73 s for
+  # actors/coordinator.cpp), and this build is the longest stage of CI.
+  address) dir=build-asan; flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined"; opt=-O1 ;;
   *) echo "usage: $0 thread|address" >&2; exit 2 ;;
 esac
 supp=$PWD/scripts/sanitizers
-echo "==> configuring $dir ($flags)"
+echo "==> configuring $dir ($flags $opt)"
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRACE_CUDA=OFF -DGRACE_PYTHON=OFF \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt -g -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$opt -g -DNDEBUG" \
   -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" -DCMAKE_C_FLAGS="$flags -fno-omit-frame-pointer" \
   -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" > "$dir.configure.log" \
   || { cat "$dir.configure.log"; exit 1; }
