@@ -218,10 +218,4 @@ worker_decision worker_policy::countdown(const control_state& s, const boundary_
   return make(ty::run_clear);
 }
 
-std::string worker_policy::state_key() const {
-  return std::to_string(last_saved_) + "," + std::to_string(acked_) + "," + std::to_string(reached_) + "," +
-         std::to_string(final_proposed_) + "," + std::to_string(waiting_) + "," +
-         std::to_string(static_cast<int>(wait_reason_));
-}
-
 }  // namespace grace

@@ -137,10 +137,8 @@ public:
   int64_t margin_ns() const;
   uint64_t last_saved() const noexcept { return last_saved_; }
   const worker_policy_config& config() const noexcept { return cfg_; }
-  /// The policy's memory (without timings), readable: a debug aid.
-  std::string state_key() const;
-  /// Calls `put(v)` for every field of that memory: the protocol model's
-  /// de-duplication key.
+  /// Calls `put(v)` for every field of the policy's memory (without
+  /// timings): the protocol model's de-duplication key.
   template <class Put>
   void visit_state(Put&& put) const {
     put(last_saved_), put(acked_), put(reached_), put(final_proposed_), put(waiting_), put(wait_reason_);

@@ -26,7 +26,6 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
-#include <functional>
 #include <set>
 #include <stdexcept>
 #include <string>
