@@ -1,4 +1,5 @@
 #include "runtime/checkpoint.hpp"
+#include "runtime/checkpoint_io.hpp"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -33,18 +34,9 @@ namespace grace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace {
+namespace ckpt_io {
 
 double now_unix() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
-
-/// Runs `step`, adding the seconds it took to `seconds`.
-template <class F>
-status timed(double& seconds, F&& step) {
-  const auto t0 = std::chrono::steady_clock::now();
-  status st = step();
-  seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return st;
-}
 
 /// A checksum as the manifest records it: 16 lowercase hex digits.
 std::string hex64(uint64_t v) {
@@ -58,8 +50,8 @@ checkpoint_file file_entry(const hashed_file& f) { return {f.path().filename().s
 
 /// Checks one listed file's size and checksum, handing its bytes to `sink`.
 /// `compare`: false only for the broken-on-purpose restore mutant.
-status check_file(const fs::path& step_dir, const checkpoint_file& f, io_staging& io, const chunk_sink& sink = {},
-                  bool compare = true) {
+status check_file(const fs::path& step_dir, const checkpoint_file& f, io_staging& io, const chunk_sink& sink,
+                  bool compare) {
   const auto p = step_dir / f.name;
   auto h = stream_file(p, f.size, sink, io);
   if (!h) return h.err();
@@ -92,7 +84,8 @@ result<checkpoint_manifest> quick_check(const checkpoint_store& store, const fs:
   return m;
 }
 
-}  // namespace
+}  // namespace ckpt_io
+using namespace ckpt_io;
 
 checkpoint_store::checkpoint_store(fs::path dir, int keep_last)
     : dir_(std::move(dir)), keep_last_(keep_last), staging_(std::make_shared<io_staging>()) {}
@@ -182,6 +175,8 @@ private:
   bool keep_ = false;
 };
 
+}  // namespace
+namespace ckpt_io {
 /// Writes a small in-memory file into the temp dir with checksum and fsync.
 result<checkpoint_file> write_small(const fs::path& p, const std::string& text, save_stats& stats) {
   hashed_file f;
@@ -193,6 +188,8 @@ result<checkpoint_file> write_small(const fs::path& p, const std::string& text, 
   if (auto s = timed(stats.fsync_seconds, [&] { return f.finish(); }); !s) return s.err();
   return file_entry(f);
 }
+}  // namespace ckpt_io
+namespace {
 
 /// The Hugging Face index of a save: which shard holds each tensor.
 json index_for(const shard_plan& plan, const std::vector<snapshot_tensor>& tensors) {
@@ -262,6 +259,8 @@ status write_shards(const shard_plan& plan, const std::vector<snapshot_tensor>& 
   return {};
 }
 
+}  // namespace
+namespace ckpt_io {
 /// Writes the index, then the manifest (last: its presence means every
 /// file before it is complete), and fsyncs the directory.
 status write_index_and_manifest(const fs::path& tmp, const json& index, const checkpoint_meta& meta,
@@ -316,6 +315,8 @@ result<bool> settle_existing(const checkpoint_store& store, const fs::path& fina
     return error{errc::failed, final_path.string() + ": cannot move invalid checkpoint aside: " + errno_str(errno)};
   return false;
 }
+}  // namespace ckpt_io
+namespace {
 
 /// Renames the temp dir to `step-N` and fsyncs the parent, unless a valid
 /// `step-N` is there already.
@@ -552,17 +553,6 @@ result<std::vector<stored_tensor>> checkpoint_store::read_tensors(const fs::path
 
 namespace {
 
-struct shard_layout {
-  const checkpoint_file* file;  ///< its manifest entry
-  safetensors::header h;
-};
-
-/// A step directory checked down to, but not including, the file checksums.
-struct step_contents {
-  checkpoint_manifest manifest;
-  std::vector<shard_layout> shards;
-};
-
 /// Every `weight_map` entry of the index at `ip` names the shard that holds
 /// the tensor.
 status check_index(const fs::path& ip, const std::vector<shard_layout>& shards) {
@@ -582,6 +572,9 @@ status check_index(const fs::path& ip, const std::vector<shard_layout>& shards) 
   }
   return {};
 }
+
+}  // namespace
+namespace ckpt_io {
 
 /// Manifest, directory name, every listed file present, every shard header
 /// valid, the index agreeing with the shards. A header or index that does
@@ -616,7 +609,13 @@ result<step_contents> check_structure(const checkpoint_store& store, const fs::p
     out.shards.push_back({&f, std::move(*h)});
   }
   if (index) {
-    if (auto st = check_index(step_dir / index_file_name, out.shards); !st) {
+    const auto ip = step_dir / index_file_name;
+    auto st = check_index(ip, out.shards);
+    if (st) {
+      auto j = read_json(ip);
+      st = j ? check_sharded_index(ip, *j, out.shards) : status(j.err());
+    }
+    if (!st) {
       if (auto c = check_file(step_dir, *index, io); !c) return c.err();
       return st.err();
     }
@@ -624,7 +623,7 @@ result<step_contents> check_structure(const checkpoint_store& store, const fs::p
   return out;
 }
 
-}  // namespace
+}  // namespace ckpt_io
 
 status checkpoint_store::verify(uint64_t step) const { return verify(step_path(step)); }
 
@@ -810,6 +809,7 @@ result<restored_checkpoint> checkpoint_store::load(const fs::path& step_dir, con
   corrupt = true;
   auto c = check_structure(*this, step_dir, *staging_);
   if (!c) return c.err();
+  if (needs_reslice(step_dir, into)) return load_resliced(step_dir, *c, into, restore_checksums_, *staging_, corrupt);
   const tensor_index by_name = index_tensors(*c);
   if (auto st = check_request(step_dir, *c, by_name, into, staging, *staging_, corrupt); !st) return st.err();
   // Only when every checksum matched do the bytes move on to the caller's tensors.

@@ -215,6 +215,32 @@ public:
   /// `<dir>/step-<10-digit N>`.
   std::filesystem::path step_path(uint64_t step) const;
 
+  // ------------------------------------------- sharded state: two phases
+  // Every rank writes its own part of one logical checkpoint into a parts
+  // directory shared by the ranks, `.parts-step-<N>-<tag>` (the tag names
+  // the round, so a retried round never mixes with an abandoned one); one
+  // rank commits once the coordination service knows every part is
+  // durable. Layout and index: docs/CHECKPOINT-FORMAT.md.
+
+  /// Phase 1, on every rank: writes this rank's slices (and, when
+  /// `with_replicated`, the replicated tensors) as
+  /// `rank-<R+1>-of-<W>.safetensors`, fsyncs it, then `part-<R>.json`
+  /// (the file's checksum and where each slice sits), fsynced last: its
+  /// presence means the part is durable. Commits nothing.
+  result<save_stats> save_part(const std::vector<snapshot_tensor>& tensors, const checkpoint_meta& meta,
+                               const std::string& tag, uint32_t rank, bool with_replicated,
+                               const capture_wait& wait = {});
+  /// Phase 2, on one rank: checks that the parts of all `meta.world_size`
+  /// ranks are there and tile every sharded tensor exactly, writes the
+  /// global index and manifest (every part's file and checksum), renames
+  /// the directory to `step-N` and fsyncs the parent. Then prunes.
+  result<save_stats> commit_parts(const checkpoint_meta& meta, const std::string& tag);
+  /// `<dir>/.parts-step-<N>-<tag>`.
+  std::filesystem::path parts_path(uint64_t step, const std::string& tag) const;
+  /// Removes every parts directory of a step at or below `step` (rounds
+  /// that were abandoned or are superseded by a commit).
+  void remove_parts_up_to(uint64_t step);
+
   /// Removes every valid committed checkpoint but the newest (never an
   /// invalid one: it is left for inspection). Returns how many went.
   int keep_only_newest();

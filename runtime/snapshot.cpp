@@ -28,7 +28,7 @@ snapshot_buffers::snapshot_buffers(const std::vector<tensor_ref>& layout) {
   size_t off = 0;
   for (auto& t : layout) {
     size_t b = t.bytes();
-    slots_.push_back({t.name, t.type, t.shape, b, off});
+    slots_.push_back({t.name, t.type, t.shape, b, off, t.global_shape, t.offsets});
     off += round_up(b ? b : 1, alignment);
     total_bytes_ += b;
   }
@@ -173,7 +173,7 @@ std::vector<void*> snapshot_buffers::regions() noexcept {
 std::vector<snapshot_tensor> snapshot_buffers::view() const {
   std::vector<snapshot_tensor> out;
   out.reserve(slots_.size());
-  for (auto& s : slots_) out.push_back({s.name, s.type, s.shape, base_ + s.offset, s.bytes});
+  for (auto& s : slots_) out.push_back({s.name, s.type, s.shape, base_ + s.offset, s.bytes, s.global_shape, s.offsets});
   return out;
 }
 

@@ -31,6 +31,8 @@ struct snapshot_tensor {
   std::vector<int64_t> shape;
   const void* data = nullptr;
   size_t bytes = 0;
+  std::vector<int64_t> global_shape{};  ///< sharded: the global tensor's shape (empty: replicated)
+  std::vector<int64_t> offsets{};       ///< sharded: this slice's place in it
 };
 
 /// Lets a writer start on a snapshot while it is still being captured.
@@ -116,6 +118,7 @@ private:
     std::vector<int64_t> shape;
     size_t bytes;
     size_t offset;  ///< into base_, multiple of `alignment`
+    std::vector<int64_t> global_shape, offsets;  ///< a sharded tensor's slice
   };
   void publish(uint64_t captured, bool failed);
   /// copy_in's copy; `done`: the stream bytes copied so far.

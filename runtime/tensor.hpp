@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace grace {
@@ -32,6 +33,12 @@ struct tensor_ref {
   void* data = nullptr;
   memory_kind memory = memory_kind::host;
   int device = -1;  ///< CUDA device ordinal for device tensors
+  /// Sharded state: this rank's bytes are the slice [offsets, offsets +
+  /// shape) of a global tensor of `global_shape` (same number of
+  /// dimensions). Empty: a whole tensor every rank holds alike (replicated).
+  std::vector<int64_t> global_shape{};
+  std::vector<int64_t> offsets{};
+  bool sharded() const noexcept { return !global_shape.empty(); }
   size_t numel() const noexcept {
     size_t n = 1;
     for (auto d : shape) n *= static_cast<size_t>(d);
@@ -39,5 +46,23 @@ struct tensor_ref {
   }
   size_t bytes() const noexcept { return numel() * dtype_size(type); }
 };
+
+/// Checks a sharded tensor's slice: as many offsets as dimensions, the
+/// slice inside the global shape, at least one dimension. A replicated
+/// tensor passes (with no offsets).
+std::string slice_problem(const tensor_ref& t);
+
+/// The rows of `rows` that rank `rank` of `world` holds when a first
+/// dimension is split as evenly as possible (the first `rows % world`
+/// ranks get one more): {begin, count}.
+std::pair<int64_t, int64_t> even_split(int64_t rows, uint32_t rank, uint32_t world) noexcept;
+
+/// Copies the overlap of two slices of one global tensor (row-major, all
+/// dimensions the same count): `src` holds the box [src_off, src_off +
+/// src_shape), `dst` the box [dst_off, dst_off + dst_shape). Returns the
+/// elements copied (0 when the boxes do not meet).
+uint64_t copy_overlap(const void* src, const std::vector<int64_t>& src_off, const std::vector<int64_t>& src_shape,
+                      void* dst, const std::vector<int64_t>& dst_off, const std::vector<int64_t>& dst_shape,
+                      size_t elem_size);
 
 }  // namespace grace

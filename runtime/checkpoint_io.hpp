@@ -1,0 +1,85 @@
+#pragma once
+/// Internal to the checkpoint store (runtime/checkpoint.cpp and
+/// runtime/checkpoint_parts.cpp): the file-level steps a save, a sharded
+/// save's two phases and a restore share. Not part of the embedding API.
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "runtime/checkpoint.hpp"
+#include "runtime/direct_io.hpp"
+#include "runtime/safetensors.hpp"
+
+namespace grace::ckpt_io {
+
+double now_unix();
+
+/// Runs `step`, adding the seconds it took to `seconds`.
+template <class F>
+status timed(double& seconds, F&& step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  status st = step();
+  seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+/// A checksum as the manifest records it: 16 lowercase hex digits.
+std::string hex64(uint64_t v);
+/// The manifest entry of a written file.
+checkpoint_file file_entry(const hashed_file& f);
+
+/// Checks one listed file's size and checksum, handing its bytes to `sink`.
+/// `compare`: false only for the broken-on-purpose restore mutant.
+status check_file(const std::filesystem::path& step_dir, const checkpoint_file& f, io_staging& io,
+                  const chunk_sink& sink = {}, bool compare = true);
+/// Every file of the manifest.
+status check_files(const std::filesystem::path& step_dir, const checkpoint_manifest& m, io_staging& io);
+
+/// Writes a small in-memory file with checksum and fsync.
+result<checkpoint_file> write_small(const std::filesystem::path& p, const std::string& text, save_stats& stats);
+/// Writes the index, then the manifest (listing stats.files and both), and
+/// fsyncs the directory.
+status write_index_and_manifest(const std::filesystem::path& tmp, const nlohmann::json& index,
+                                const checkpoint_meta& meta, save_stats& stats);
+/// Makes way for `final_path`: a valid checkpoint already there wins (true:
+/// `stats` now describe it), an invalid one is renamed aside.
+result<bool> settle_existing(const checkpoint_store& store, const std::filesystem::path& final_path, uint64_t step,
+                             save_stats& stats);
+
+struct shard_layout {
+  const checkpoint_file* file;  ///< its manifest entry
+  safetensors::header h;
+};
+
+/// A step directory checked down to, but not including, the file checksums.
+struct step_contents {
+  checkpoint_manifest manifest;
+  std::vector<shard_layout> shards;
+};
+
+/// Manifest, directory name, files present, shard headers and the index
+/// (sharded tensors' parts included) consistent.
+result<step_contents> check_structure(const checkpoint_store& store, const std::filesystem::path& step_dir,
+                                      io_staging& io);
+
+/// The index's `grace_sharded` section agrees with the shard headers and
+/// every sharded tensor's parts tile its global shape exactly.
+status check_sharded_index(const std::filesystem::path& ip, const nlohmann::json& index,
+                           const std::vector<shard_layout>& shards);
+
+/// Whether a restore of `c` into `into` must reslice: the checkpoint holds
+/// sharded tensors or a registered tensor is a slice.
+bool needs_reslice(const std::filesystem::path& step_dir, const std::vector<tensor_ref>& into);
+
+/// Restores a verified step directory into `into`, each registered tensor
+/// (whole or a slice of its global tensor) assembled from the stored parts
+/// that overlap it. `corrupt` as for checkpoint_store::load.
+result<restored_checkpoint> load_resliced(const std::filesystem::path& step_dir, step_contents& c,
+                                          const std::vector<tensor_ref>& into, bool compare_checksums,
+                                          io_staging& io, bool& corrupt);
+
+}  // namespace grace::ckpt_io

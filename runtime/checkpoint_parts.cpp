@@ -1,0 +1,482 @@
+// Sharded state in the checkpoint store: every rank's part (phase 1), the
+// commit of all parts as one step (phase 2), and the restore that reslices
+// stored parts into whatever slices the restoring ranks hold.
+// Format: docs/CHECKPOINT-FORMAT.md.
+#include "runtime/checkpoint.hpp"
+#include "runtime/checkpoint_io.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "runtime/device_copy.hpp"
+#include "runtime/manifest.hpp"
+#include "runtime/posix_file.hpp"
+
+namespace grace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace ckpt_io;
+
+namespace {
+
+constexpr const char* parts_prefix = ".parts-step-";
+
+std::string part_file_name(uint32_t rank, uint32_t world) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "rank-%05u-of-%05u.safetensors", rank + 1, world);
+  return buf;
+}
+
+std::string part_manifest_name(uint32_t rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "part-%05u.json", rank);
+  return buf;
+}
+
+/// Tags are file-name material: letters, digits, '-', '_' only.
+bool safe_tag(const std::string& t) {
+  if (t.empty() || t.size() > 64) return false;
+  for (char c : t)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') return false;
+  return true;
+}
+
+/// The tensors of `tensors` this rank writes: its slices, and the
+/// replicated ones when it writes those.
+std::vector<snapshot_tensor> part_tensors(const std::vector<snapshot_tensor>& tensors, bool with_replicated) {
+  std::vector<snapshot_tensor> out;
+  for (auto& t : tensors)
+    if (!t.global_shape.empty() || with_replicated) out.push_back(t);
+  return out;
+}
+
+/// One part's description, as `part-<R>.json` records it.
+json part_json(const checkpoint_meta& meta, uint32_t rank, const checkpoint_file& file,
+               const std::vector<snapshot_tensor>& written) {
+  json ts = json::array();
+  for (auto& t : written) {
+    json e{{"name", t.name}, {"dtype", dtype_name(t.type)}, {"shape", t.shape}};
+    if (!t.global_shape.empty()) e["global_shape"] = t.global_shape, e["offsets"] = t.offsets;
+    ts.push_back(std::move(e));
+  }
+  return json{{"format", "grace-part"},
+              {"rank", rank},
+              {"world_size", meta.world_size},
+              {"step", meta.step},
+              {"file", {{"name", file.name}, {"size", file.size}, {"xxh3", file.xxh3}}},
+              {"tensors", std::move(ts)}};
+}
+
+/// Writes the part's tensors as one safetensors file, streamed from the
+/// snapshot, and fsyncs it.
+result<checkpoint_file> write_part_file(const fs::path& p, const std::vector<snapshot_tensor>& ts, io_staging* io,
+                                        const capture_wait& wait, const std::vector<uint64_t>& stream_at,
+                                        save_stats& stats) {
+  std::vector<safetensors::tensor_desc> descs;
+  for (auto& t : ts) descs.push_back({t.name, t.type, t.shape, t.bytes});
+  auto h = safetensors::encode_header(descs, {{"format", "pt"}});
+  if (!h) return h.err();
+  hashed_file f;
+  auto written = timed(stats.write_seconds, [&]() -> status {
+    if (auto st = f.open(p, h->file_size, io); !st) return st;
+    if (auto st = f.write(h->bytes.data(), h->bytes.size()); !st) return st;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      if (wait && !wait(stream_at[i] + ts[i].bytes))
+        return error{errc::failed, "the snapshot of tensor '" + ts[i].name + "' failed while it was being written"};
+      if (auto st = f.write(ts[i].data, ts[i].bytes); !st) return st;
+    }
+    return f.flush();
+  });
+  if (!written) return written.err();
+  if (auto st = timed(stats.fsync_seconds, [&] { return f.finish(); }); !st) return st.err();
+  return file_entry(f);
+}
+
+/// Where each tensor's bytes end in the snapshot's stream (for `wait`).
+std::vector<uint64_t> stream_offsets(const std::vector<snapshot_tensor>& all, const std::vector<snapshot_tensor>& ts) {
+  std::map<std::string, uint64_t> at;
+  uint64_t off = 0;
+  for (auto& t : all) at[t.name] = off, off += t.bytes;
+  std::vector<uint64_t> out;
+  for (auto& t : ts) out.push_back(at[t.name]);
+  return out;
+}
+
+}  // namespace
+
+fs::path checkpoint_store::parts_path(uint64_t step, const std::string& tag) const {
+  return dir_ / (parts_prefix + std::to_string(step) + "-" + tag);
+}
+
+result<save_stats> checkpoint_store::save_part(const std::vector<snapshot_tensor>& tensors,
+                                               const checkpoint_meta& meta, const std::string& tag, uint32_t rank,
+                                               bool with_replicated, const capture_wait& wait) {
+  if (!safe_tag(tag)) return error{errc::invalid_input, "parts tag '" + tag + "' is not a safe file-name part"};
+  if (meta.world_size < 1 || rank >= static_cast<uint32_t>(meta.world_size))
+    return error{errc::invalid_input, "rank " + std::to_string(rank) + " is outside a world of " +
+                                          std::to_string(meta.world_size)};
+  const auto dir = parts_path(meta.step, tag);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return error{errc::failed, dir.string() + ": cannot create the parts directory: " + ec.message()};
+  save_stats stats;
+  stats.step = meta.step;
+  stats.path = dir;
+  const auto ts = part_tensors(tensors, with_replicated);
+  const auto name = part_file_name(rank, static_cast<uint32_t>(meta.world_size));
+  std::remove((dir / name).c_str());  // a retry of this rank's part in the same round
+  std::remove((dir / part_manifest_name(rank)).c_str());
+  auto file = write_part_file(dir / name, ts, direct_io_ ? staging_.get() : nullptr, wait, stream_offsets(tensors, ts),
+                              stats);
+  if (!file) return error{errc::failed, "part of rank " + std::to_string(rank) + ": " + file.err().message};
+  stats.files.push_back(*file);
+  stats.total_bytes = file->size;
+  auto desc = write_small(dir / part_manifest_name(rank), part_json(meta, rank, *file, ts).dump(1) + "\n", stats);
+  if (!desc) return desc.err();
+  if (auto st = timed(stats.fsync_seconds, [&] { return fsync_dir(dir); }); !st) return st.err();
+  return stats;
+}
+
+namespace {
+
+/// One rank's part as read back from its `part-<R>.json`.
+struct part_desc {
+  checkpoint_file file;
+  json tensors;
+};
+
+result<part_desc> read_part(const fs::path& dir, uint32_t rank, const checkpoint_meta& meta) {
+  const auto p = dir / part_manifest_name(rank);
+  auto j = read_json(p);
+  if (!j) return error{errc::failed, "the part of rank " + std::to_string(rank) + " is not durable: " + j.err().message};
+  try {
+    if (j->at("step").get<uint64_t>() != meta.step || j->at("rank").get<uint32_t>() != rank ||
+        j->at("world_size").get<int>() != meta.world_size)
+      return invalid_file(p, "describes another step, rank or world size");
+    part_desc d;
+    auto& f = j->at("file");
+    d.file = {f.at("name").get<std::string>(), f.at("size").get<uint64_t>(), f.at("xxh3").get<std::string>()};
+    if (!safe_file_name(d.file.name) || !is_shard(d.file.name)) return invalid_file(p, "names an unsafe file");
+    d.tensors = j->at("tensors");
+    return d;
+  } catch (const json::exception& e) {
+    return invalid_file(p, std::string("malformed part description: ") + e.what());
+  }
+}
+
+/// The global index from every rank's part: replicated tensors in
+/// `weight_map` (exactly one writer each), sharded ones in `grace_sharded`.
+result<json> index_from_parts(const std::vector<part_desc>& parts, int world) {
+  json wm = json::object(), sharded = json::object();
+  uint64_t total = 0;
+  for (auto& p : parts)
+    for (auto& t : p.tensors) {
+      auto name = t.at("name").get<std::string>();
+      dtype ty;
+      if (!parse_dtype(t.at("dtype").get<std::string>(), ty))
+        return error{errc::invalid_input, "tensor '" + name + "': unknown dtype"};
+      uint64_t n = dtype_size(ty);
+      for (auto d : t.at("shape")) n *= d.get<uint64_t>();
+      total += n;
+      if (!t.contains("global_shape")) {
+        if (wm.contains(name) || sharded.contains(name))
+          return error{errc::invalid_input, "replicated tensor '" + name + "' was written by two ranks"};
+        wm[name] = p.file.name;
+        continue;
+      }
+      if (wm.contains(name)) return error{errc::invalid_input, "tensor '" + name + "' is both replicated and sharded"};
+      auto& s = sharded[name];
+      if (s.is_null()) s = json{{"dtype", t.at("dtype")}, {"shape", t.at("global_shape")}, {"parts", json::array()}};
+      if (s["dtype"] != t.at("dtype") || s["shape"] != t.at("global_shape"))
+        return error{errc::invalid_input, "sharded tensor '" + name + "': ranks disagree on its dtype or global shape"};
+      s["parts"].push_back({{"file", p.file.name}, {"offsets", t.at("offsets")}, {"shape", t.at("shape")}});
+    }
+  return json{{"metadata", {{"total_size", total}, {"format", "grace-sharded"}, {"world_size", world}}},
+              {"weight_map", wm},
+              {"grace_sharded", sharded}};
+}
+
+/// Renames the parts directory to `step-N` (unless a valid one is there).
+status commit_dir(const checkpoint_store& store, const fs::path& dir, uint64_t step, save_stats& stats) {
+  const auto final_path = store.step_path(step);
+  auto existed = settle_existing(store, final_path, step, stats);
+  if (!existed) return existed.err();
+  if (*existed) return {};
+  if (::rename(dir.c_str(), final_path.c_str()) != 0)
+    return error{errc::failed, dir.string() + ": cannot rename to " + final_path.string() + ": " + errno_str(errno)};
+  stats.path = final_path;
+  return timed(stats.fsync_seconds, [&] { return fsync_dir(store.dir()); });
+}
+
+}  // namespace
+
+result<save_stats> checkpoint_store::commit_parts(const checkpoint_meta& meta, const std::string& tag) {
+  if (!safe_tag(tag)) return error{errc::invalid_input, "parts tag '" + tag + "' is not a safe file-name part"};
+  const auto dir = parts_path(meta.step, tag);
+  std::vector<part_desc> parts;
+  save_stats stats;
+  stats.step = meta.step;
+  for (int r = 0; r < meta.world_size; ++r) {
+    auto p = read_part(dir, static_cast<uint32_t>(r), meta);
+    if (!p) return p.err();
+    std::error_code ec;
+    if (fs::file_size(dir / p->file.name, ec) != p->file.size || ec)
+      return invalid_file(dir / p->file.name, "missing or not the size its part description says");
+    stats.files.push_back(p->file);
+    parts.push_back(std::move(*p));
+  }
+  auto index = index_from_parts(parts, meta.world_size);
+  if (!index) return index.err();
+  auto m = meta;
+  m.metadata["grace.format"] = "sharded";
+  if (auto st = write_index_and_manifest(dir, *index, m, stats); !st) return st.err();
+  // Checked as a reader will (every part's header, the parts tiling every
+  // tensor) before it becomes a step.
+  if (auto c = check_structure(*this, dir, *staging_); !c)
+    return error{errc::invalid_input, "the parts of step " + std::to_string(meta.step) +
+                                          " do not form a checkpoint: " + c.err().message};
+  for (int r = 0; r < meta.world_size; ++r) std::remove((dir / part_manifest_name(r)).c_str());
+  if (auto st = commit_dir(*this, dir, meta.step, stats); !st) return st.err();
+  spdlog::info("checkpoint step {} committed from {} parts: {} ({} bytes)", meta.step, meta.world_size,
+               stats.path.string(), stats.total_bytes);
+  if (!stats.already_existed) prune(meta.step);
+  remove_parts_up_to(meta.step);
+  return stats;
+}
+
+void checkpoint_store::remove_parts_up_to(uint64_t step) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    auto name = it->path().filename().string();
+    if (name.rfind(parts_prefix, 0) != 0) continue;
+    unsigned long long s = 0;
+    if (std::sscanf(name.c_str() + std::strlen(parts_prefix), "%llu-", &s) != 1 || s > step) continue;
+    std::error_code e2;
+    fs::remove_all(it->path(), e2);
+    if (!e2) spdlog::info("checkpoint: removed the parts of an abandoned or superseded round: {}", it->path().string());
+  }
+}
+
+// ------------------------------------------------------------ verify
+
+namespace ckpt_io {
+
+namespace {
+
+std::vector<int64_t> dims_of(const json& j) {
+  std::vector<int64_t> v;
+  for (auto& d : j) v.push_back(d.get<int64_t>());
+  return v;
+}
+
+/// Parts that tile `shape` exactly: each inside it, no two overlapping, and
+/// together as many elements as the whole.
+std::string tiling_problem(const std::vector<int64_t>& shape,
+                           const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>& boxes) {
+  uint64_t whole = 1, sum = 0;
+  for (auto d : shape) whole *= static_cast<uint64_t>(d);
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    auto& [off, ext] = boxes[i];
+    if (off.size() != shape.size() || ext.size() != shape.size()) return "a part has the wrong number of dimensions";
+    uint64_t n = 1;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (off[d] < 0 || ext[d] < 0 || off[d] + ext[d] > shape[d]) return "a part lies outside the global shape";
+      n *= static_cast<uint64_t>(ext[d]);
+    }
+    sum += n;
+    for (size_t k = 0; k < i; ++k) {
+      bool meet = n > 0;
+      for (size_t d = 0; d < shape.size() && meet; ++d)
+        meet = std::max(off[d], boxes[k].first[d]) < std::min(off[d] + ext[d], boxes[k].first[d] + boxes[k].second[d]);
+      if (meet) return "two parts overlap";
+    }
+  }
+  if (sum != whole) return "the parts cover " + std::to_string(sum) + " of " + std::to_string(whole) + " elements";
+  return "";
+}
+
+}  // namespace
+
+status check_sharded_index(const fs::path& ip, const json& index, const std::vector<shard_layout>& shards) {
+  auto it = index.find("grace_sharded");
+  if (it == index.end()) return {};
+  if (!it->is_object()) return invalid_file(ip, "grace_sharded is not an object");
+  std::map<std::string, const safetensors::header*> by_file;
+  for (auto& s : shards) by_file[s.file->name] = &s.h;
+  try {
+    for (auto& [name, t] : it->items()) {
+      dtype ty;
+      if (!parse_dtype(t.at("dtype").get<std::string>(), ty)) return invalid_file(ip, "'" + name + "': unknown dtype");
+      const auto shape = dims_of(t.at("shape"));
+      std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> boxes;
+      for (auto& p : t.at("parts")) {
+        auto file = p.at("file").get<std::string>();
+        auto h = by_file.find(file);
+        if (h == by_file.end()) return invalid_file(ip, "'" + name + "': part in " + file + ", not a listed shard");
+        auto e = std::find_if(h->second->tensors.begin(), h->second->tensors.end(),
+                              [&](const safetensors::tensor_entry& x) { return x.name == name; });
+        auto ext = dims_of(p.at("shape"));
+        if (e == h->second->tensors.end() || e->type != ty || e->shape != ext)
+          return invalid_file(ip, "'" + name + "': " + file + " does not hold the part the index describes");
+        boxes.emplace_back(dims_of(p.at("offsets")), std::move(ext));
+      }
+      if (auto why = tiling_problem(shape, boxes); !why.empty()) return invalid_file(ip, "'" + name + "': " + why);
+    }
+  } catch (const json::exception& e) {
+    return invalid_file(ip, std::string("malformed grace_sharded entry: ") + e.what());
+  }
+  return {};
+}
+
+// ----------------------------------------------------------- restore
+
+bool needs_reslice(const fs::path& step_dir, const std::vector<tensor_ref>& into) {
+  for (auto& t : into)
+    if (t.sharded()) return true;
+  auto j = read_json(step_dir / index_file_name);
+  return j && j->contains("grace_sharded");
+}
+
+namespace {
+
+/// One stored piece of a tensor: the file, its header entry and its box.
+struct stored_part {
+  const shard_layout* shard;
+  const safetensors::tensor_entry* entry;
+  std::vector<int64_t> offsets;
+};
+struct stored_global {
+  dtype type = dtype::f32;
+  std::vector<int64_t> shape;
+  std::vector<stored_part> parts;
+};
+
+const safetensors::tensor_entry* entry_in(const shard_layout& s, const std::string& name) {
+  for (auto& e : s.h.tensors)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+/// Every tensor of the checkpoint as a global tensor made of parts (a
+/// whole tensor is one part at the origin).
+result<std::map<std::string, stored_global>> stored_globals(const fs::path& step_dir, const step_contents& c) {
+  std::map<std::string, stored_global> out;
+  auto ip = step_dir / index_file_name;
+  auto j = read_json(ip);
+  if (!j) return j.err();
+  std::map<std::string, const shard_layout*> by_file;
+  for (auto& s : c.shards) by_file[s.file->name] = &s;
+  static const json none = json::object();
+  auto section = [&](const char* key) -> const json& {
+    auto it = j->find(key);
+    return it != j->end() && it->is_object() ? *it : none;
+  };
+  try {
+    for (auto& [name, file] : section("weight_map").items()) {
+      auto s = by_file.at(file.get<std::string>());
+      auto e = entry_in(*s, name);
+      if (!e) return invalid_file(ip, "'" + name + "' is not in " + file.get<std::string>());
+      out[name] = {e->type, e->shape, {{s, e, std::vector<int64_t>(e->shape.size(), 0)}}};
+    }
+    for (auto& [name, t] : section("grace_sharded").items()) {
+      auto& g = out[name];
+      parse_dtype(t.at("dtype").get<std::string>(), g.type);
+      g.shape = dims_of(t.at("shape"));
+      for (auto& p : t.at("parts")) {
+        auto s = by_file.at(p.at("file").get<std::string>());
+        g.parts.push_back({s, entry_in(*s, name), dims_of(p.at("offsets"))});
+      }
+    }
+  } catch (const std::exception& e) {
+    return invalid_file(ip, std::string("index does not match the shards: ") + e.what());
+  }
+  return out;
+}
+
+/// Assembles the registered tensor `t` (its slice, or all of it) from the
+/// stored parts that overlap it, into `dst` (t.bytes()).
+status assemble(const fs::path& step_dir, const stored_global& g, const tensor_ref& t, unsigned char* dst) {
+  const auto my_off = t.sharded() ? t.offsets : std::vector<int64_t>(t.shape.size(), 0);
+  uint64_t got = 0;
+  std::vector<unsigned char> buf;
+  for (auto& p : g.parts) {
+    bool meet = true;
+    for (size_t d = 0; d < my_off.size() && meet; ++d)
+      meet = std::max(p.offsets[d], my_off[d]) < std::min(p.offsets[d] + p.entry->shape[d], my_off[d] + t.shape[d]);
+    if (!meet) continue;
+    buf.resize(static_cast<size_t>(p.entry->bytes()));
+    auto file = step_dir / p.shard->file->name;
+    if (auto st = safetensors::read_tensor(file, p.shard->h, *p.entry, buf.data()); !st) return st;
+    got += copy_overlap(buf.data(), p.offsets, p.entry->shape, dst, my_off, t.shape, dtype_size(t.type));
+  }
+  if (got != t.numel())
+    return invalid_file(step_dir, "tensor '" + t.name + "': the stored parts cover " + std::to_string(got) + " of " +
+                                      std::to_string(t.numel()) + " elements of this slice");
+  return {};
+}
+
+/// The caller's tensor against the stored global tensor (caller's error).
+std::string mismatch(const tensor_ref& t, const stored_global& g) {
+  if (auto why = slice_problem(t); !why.empty()) return why;
+  const auto& global = t.sharded() ? t.global_shape : t.shape;
+  if (g.type == t.type && g.shape == global) return "";
+  return "tensor '" + t.name + "': expected " + dtype_name(t.type) + " " + shape_str(global) +
+         (t.sharded() ? " (global)" : "") + ", checkpoint has " + dtype_name(g.type) + " " + shape_str(g.shape);
+}
+
+}  // namespace
+
+result<restored_checkpoint> load_resliced(const fs::path& step_dir, step_contents& c,
+                                          const std::vector<tensor_ref>& into, bool compare, io_staging& io,
+                                          bool& corrupt) {
+  corrupt = true;
+  for (auto& f : c.manifest.files)
+    if (auto st = check_file(step_dir, f, io, {}, compare); !st) return st.err();
+  auto globals = stored_globals(step_dir, c);
+  if (!globals) return globals.err();
+  corrupt = false;
+  std::vector<std::vector<unsigned char>> staged(into.size());
+  restored_checkpoint out;
+  for (size_t i = 0; i < into.size(); ++i) {
+    auto& t = into[i];
+    auto g = globals->find(t.name);
+    if (g == globals->end())
+      return invalid_file(step_dir, "registered tensor '" + t.name + "' is missing from the checkpoint");
+    if (auto why = mismatch(t, g->second); !why.empty()) return invalid_file(step_dir, why);
+    if (!t.data && t.bytes() > 0) return error{errc::invalid_input, "tensor '" + t.name + "' has no memory to restore into"};
+    staged[i].resize(t.bytes());
+    if (auto st = assemble(step_dir, g->second, t, staged[i].data()); !st) return st.err();
+  }
+  // Every slice assembled: only now do the bytes reach the caller's memory.
+  for (size_t i = 0; i < into.size(); ++i) {
+    auto& t = into[i];
+    if (t.memory == memory_kind::device) {
+      if (auto st = device_copy_to_device(t.data, staged[i].data(), staged[i].size(), t.device); !st)
+        return error{st.err().code, "tensor '" + t.name + "': " + st.err().message};
+    } else if (!staged[i].empty()) {
+      std::memcpy(t.data, staged[i].data(), staged[i].size());
+    }
+    out.loaded.push_back(t.name);
+  }
+  std::set<std::string> registered;
+  for (auto& t : into) registered.insert(t.name);
+  for (auto& [name, g] : *globals)
+    if (!registered.count(name)) out.unregistered.push_back(name);
+  out.found = true;
+  out.path = step_dir;
+  out.manifest = std::move(c.manifest);
+  return out;
+}
+
+}  // namespace ckpt_io
+
+}  // namespace grace

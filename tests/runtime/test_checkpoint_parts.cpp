@@ -1,0 +1,247 @@
+// Sharded checkpoints (runtime/checkpoint_parts.cpp): every rank's part,
+// the commit of all parts, and restores that reslice N parts onto M ranks.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/checkpoint.hpp"
+#include "runtime/manifest.hpp"
+#include "runtime/snapshot.hpp"
+#include "../temp_dir.hpp"
+
+namespace fs = std::filesystem;
+using namespace grace;
+
+namespace {
+
+constexpr int64_t rows = 10, cols = 3;
+
+/// The global tensors of the test state: `m` [10, 3] (sharded by rows),
+/// `w` [4] (replicated). Element values are their global index + `salt`.
+std::vector<float> global_m(float salt) {
+  std::vector<float> v(rows * cols);
+  std::iota(v.begin(), v.end(), salt);
+  return v;
+}
+
+/// One rank's registered state: its rows of `m` and all of `w`.
+struct rank_state {
+  std::vector<float> m, w = std::vector<float>(4);
+  tensor_ref m_ref, w_ref;
+  rank_state(uint32_t rank, uint32_t world) {
+    auto [begin, count] = even_split(rows, rank, world);
+    m.assign(static_cast<size_t>(count * cols), -1.f);
+    m_ref = {"m", dtype::f32, {count, cols}, m.data()};
+    m_ref.global_shape = {rows, cols};
+    m_ref.offsets = {begin, 0};
+    w_ref = {"w", dtype::f32, {4}, w.data()};
+  }
+  void fill(float salt) {
+    auto g = global_m(salt);
+    std::copy(g.begin() + m_ref.offsets[0] * cols, g.begin() + (m_ref.offsets[0] + m_ref.shape[0]) * cols, m.begin());
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 100 + salt + static_cast<float>(i);
+  }
+  std::vector<tensor_ref> refs() const { return {m_ref, w_ref}; }
+};
+
+checkpoint_meta meta_of(uint64_t step, int world) {
+  checkpoint_meta m;
+  m.step = step;
+  m.world_size = world;
+  m.run_id = "parts-test";
+  return m;
+}
+
+/// Every rank of `world` writes its part of `step`; rank 0 writes the
+/// replicated tensors; `commit`: rank 0 commits.
+void save_all(checkpoint_store& store, uint64_t step, uint32_t world, float salt, bool commit = true) {
+  for (uint32_t r = 0; r < world; ++r) {
+    rank_state s(r, world);
+    s.fill(salt);
+    snapshot_buffers b(s.refs());
+    REQUIRE(b.capture(s.refs()));
+    auto p = store.save_part(b.view(), meta_of(step, world), "t1", r, r == 0);
+    REQUIRE(p);
+  }
+  if (commit) REQUIRE(store.commit_parts(meta_of(step, world), "t1"));
+}
+
+/// Restores the newest checkpoint on every rank of `world` and checks each
+/// slice against the global tensor.
+void check_restore_on(checkpoint_store& store, uint32_t world, float salt, uint64_t step) {
+  const auto want = global_m(salt);
+  for (uint32_t r = 0; r < world; ++r) {
+    rank_state s(r, world);
+    auto got = store.restore_latest(s.refs());
+    REQUIRE(got);
+    REQUIRE(got->found);
+    CHECK(got->manifest.step == step);
+    std::vector<float> expect(want.begin() + s.m_ref.offsets[0] * cols,
+                              want.begin() + (s.m_ref.offsets[0] + s.m_ref.shape[0]) * cols);
+    CHECK(s.m == expect);
+    CHECK(s.w == std::vector<float>{100 + salt, 101 + salt, 102 + salt, 103 + salt});
+  }
+}
+
+}  // namespace
+
+TEST_CASE("copy_overlap copies the common box of two slices", "[parts]") {
+  // Global [4, 5]; source rows 1..3, all columns; destination rows 2..4, columns 1..3.
+  std::vector<int> src(3 * 5), dst(2 * 3, -1);
+  std::iota(src.begin(), src.end(), 0);
+  auto n = copy_overlap(src.data(), {1, 0}, {3, 5}, dst.data(), {2, 1}, {2, 3}, sizeof(int));
+  CHECK(n == 6);
+  CHECK(dst == std::vector<int>{6, 7, 8, 11, 12, 13});
+  CHECK(copy_overlap(src.data(), {0, 0}, {1, 5}, dst.data(), {2, 1}, {2, 3}, sizeof(int)) == 0);
+}
+
+TEST_CASE("even_split gives every row to exactly one rank", "[parts]") {
+  for (uint32_t world = 1; world <= 7; ++world) {
+    int64_t next = 0;
+    for (uint32_t r = 0; r < world; ++r) {
+      auto [b, c] = even_split(10, r, world);
+      CHECK(b == next);
+      next = b + c;
+    }
+    CHECK(next == 10);
+  }
+}
+
+TEST_CASE("slice_problem names a slice outside its global tensor", "[parts]") {
+  tensor_ref t{"m", dtype::f32, {4, 3}, nullptr};
+  CHECK(slice_problem(t).empty());
+  t.global_shape = {10, 3};
+  t.offsets = {7, 0};
+  CHECK(slice_problem(t).find("outside the global shape") != std::string::npos);
+  t.offsets = {6};
+  CHECK(slice_problem(t).find("number of dimensions") != std::string::npos);
+  t.offsets = {6, 0};
+  CHECK(slice_problem(t).empty());
+}
+
+TEST_CASE("a checkpoint of 4 parts restores on 4, 2, 3 and 1 ranks", "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store store(d.path / "ck");
+  save_all(store, 7, 4, 0.5f);
+  CHECK(store.verify(7));
+  CHECK(!fs::exists(store.parts_path(7, "t1")));
+  auto m = store.read_manifest(store.step_path(7));
+  REQUIRE(m);
+  CHECK(m->world_size == 4);
+  CHECK(m->metadata.at("grace.format") == "sharded");
+  CHECK(m->files.size() == 5);  // four part files and the index
+  for (uint32_t world : {4u, 2u, 3u, 1u}) check_restore_on(store, world, 0.5f, 7);
+}
+
+TEST_CASE("the index tells a reader without Grace where every part lies", "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store store(d.path / "ck");
+  save_all(store, 3, 3, 0);
+  std::ifstream in(store.step_path(3) / index_file_name);
+  auto j = nlohmann::json::parse(in);
+  CHECK(j["weight_map"]["w"] == "rank-00001-of-00003.safetensors");
+  auto& parts = j["grace_sharded"]["m"]["parts"];
+  REQUIRE(parts.size() == 3);
+  CHECK(j["grace_sharded"]["m"]["shape"] == nlohmann::json::array({10, 3}));
+  CHECK(parts[1]["file"] == "rank-00002-of-00003.safetensors");
+  CHECK(parts[1]["offsets"] == nlohmann::json::array({4, 0}));
+  CHECK(parts[1]["shape"] == nlohmann::json::array({3, 3}));
+}
+
+TEST_CASE("parts that were never committed leave the previous checkpoint the newest", "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store store(d.path / "ck");
+  save_all(store, 5, 4, 1);
+  save_all(store, 6, 4, 2, /*commit=*/false);  // every part durable, the commit never ran
+  CHECK(store.newest_valid_step() == 5);
+  check_restore_on(store, 4, 1, 5);
+  // A commit with a part missing is refused and commits nothing.
+  for (uint32_t r = 0; r < 3; ++r) {
+    rank_state s(r, 4);
+    s.fill(3);
+    snapshot_buffers b(s.refs());
+    REQUIRE(b.capture(s.refs()));
+    REQUIRE(store.save_part(b.view(), meta_of(8, 4), "t1", r, r == 0));
+  }
+  auto c = store.commit_parts(meta_of(8, 4), "t1");
+  REQUIRE(!c);
+  CHECK(c.err().message.find("rank 3 is not durable") != std::string::npos);
+  CHECK(store.newest_valid_step() == 5);
+  // The next commit removes the abandoned rounds below it.
+  save_all(store, 9, 4, 4);
+  CHECK(!fs::exists(store.parts_path(6, "t1")));
+  CHECK(!fs::exists(store.parts_path(8, "t1")));
+  check_restore_on(store, 2, 4, 9);
+}
+
+TEST_CASE("a damaged part falls back to the previous complete checkpoint", "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store store(d.path / "ck");
+  save_all(store, 5, 4, 1);
+  save_all(store, 6, 4, 2);
+  auto victim = store.step_path(6) / "rank-00003-of-00004.safetensors";
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-2, std::ios::end);
+    f.put('\x7f');
+  }
+  auto v = store.verify(6);
+  REQUIRE(!v);
+  CHECK(v.err().message.find("checksum mismatch") != std::string::npos);
+  rank_state s(1, 2);
+  auto got = store.restore_latest(s.refs());
+  REQUIRE(got);
+  CHECK(got->manifest.step == 5);
+  REQUIRE(got->skipped.size() == 1);
+  CHECK(got->skipped[0].step == 6);
+}
+
+TEST_CASE("a restore whose global shape differs is the caller's error and writes nothing", "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store store(d.path / "ck");
+  save_all(store, 5, 2, 1);
+  std::vector<float> m(3 * 3, -1.f), w(4, -1.f);
+  tensor_ref mr{"m", dtype::f32, {3, 3}, m.data()};
+  mr.global_shape = {12, 3};
+  mr.offsets = {0, 0};
+  tensor_ref wr{"w", dtype::f32, {4}, w.data()};
+  auto got = store.restore_latest({mr, wr});
+  REQUIRE(!got);
+  CHECK(got.err().message.find("checkpoint has F32 [10,3]") != std::string::npos);
+  CHECK(w == std::vector<float>(4, -1.f));
+}
+
+TEST_CASE("an unsharded checkpoint restores into slices", "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store store(d.path / "ck");
+  auto g = global_m(2);
+  std::vector<float> w{102, 103, 104, 105};
+  std::vector<tensor_ref> whole{{"m", dtype::f32, {rows, cols}, g.data()}, {"w", dtype::f32, {4}, w.data()}};
+  snapshot_buffers b(whole);
+  REQUIRE(b.capture(whole));
+  REQUIRE(store.save(b.view(), meta_of(4, 1)));
+  check_restore_on(store, 3, 2, 4);
+}
+
+TEST_CASE("parts that overlap are refused at commit", "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store store(d.path / "ck");
+  for (uint32_t r = 0; r < 2; ++r) {
+    rank_state s(0, 2);  // both ranks claim the first rows
+    s.fill(0);
+    snapshot_buffers b(s.refs());
+    REQUIRE(b.capture(s.refs()));
+    REQUIRE(store.save_part(b.view(), meta_of(2, 2), "t1", r, r == 0));
+  }
+  auto c = store.commit_parts(meta_of(2, 2), "t1");
+  REQUIRE(!c);
+  CHECK(c.err().message.find("overlap") != std::string::npos);
+  CHECK(store.newest_valid_step() == 0);
+}
