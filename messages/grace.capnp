@@ -28,6 +28,8 @@ struct Join {
                               # the survivors just in time (runtime/agreement.hpp)
   relayed @10 :Bool;          # registered with its node's relay: the service sends
                               # this member's orders through the relay (actors/node_relay.hpp)
+  sharded @11 :Bool;          # holds sharded state: every member writes its part of
+                              # each checkpoint, which commits once all parts are durable
 }
 
 struct Welcome {
@@ -125,6 +127,8 @@ struct CheckpointAt {
   saver @4 :UInt32;
   deadlineNs @5 :Int64;
   exitAfter @6 :Bool;         # exit with the restart code once saved
+  allSave @7 :Bool;           # sharded state: every member writes its part; `saver`
+                              # commits them when told (CommitParts)
 }
 
 struct Ack {
@@ -151,6 +155,16 @@ struct CheckpointSaved {
   writeNs @8 :Int64;
   obsoleteCommitNs @9 :Int64;  # obsolete: never set
   obsoletePath @10 :Text;      # obsolete: never read
+  part @11 :Bool;              # phase 1 of a sharded save: this rank's part is durable
+                               # (agreementId 0: a periodic save)
+}
+
+# Coordinator -> the committer (phase 2 of a sharded save): every member's
+# part of `step` is durable; commit them as one checkpoint and report it
+# with a CheckpointSaved (part = false).
+struct CommitParts {
+  agreementId @0 :UInt64;     # 0: a periodic save
+  step @1 :UInt64;
 }
 
 # Chief -> coordinator during a grace-period countdown: the time left has

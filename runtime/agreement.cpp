@@ -36,6 +36,7 @@ const char* to_string(agreement_action::type t) noexcept {
     case ty::peer_lost: return "peer_lost";
     case ty::cluster_error: return "cluster_error";
     case ty::deadline_update: return "deadline_update";
+    case ty::commit_parts: return "commit_parts";
   }
   return "?";
 }
@@ -180,6 +181,8 @@ actions agreement::maybe_agree() {
   a.step = step;
   a.saver = chief();
   a.exit_after = kind_ == checkpoint_kind::final || deadline_ns_ == 0;
+  a.all_save = parts_;
+  parts_in_.clear();
   agreed_step_ = a.step;
   saver_ = a.saver;
   exit_after_ = a.exit_after;
@@ -204,8 +207,10 @@ actions agreement::agree_jit() {
   agreed_step_ = best;
   saver_ = saver;
   exit_after_ = true;
-  if (best <= durable_step()) {
-    // Every survivor's state is already on disk: nothing to write.
+  if (best <= durable_step() || parts_) {
+    // Every survivor's state is already on disk: nothing to write. With
+    // sharded state the lost member's part is gone: nobody can write a
+    // complete checkpoint, the newest complete one stays the restart point.
     phase_ = agreement_phase::stopping;
     agreement_action c{ty::committed};
     c.id = id_;
@@ -232,7 +237,10 @@ actions agreement::on_ack(uint32_t rank, uint64_t id, uint64_t earliest) {
   return maybe_agree();
 }
 
-actions agreement::on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error) {
+actions agreement::on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error,
+                            bool part) {
+  if (id == 0) return on_periodic(rank, step, ok, part);
+  if (part) return on_part(rank, id, step, ok, error);
   if (id != id_ || phase_ != agreement_phase::saving || rank != saver_) return {};
   if (!ok) {
     phase_ = agreement_phase::failed;
@@ -249,6 +257,57 @@ actions agreement::on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, 
   c.kind = kind_;
   c.exit_after = exit_after_;
   phase_ = exit_after_ ? agreement_phase::stopping : agreement_phase::countdown;
+  return {c};
+}
+
+bool agreement::all_live_in(const std::set<uint32_t>& s) const {
+  for (auto r : live_)
+    if (!s.count(r)) return false;
+  return !live_.empty();
+}
+
+actions agreement::on_part(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error) {
+  if (!parts_ || id != id_ || phase_ != agreement_phase::saving || step != agreed_step_ || !live_.count(rank))
+    return {};
+  if (!ok) {
+    phase_ = agreement_phase::failed;
+    agreement_action e{ty::cluster_error};
+    e.rank = rank;
+    e.step = step;
+    e.message = "rank " + std::to_string(rank) + " could not save its part of step " + std::to_string(step) + ": " +
+                error;
+    return {e};
+  }
+  if (!parts_in_.insert(rank).second || !all_live_in(parts_in_)) return {};
+  agreement_action c{ty::commit_parts};
+  c.rank = saver_;
+  c.id = id_;
+  c.step = step;
+  return {c};
+}
+
+actions agreement::on_periodic(uint32_t rank, uint64_t step, bool ok, bool part) {
+  if (!parts_ || !live_.count(rank)) return {};
+  if (!part) {
+    if (ok && rank == chief()) committed_step_ = std::max(committed_step_, step);
+    return {};
+  }
+  if (!ok) {
+    periodic_parts_.erase(step);
+    return {};
+  }
+  periodic_parts_[step].insert(rank);
+  // A member's writer may lag a few saves behind; a step older than the
+  // last few is abandoned (its parts are removed by the next commit).
+  constexpr size_t kept = 4;
+  while (periodic_parts_.size() > kept) periodic_parts_.erase(periodic_parts_.begin());
+  auto it = periodic_parts_.find(step);
+  if (it == periodic_parts_.end() || !all_live_in(it->second)) return {};
+  periodic_parts_.erase(it);
+  agreement_action c{ty::commit_parts};
+  c.rank = chief();
+  c.id = 0;
+  c.step = step;
   return {c};
 }
 

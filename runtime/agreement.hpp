@@ -89,6 +89,30 @@
 /// A second notice during any of this defers to the holder; a cluster error
 /// fails the job (exit 3) whatever the phase.
 ///
+/// ## Sharded state: two-phase commit of parts
+/// With `set_parts(true)` (members hold sharded state, runtime/checkpoint.hpp)
+/// no member can save for everyone: every agreed step is saved by every
+/// member (`all_save`), each writing its own part and reporting it
+/// (`on_saved` with `part`). Once every live member's part is durable, the
+/// saver (the committer) is told to commit them (`commit_parts`); its report
+/// then commits the round as above. A part that failed fails the round like
+/// a failed save. A member lost before the commit takes its part with it:
+/// the round becomes a just-in-time round whose agreement writes nothing
+/// (committed at the durable step, everyone exits for a restart from the
+/// newest complete checkpoint). Periodic saves (agreement id 0) are tracked
+/// per step: when every live member reported its part of step N, the chief
+/// commits it; its report makes N durable.
+///
+/// | phase        | event                         | next          | actions                                   |
+/// |--------------|-------------------------------|---------------|-------------------------------------------|
+/// | saving       | part ok (current id), the     | saving        | commit_parts(saver)                       |
+/// |              |   last live member's          |               |                                           |
+/// | saving       | part failed                   | failed        | cluster_error                             |
+/// | jit_collect  | last survivor ack (parts)     | stopping      | committed(exit) at the durable step       |
+/// | any          | periodic part ok, the last    | (same)        | commit_parts(chief, id 0)                 |
+/// |              |   live member's of its step   |               |                                           |
+/// | any          | periodic commit ok            | (same)        | - (the step is durable)                   |
+///
 /// ## A save that respects its deadline
 /// With a grace period the platform kills the job at the deadline, whether
 /// or not the agreement finished: a member frozen after the notice holds the
@@ -145,6 +169,7 @@ struct agreement_action {
     peer_lost,        ///< to every live member: `rank` was lost (`reason`, `message` says why)
     cluster_error,    ///< to every live member: origin `rank`, `step`, `message`
     deadline_update,  ///< to the chief: `deadline_ns`
+    commit_parts,     ///< to `rank`: every part of `step` (agreement `id`, 0: periodic) is durable
   };
   agreement_action() = default;
   explicit agreement_action(type t) : what(t) {}
@@ -157,6 +182,7 @@ struct agreement_action {
   uint32_t holder = 0;
   uint32_t saver = 0;
   bool exit_after = false;
+  bool all_save = false;  ///< agreed: every member writes its part (sharded state)
   int64_t deadline_ns = 0;
   loss_reason reason = loss_reason::dead;
   std::string message;
@@ -193,8 +219,13 @@ public:
   actions on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns);
   /// A member's acknowledgement of agreement `id`.
   actions on_ack(uint32_t rank, uint64_t id, uint64_t earliest);
-  /// The saver's report for agreement `id`.
-  actions on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error);
+  /// The saver's report for agreement `id`; with `part`, a member's part of
+  /// a sharded save (`id` 0: a periodic save of `step`).
+  actions on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error, bool part = false);
+  /// Members hold sharded state: every member saves its part, the saver
+  /// commits them (see "Sharded state").
+  void set_parts(bool on) noexcept { parts_ = on; }
+  bool parts() const noexcept { return parts_; }
   /// The chief says the grace period's margin is reached.
   actions on_propose_final(uint32_t rank, uint64_t started);
   /// A member (joined or not yet joined) was declared lost with its last
@@ -247,6 +278,13 @@ public:
     put(phase_), put(holder_.value_or(UINT32_MAX)), put(id_), put(kind_), put(lower_bound_), put(deadline_ns_);
     put(claim_started_), put(agreed_step_), put(saver_), put(exit_after_), put(restored_min_.value_or(UINT64_MAX));
     put(committed_step_);
+    put(parts_), put(parts_in_.size());
+    for (auto r : parts_in_) put(r);
+    put(periodic_parts_.size());
+    for (auto& [step, ranks] : periodic_parts_) {
+      put(step), put(ranks.size());
+      for (auto r : ranks) put(r);
+    }
   }
 
 private:
@@ -254,6 +292,9 @@ private:
   actions maybe_agree();
   actions agree_jit();
   actions member_gone(uint32_t rank);
+  actions on_part(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error);
+  actions on_periodic(uint32_t rank, uint64_t step, bool ok, bool part);
+  bool all_live_in(const std::set<uint32_t>& s) const;
   uint32_t chief() const;
 
   uint32_t world_size_;
@@ -276,6 +317,10 @@ private:
   std::optional<uint64_t> restored_min_;  ///< lowest step restored by a member that joined
   std::optional<uint64_t> restored_max_;  ///< highest (equal to the lowest while the group is sound)
   uint64_t committed_step_ = 0;           ///< newest step an agreement committed
+  bool parts_ = false;                    ///< sharded state: every member saves its part
+  std::set<uint32_t> parts_in_;           ///< members whose part of the agreed step is durable
+  /// Periodic sharded saves: the members whose part of each step is durable.
+  std::map<uint64_t, std::set<uint32_t>> periodic_parts_;
 };
 
 }  // namespace grace

@@ -34,6 +34,7 @@ struct checkpoint_order {
   uint32_t saver = 0;
   bool exit_after = false;
   int64_t deadline_ns = 0;
+  bool all_save = false;  ///< sharded state: every member writes its part
 };
 
 struct commit_info {

@@ -175,7 +175,7 @@ std::optional<worker_decision> worker_policy::follow_agreement(const control_sta
     d.id = o.id;
     d.step = c;
     d.kind = o.kind;
-    d.save = o.saver == cfg_.rank;
+    d.save = o.saver == cfg_.rank || o.all_save;
     d.sync = o.exit_after;
     return d;
   }

@@ -49,7 +49,7 @@ enum class tstate : uint8_t {
 };
 
 struct to_member {
-  enum kind_t : uint8_t { order, commit, lost, failure, deadline_update } kind;
+  enum kind_t : uint8_t { order, commit, lost, failure, deadline_update, commit_parts } kind;
   checkpoint_order o;
   commit_info c;
   loss_info l;
@@ -63,6 +63,7 @@ struct to_coord {
   uint64_t step = 0;
   bool ok = true;
   int code = 0;
+  bool part = false;  ///< a sharded save's part (phase 1)
 };
 
 struct member {
@@ -79,6 +80,8 @@ struct member {
   std::vector<to_member> in;  ///< FIFO (a few entries; cheaper to copy than a deque)
   bool writing = false, w_sync = false;
   uint64_t w_step = 0, w_id = 0, last_ok_step = restored;
+  bool committing = false;  ///< sharded: told to commit the parts of (c_id, c_step)
+  uint64_t c_id = 0, c_step = 0;
 
   member(uint32_t r, worker_policy_config c) : rank(r), policy(c, restored) {}
 };
@@ -94,6 +97,8 @@ struct world {
   int rescue = 0;  ///< the coordinator's deadline rescue: 0 not yet, 1 rescued (cutoff due), 2 done
   int wins = 0;
   bool fault = false, save_failed = false;
+  bool parts = false;              ///< sharded state: every member writes its part
+  std::set<uint64_t> parts_done;  ///< (agreement id << 8 | rank) of every durable part
 };
 
 struct scenario {
@@ -108,6 +113,8 @@ struct scenario {
   /// Start in a grace-period countdown: a notice with a deadline was agreed
   /// at the restored step, saved and committed, and training goes on.
   bool in_countdown = false;
+  /// Sharded state: every member saves its part, the chief commits them.
+  bool parts = false;
 };
 
 /// Appends raw bytes of plain fields to a fixed buffer (the key is hashed,
@@ -131,6 +138,7 @@ struct key_writer {
     put(o->agreed);
     put(o->saver);
     put(o->exit_after);
+    put(o->all_save);
   }
 };
 
@@ -148,6 +156,7 @@ uint64_t key(const world& w) {
   k.put(w.fault);
   k.put(w.save_failed);
   k.put(w.rescue);
+  for (auto p : w.parts_done) k.put(p);
   for (auto& x : w.m) {
     auto& c = x.ctl;
     k.put(x.alive);
@@ -181,6 +190,9 @@ uint64_t key(const world& w) {
     k.put(x.w_step);
     k.put(x.w_id);
     k.put(x.last_ok_step);
+    k.put(x.committing);
+    k.put(x.c_id);
+    k.put(x.c_step);
     k.put(x.in.size());
     for (auto& q : x.in) {
       k.put(q.kind);
@@ -222,6 +234,8 @@ public:
     w.save_failures = sc_.save_failures;
     w.coordinator_deaths = sc_.coordinator_deaths;
     w.has_deadline = sc_.deadline || sc_.in_countdown;
+    w.parts = sc_.parts;
+    w.coord.set_parts(sc_.parts);
     if (sc_.in_countdown) enter_countdown(w);
     explore(w);
   }
@@ -276,6 +290,8 @@ private:
           if (a.what == ty::agreed) REQUIRE(a.step <= max_started(w) + 1);
           msg.kind = to_member::order;
           msg.o = checkpoint_order{a.id, a.step, a.kind, a.what == ty::agreed, a.saver, a.exit_after, a.deadline_ns};
+          msg.o.all_save = a.all_save;
+          REQUIRE(a.all_save == (a.what == ty::agreed && w.parts));
           to_live(msg);
           break;
         case ty::committed:
@@ -299,6 +315,15 @@ private:
           msg.deadline_ns = a.deadline_ns;
           if (a.rank < w.m.size() && w.m[a.rank].alive && !w.m[a.rank].stopped) w.m[a.rank].in.push_back(msg);
           break;
+        case ty::commit_parts:
+          // Phase 2 only once every rank's part of the round is durable:
+          // a lost member's part is never missing from a commit.
+          REQUIRE(w.parts);
+          for (uint32_t r = 0; r < w.m.size(); ++r) REQUIRE(w.parts_done.count(a.id << 8 | r));
+          msg.kind = to_member::commit_parts;
+          msg.c = commit_info{a.id, a.step, false};
+          if (a.rank < w.m.size() && w.m[a.rank].alive) w.m[a.rank].in.push_back(msg);
+          break;
       }
     }
   }
@@ -309,7 +334,7 @@ private:
     auto r = x.rank;
     switch (msg.kind) {
       case to_coord::ack: dispatch(w, w.coord.on_ack(r, msg.id, msg.step)); break;
-      case to_coord::saved: dispatch(w, w.coord.on_saved(r, msg.id, msg.step, msg.ok, "disk full")); break;
+      case to_coord::saved: dispatch(w, w.coord.on_saved(r, msg.id, msg.step, msg.ok, "disk full", msg.part)); break;
       case to_coord::leave: dispatch(w, w.coord.on_leave(r, msg.code)); break;
       case to_coord::propose_final: dispatch(w, w.coord.on_propose_final(r, msg.step)); break;
     }
@@ -319,7 +344,7 @@ private:
 
   void start_write(member& x, uint64_t step, uint64_t id, bool sync, world& w) {
     x.policy.saved(step);
-    if (x.last_ok_step == step && w.disk.count(step)) {
+    if (!w.parts && x.last_ok_step == step && w.disk.count(step)) {
       // session::impl::reuse_save: the same step is on disk already.
       if (id) send(w, x, {to_coord::saved, id, step, true, 0});
       return;
@@ -471,6 +496,13 @@ private:
         break;
       case tstate::saving: break;
     }
+    if (x.committing)
+      branch([this, r](world& n) {
+        auto& y = n.m[r];
+        y.committing = false;
+        n.disk.insert(y.c_step);
+        send(n, y, {to_coord::saved, y.c_id, y.c_step, true, 0});
+      });
     if (x.writing) {
       branch([this, r](world& n) { finish_write(n, n.m[r], true); });
       if (w.save_failures > 0 && x.w_id != 0)
@@ -483,13 +515,15 @@ private:
 
   void finish_write(world& n, member& y, bool ok) {
     y.writing = false;
-    if (ok) {
+    if (ok && n.parts) {
+      n.parts_done.insert(y.w_id << 8 | y.rank);  // durable, not committed
+    } else if (ok) {
       n.disk.insert(y.w_step);
       y.last_ok_step = y.w_step;
     } else {
       n.save_failed = true;
     }
-    if (y.w_id) send(n, y, {to_coord::saved, y.w_id, y.w_step, ok, 0});
+    if (y.w_id) send(n, y, {to_coord::saved, y.w_id, y.w_step, ok, 0, n.parts});
     if (y.t == tstate::saving) {
       y.t = tstate::boundary;
       if (!ok && y.w_id) {  // reach() failed: session stops with the fatal code
@@ -562,6 +596,11 @@ private:
       case to_member::deadline_update:
         y.ctl.deadline_ns = msg.deadline_ns;
         raise(y, false);
+        break;
+      case to_member::commit_parts:  // to the writer (actors/checkpoint_writer.cpp)
+        y.committing = true;
+        y.c_id = msg.c.id;
+        y.c_step = msg.c.step;
         break;
     }
   }
@@ -662,6 +701,25 @@ TEST_CASE("protocol model: one notice no fault on top", "[model]") { explore({1,
 TEST_CASE("protocol model: a death alone and a death during every phase of an agreement", "[model]") {
   explore({0, 1, 0, 0, false, false});
   explore({1, 1, 0, 0, false, false});
+}
+
+// Sharded state: every member writes its part, the chief commits them once
+// the service knows all are durable; a death at any point of the two phases
+// (and a part that fails) leaves the previous complete checkpoint.
+scenario sharded(int notices, int deaths, int save_failures) {
+  scenario s{notices, deaths, save_failures, 0, false, false};
+  s.parts = true;
+  return s;
+}
+
+TEST_CASE("protocol model: sharded state, a notice, a death at every phase of the two-phase commit", "[model]") {
+  explore(sharded(1, 0, 0));
+  explore(sharded(1, 1, 0));
+  explore(sharded(0, 1, 0));
+}
+
+TEST_CASE("protocol model: sharded state, a notice, a failed part and a death", "[model]") {
+  explore(sharded(1, 1, 1));
 }
 
 TEST_CASE("protocol model: two notices and a death", "[model]") { explore({2, 1, 0, 0, false, false}); }
