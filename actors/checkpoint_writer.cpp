@@ -13,27 +13,37 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
 #include <new>
 
 namespace grace {
 
 namespace {
 
+/// A part written and reported, waiting for the service's commit order.
+struct written_part {
+  checkpoint_meta meta;
+  std::string tag;
+};
+
 struct writer_state {
   static inline const char* name = "checkpoint_writer";
   checkpoint_writer_config cfg;
+  std::map<uint64_t, written_part> parts;  ///< by step; the newest few
 };
 
 using self_ptr = checkpoint_writer_actor::stateful_pointer<writer_state>;
 
 /// Writes one snapshot to one store; never throws (an exception is a
 /// failed save).
-void write_to(checkpoint_store& store, const save_request& req, save_outcome& o) {
+void write_to(checkpoint_store& store, const save_request& req, save_outcome& o, uint32_t rank) {
   try {
     if (req.make_room) store.keep_only_newest();
     capture_wait wait;
     if (req.overlapped) wait = [b = req.buffers.get()](uint64_t n) { return b->wait_captured(n); };
-    auto r = store.save(req.buffers->view(), req.meta, wait);
+    auto r = req.part_tag.empty() ? store.save(req.buffers->view(), req.meta, wait)
+                                  : store.save_part(req.buffers->view(), req.meta, req.part_tag, rank,
+                                                    req.with_replicated, wait);
     o.ok = static_cast<bool>(r);
     if (r)
       o.stats = std::move(r.value());
@@ -46,23 +56,26 @@ void write_to(checkpoint_store& store, const save_request& req, save_outcome& o)
 
 /// Writes one snapshot; a save that must not be lost goes to the fallback
 /// directory when the primary cannot take it.
-save_outcome write(checkpoint_store& store, checkpoint_store* fallback, spdlog::logger& log, const save_request& req) {
+save_outcome write(checkpoint_store& store, checkpoint_store* fallback, spdlog::logger& log, const save_request& req,
+                   uint32_t rank) {
   save_outcome o;
   o.step = req.meta.step;
   o.kind = req.meta.kind;
   o.agreement_id = req.agreement_id;
   o.snap_ns = req.snap_ns;
+  o.part = !req.part_tag.empty();
   const int64_t t0 = mono_ns();
-  write_to(store, req, o);
-  // A failed capture fails every directory alike: no fallback for it.
-  if (!o.ok && fallback && o.kind != checkpoint_kind::periodic && !req.buffers->capture_failed()) {
+  write_to(store, req, o, rank);
+  // A failed capture fails every directory alike: no fallback for it. A
+  // part belongs in the directory the other ranks write to: none either.
+  if (!o.ok && fallback && !o.part && o.kind != checkpoint_kind::periodic && !req.buffers->capture_failed()) {
     auto primary = o.error;
     log.warn("checkpoint step {} ({}) could not be written to {} ({}): trying the fallback directory {}", o.step,
              to_string(o.kind), store.dir().string(), primary, fallback->dir().string());
     emit_event("save_fallback",
                {{"step", o.step}, {"kind", to_string(o.kind)}, {"error", primary}, {"dir", fallback->dir().string()}});
     o.error.clear();
-    write_to(*fallback, req, o);
+    write_to(*fallback, req, o, rank);
     o.error = o.ok ? primary : primary + "; fallback " + fallback->dir().string() + ": " + o.error;
   }
   o.write_ns = mono_ns() - t0;
@@ -89,6 +102,14 @@ void record(spdlog::logger& log, const save_outcome& o) {
     emit_event("save_failed", {{"step", o.step}, {"kind", to_string(o.kind)}, {"error", o.error}});
     return;
   }
+  if (o.part) {
+    log.info("checkpoint step {} ({}): this rank's part is durable, {:.1f} MiB in {:.0f} ms; the commit waits for "
+             "every rank's",
+             o.step, to_string(o.kind), o.stats.total_bytes / 1048576.0, o.write_ns / 1e6);
+    emit_event("part_durable", {{"step", o.step}, {"kind", to_string(o.kind)}, {"bytes", o.stats.total_bytes},
+                                {"write_ns", o.write_ns}, {"save_ns", o.save_ns}});
+    return;
+  }
   log.info("checkpoint step {} ({}) committed: {:.1f} MiB in {:.0f} ms (snapshot {:.1f} ms){}", o.step,
            to_string(o.kind), o.stats.total_bytes / 1048576.0, o.write_ns / 1e6, o.snap_ns / 1e6,
            o.stats.already_existed ? " [already on disk]" : "");
@@ -100,21 +121,56 @@ void record(spdlog::logger& log, const save_outcome& o) {
                                  {"path", o.stats.path.string()}});
 }
 
+/// Keeps what the commit of a part written now needs (the newest few steps:
+/// an older one's commit order can no longer come).
+void remember_part(writer_state& st, const save_request& req) {
+  st.parts[req.meta.step] = written_part{req.meta, req.part_tag};
+  while (st.parts.size() > 4) st.parts.erase(st.parts.begin());
+}
+
+/// Phase 2 of a sharded save, on the rank the service chose: commit every
+/// rank's part of `step` and report it (part = false).
+void commit_parts(self_ptr self, uint64_t id, uint64_t step) {
+  auto& st = self->state;
+  save_outcome o;
+  o.step = step;
+  o.agreement_id = id;
+  const int64_t t0 = mono_ns();
+  auto it = st.parts.find(step);
+  if (it == st.parts.end()) {
+    o.error = "no part of step " + std::to_string(step) + " was written by this rank";
+  } else {
+    o.kind = it->second.meta.kind;
+    auto r = st.cfg.store->commit_parts(it->second.meta, it->second.tag);
+    o.ok = static_cast<bool>(r);
+    if (r)
+      o.stats = std::move(r.value());
+    else
+      o.error = r.err().message;
+  }
+  o.write_ns = mono_ns() - t0;
+  if (st.cfg.coord)
+    if (auto c = st.cfg.coord->get()) self->send(c, saved_report(st.cfg.rank, o));
+  record(*st.cfg.log, o);
+}
+
 checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_config cfg) {
   self->state.cfg = std::move(cfg);
   if (!self->state.cfg.log) self->state.cfg.log = spdlog::default_logger();
   return {
       [self](save_atom, const save_request& req) -> save_outcome {
         auto& st = self->state;
-        auto o = write(*st.cfg.store, st.cfg.fallback, *st.cfg.log, req);
+        auto o = write(*st.cfg.store, st.cfg.fallback, *st.cfg.log, req, st.cfg.rank);
+        if (o.part && o.ok) remember_part(st, req);
         // Reported before the trainer hears of it: a commit waits for this.
-        if (o.agreement_id && st.cfg.coord)
+        if ((o.agreement_id || o.part) && st.cfg.coord)
           if (auto c = st.cfg.coord->get()) self->send(c, saved_report(st.cfg.rank, o));
         if (o.ok && st.cfg.ctl) st.cfg.ctl->last_save_ns.store(o.save_ns, std::memory_order_relaxed);
         record(*st.cfg.log, o);
         return o;
       },
       [self](prepare_atom, uint64_t state_bytes) { self->state.cfg.store->prepare_io(state_bytes); },
+      [self](commit_atom, uint64_t id, uint64_t step) { commit_parts(self, id, step); },
   };
 }
 
@@ -134,6 +190,7 @@ msg<proto::CheckpointSaved> saved_report(uint32_t rank, const save_outcome& o) {
     b.setSnapshotNs(o.snap_ns);
     b.setWriteNs(o.write_ns);
     if (o.ok) b.setBytes(o.stats.total_bytes);
+    b.setPart(o.part);
   });
 }
 

@@ -45,6 +45,11 @@ struct save_request {
   /// takes the capture's duration from the buffers instead of `snap_ns`.
   bool overlapped = false;
   int64_t begin_ns = 0;  ///< when overlapped: mono_ns() at the capture's start
+  /// Sharded state: phase 1 only, this rank's part into the parts directory
+  /// of (step, part_tag), reported to the service even without an
+  /// agreement; the commit waits for commit_atom. Empty: a whole save.
+  std::string part_tag;
+  bool with_replicated = false;  ///< the part includes the replicated tensors
 };
 
 /// The answer to a save_request.
@@ -58,17 +63,23 @@ struct save_outcome {
   int64_t snap_ns = 0;
   int64_t write_ns = 0;  ///< the write's time; when overlapped, what the save took beyond the copy
   int64_t save_ns = 0;   ///< from the capture's start to the answer
+  bool part = false;     ///< a sharded save's part: durable, not committed
 };
 
 /// Atoms: at most 10 characters (CAF 0.17).
 using save_atom = caf::atom_constant<caf::atom("g_save")>;
 using prepare_atom = caf::atom_constant<caf::atom("g_prepare")>;
+/// Sharded state, phase 2: commit the parts of (agreement id, step).
+using commit_atom = caf::atom_constant<caf::atom("g_commit")>;
 
 using checkpoint_writer_actor =
     caf::typed_actor<caf::replies_to<save_atom, save_request>::with<save_outcome>,
                      /// Fault in the direct-I/O staging for a state of this many bytes before
                      /// the first save (off the training thread; see checkpoint_store).
-                     caf::reacts_to<prepare_atom, uint64_t>>;
+                     caf::reacts_to<prepare_atom, uint64_t>,
+                     /// Every part of (agreement id, step) is durable: commit them (the
+                     /// service chose this rank), and report it.
+                     caf::reacts_to<commit_atom, uint64_t, uint64_t>>;
 
 struct checkpoint_writer_config {
   checkpoint_store* store = nullptr;  ///< outlives the actor

@@ -213,6 +213,7 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
           b.setSaver(a.saver);
           b.setDeadlineNs(a.deadline_ns);
           b.setExitAfter(a.exit_after);
+          b.setAllSave(a.all_save);
         }));
         st.log->info(
             "{} {} checkpoint #{} at step {}{}", agreed ? "agreed" : "proposing", to_string(a.kind), a.id, a.step,
@@ -254,6 +255,17 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
           b.setMessage(a.message);
         }));
         break;
+      case ty::commit_parts: {
+        st.log->info("every part of checkpoint #{} at step {} is durable: rank {} commits them", a.id, a.step, a.rank);
+        emit_event("parts_durable", {{"id", a.id}, {"step", a.step}, {"committer", a.rank}});
+        auto it = st.workers.find(a.rank);
+        if (it != st.workers.end())
+          self->send(it->second, make<proto::CommitParts>([&](auto b) {
+                       b.setAgreementId(a.id);
+                       b.setStep(a.step);
+                     }));
+        break;
+      }
       case ty::deadline_update: {
         auto it = st.workers.find(a.rank);
         if (it != st.workers.end())
@@ -389,6 +401,10 @@ std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Read
     return refuse_for_now(
         "duplicate rank " + std::to_string(rank) + " in incarnation " + std::to_string(st.cfg.incarnation),
         st.cfg.incarnation);
+  if (!st.workers.empty() && j.getSharded() != st.agree->parts())
+    return refuse(std::string("rank ") + std::to_string(rank) + (j.getSharded() ? " holds" : " does not hold") +
+                  " sharded state, the members joined before " + (j.getSharded() ? "do not" : "do") +
+                  ": every member of a job must register the same tensors");
   if (auto why = st.agree->join_refusal(rank, j.getCompletedStep())) {
     st.log->warn("rank {} refused: {}", rank, *why);
     st.refused.insert(rank);
@@ -462,6 +478,7 @@ msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {
   if (!sender) return refuse("join without a sender to reply to");
   auto rank = j.getRank();
   auto handle = caf::actor_cast<peer_watcher_actor>(sender);
+  if (st.workers.empty()) st.agree->set_parts(j.getSharded());
   st.workers.emplace(rank, handle);
   st.ranks.emplace(caf::actor_cast<caf::actor_addr>(sender), rank);
   if (j.getRelayed()) st.relayed.insert(rank);
@@ -661,13 +678,15 @@ void on_saved(self_ptr self, msg<proto::CheckpointSaved>& m) {
   if (!from_member(self, s.getRank(), "a save report")) return;
   emit_event("saved", {{"by", s.getRank()},
                        {"step", s.getStep()},
+                       {"part", s.getPart()},
                        {"ok", s.getOk()},
                        {"bytes", s.getBytes()},
                        {"snapshot_ns", s.getSnapshotNs()},
                        {"write_ns", s.getWriteNs()}});
   if (s.getOk()) self->state.last_saved_ns = s.getSnapshotNs() + s.getWriteNs();
   dispatch(self,
-           self->state.agree->on_saved(s.getRank(), s.getAgreementId(), s.getStep(), s.getOk(), str(s.getError())));
+           self->state.agree->on_saved(s.getRank(), s.getAgreementId(), s.getStep(), s.getOk(), str(s.getError()),
+                                       s.getPart()));
 }
 
 void on_error_report(self_ptr self, msg<proto::ErrorReport>& m) {

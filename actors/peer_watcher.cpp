@@ -384,8 +384,10 @@ peer_watcher_actor::behavior_type peer_watcher(self_ptr self, std::shared_ptr<co
         if (!from_current(self)) return;
         if (auto r = decode(m)) {
           auto c = r->get();
-          on_order(self, checkpoint_order{c.getAgreementId(), c.getStep(), from_wire(c.getKind()), c.getAgreed(),
-                                          c.getSaver(), c.getExitAfter(), c.getDeadlineNs()});
+          checkpoint_order o{c.getAgreementId(), c.getStep(), from_wire(c.getKind()), c.getAgreed(),
+                             c.getSaver(),       c.getExitAfter(), c.getDeadlineNs()};
+          o.all_save = c.getAllSave();
+          on_order(self, o);
         }
       },
       [self](msg<proto::Committed>& m) {
@@ -409,6 +411,10 @@ peer_watcher_actor::behavior_type peer_watcher(self_ptr self, std::shared_ptr<co
       [self](msg<proto::DeadlineUpdate>& m) {
         if (!from_current(self)) return;
         if (auto r = decode(m)) self->state.ctl->post_deadline(r->get().getDeadlineNs());
+      },
+      [self](msg<proto::CommitParts>& m) {
+        if (!from_current(self) || !self->state.cfg.on_commit_parts) return;
+        if (auto r = decode(m)) self->state.cfg.on_commit_parts(r->get().getAgreementId(), r->get().getStep());
       },
       [self](tick_atom) { on_tick(self); },
       [self](follow_atom) { on_follow(self); },

@@ -20,6 +20,7 @@ using peer_watcher_actor =
     caf::typed_actor<caf::reacts_to<msg<proto::CheckpointAt>>, caf::reacts_to<msg<proto::Committed>>,
                      caf::reacts_to<msg<proto::PeerLost>>, caf::reacts_to<msg<proto::ClusterError>>,
                      caf::reacts_to<msg<proto::DeadlineUpdate>>, caf::reacts_to<msg<proto::Notice>>,
+                     caf::reacts_to<msg<proto::CommitParts>>,
                      caf::replies_to<join_atom, msg<proto::Join>>::with<msg<proto::Welcome>>,
                      caf::reacts_to<tick_atom>, caf::reacts_to<follow_atom>,
                      caf::reacts_to<moved_atom, caf::actor, uint64_t, std::string>>;
@@ -38,6 +39,9 @@ struct peer_watcher_config {
   uint64_t epoch = 0;
   std::chrono::milliseconds failover_wait{0};
   std::chrono::milliseconds follow_poll{100};
+  /// Sharded state: the service says every part of (agreement id, step) is
+  /// durable and this worker commits them (handed to its checkpoint writer).
+  std::function<void(uint64_t, uint64_t)> on_commit_parts;
   /// This node's relay (multi-node jobs, GRACE_RELAY): heartbeats and
   /// acknowledgements go through it, and orders come from it. None: the
   /// watcher talks to the service directly.

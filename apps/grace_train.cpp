@@ -45,6 +45,13 @@ struct trainer_backend {
   std::function<float(uint64_t step, int rank, int world)> compute_gradients;
   std::function<void()> apply_gradients;
   std::function<uint64_t()> weights_checksum;
+  /// A sharded optimizer (--shard-optimizer): after apply_gradients, the
+  /// gradient buffer holds this rank's updated share; allreduced, this
+  /// installs every rank's (the parameters' all-gather). Empty otherwise.
+  std::function<void()> after_update;
+  /// A sharded optimizer: puts this rank's momentum in the gradient buffer
+  /// for an allreduce, so weights_checksum covers the whole state.
+  std::function<void()> stage_checksum;
   /// Joins the collective of `world` > 1 ranks, registers its abort with the
   /// session, and returns the in-place gradient allreduce.
   std::function<grace::result<std::function<grace::status()>>(grace::session&, int rank, int world)> connect;
@@ -54,9 +61,15 @@ struct trainer_backend {
 /// in main before any backend connects.
 std::chrono::milliseconds collective_timeout{30000};
 
-trainer_backend cpu_backend(const grace::mlp_config& mc) {
+/// `shard`: ZeRO-1 for rank `rank` of `world` (--shard-optimizer).
+trainer_backend cpu_backend(const grace::mlp_config& mc, bool shard, int rank, int world) {
   auto model = std::make_shared<grace::mlp>(mc);
   trainer_backend b;
+  if (shard) {
+    model->shard_optimizer(static_cast<uint32_t>(rank), static_cast<uint32_t>(world));
+    b.after_update = [model] { model->take_parameters(); };
+    b.stage_checksum = [model] { model->stage_momentum(); };
+  }
   b.tensors = model->tensors();
   b.compute_gradients = [model](uint64_t step, int rank, int world) {
     return model->compute_gradients(step, rank, world);
@@ -153,6 +166,7 @@ struct train_args {
   int fail_rank = 0;
   double save_every_seconds = 0, mtbf_prior_hours = 6;
   bool save_every_auto = false, keep_checkpoints = false, prune_on_save_failure = false;
+  bool shard_optimizer = false;
   int save_retry_max_ms = 300000;
   int collective_timeout_ms = 30000;
   mutants broken;
@@ -169,6 +183,9 @@ void add_training_options(CLI::App& app, train_args& a) {
   app.add_option("--lr", mc.lr, "learning rate");
   app.add_option("--momentum", mc.momentum, "SGD momentum");
   app.add_option("--seed", mc.seed, "data and initialisation seed");
+  app.add_flag("--shard-optimizer", a.shard_optimizer,
+               "ZeRO-1: each rank keeps and updates only its share of the optimizer state (saved as its own part "
+               "of every checkpoint); the parameters are all-gathered after each update");
   app.add_option("--device", a.device, "auto, cpu or cuda (given twice: the last wins)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -295,7 +312,7 @@ grace::result<grace::options> make_options(const train_args& a) {
 
 /// The compute backend --device chose (after the session exists: the CUDA
 /// driver may start threads, and they must inherit the blocked signals).
-grace::result<trainer_backend> make_backend(const train_args& a, const std::string& cpu_reason) {
+grace::result<trainer_backend> make_backend(const train_args& a, const std::string& cpu_reason, int rank, int world) {
 #ifdef GRACE_HAVE_CUDA
   (void)cpu_reason;
   const int local_rank = local_rank_from_environment();
@@ -307,6 +324,9 @@ grace::result<trainer_backend> make_backend(const train_args& a, const std::stri
   if (!choice) return choice.err();
   spdlog::info("{}", choice->explanation);
   if (choice->kind == grace::backend_kind::cuda) {
+    if (a.shard_optimizer)
+      return grace::error{grace::errc::invalid_input,
+                          "--shard-optimizer: the CUDA backend does not shard its optimizer state; use --device cpu"};
     // Device tensors are snapshotted and restored through this hook.
     grace::register_cuda_device_copy();
     auto b = cuda_backend(a.mc, choice->device);
@@ -316,7 +336,7 @@ grace::result<trainer_backend> make_backend(const train_args& a, const std::stri
 #else
   spdlog::info("device: cpu ({})", cpu_reason);
 #endif
-  return cpu_backend(a.mc);
+  return cpu_backend(a.mc, a.shard_optimizer, rank, world);
 }
 
 /// The exit code for a failed attach() (runtime/exit_codes.hpp).
@@ -388,6 +408,11 @@ void train(grace::session& g, const train_args& a, trainer_backend& backend,
     if (allreduce)
       if (auto st = allreduce(); !st) throw grace::step_failure(st.err());
     backend.apply_gradients();
+    if (backend.after_update) {
+      if (allreduce)
+        if (auto st = allreduce(); !st) throw grace::step_failure(st.err());
+      backend.after_update();
+    }
     ++t.steps_done;
     t.step_index_sum += static_cast<int64_t>(step);
     if (a.step_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(a.step_delay_ms));
@@ -463,7 +488,9 @@ int main(int argc, char** argv) {
     spdlog::error("{}", st.err().message);
     return grace::exit_code::usage;
   }
-  auto backend = make_backend(a, cpu_reason);
+  const int rank_hint = opts->cluster ? static_cast<int>(opts->cluster->rank)
+                                      : (std::getenv("GRACE_RANK") ? std::atoi(std::getenv("GRACE_RANK")) : 0);
+  auto backend = make_backend(a, cpu_reason, rank_hint, world_hint);
   if (!backend) {
     spdlog::error("{}", backend.err().message);
     return backend.err().code == grace::errc::invalid_input ? grace::exit_code::usage : a.restart_code;
@@ -486,6 +513,12 @@ int main(int argc, char** argv) {
   }
   auto allreduce = connect_or_exit(g, *backend, a.restart_code);
   train(g, a, *backend, allreduce, *start, t);
+  if (backend->stage_checksum) {
+    // The checksum covers every rank's share of the optimizer state.
+    backend->stage_checksum();
+    if (allreduce)
+      if (auto st = allreduce(); !st) g.quick_exit(g.stop_after_failure(st.err()));
+  }
   if (auto st = g.finish(); !st) {
     spdlog::error("finish: {}", st.err().message);
     return grace::exit_code::fatal;

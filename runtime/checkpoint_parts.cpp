@@ -249,7 +249,9 @@ result<save_stats> checkpoint_store::commit_parts(const checkpoint_meta& meta, c
   spdlog::info("checkpoint step {} committed from {} parts: {} ({} bytes)", meta.step, meta.world_size,
                stats.path.string(), stats.total_bytes);
   if (!stats.already_existed) prune(meta.step);
-  remove_parts_up_to(meta.step);
+  // Older rounds are abandoned; another round of this step may still be
+  // written (a periodic and an agreement's save of one step).
+  if (meta.step > 0) remove_parts_up_to(meta.step - 1);
   return stats;
 }
 

@@ -51,6 +51,9 @@ struct session::impl {
   cluster_config cluster;
   std::shared_ptr<spdlog::logger> log;
   std::vector<tensor_ref> tensors;
+  /// Some tensor is a slice of a global one: every rank saves its part of
+  /// every checkpoint (two phases, runtime/checkpoint.hpp).
+  bool sharded = false;
   std::map<std::string, int64_t*> counters;
   struct blob_hooks {
     std::function<std::string()> save;
@@ -151,6 +154,46 @@ struct session::impl {
   }
 
   static std::string blob_key(const std::string& name) { return "grace.blob." + name; }
+
+  /// The parts directory's name for a sharded save, the same on every rank:
+  /// one per agreement (0: periodic and final saves) and incarnation.
+  std::string part_tag(uint64_t agreement_id) const {
+    return "i" + std::to_string(cluster.incarnation) + (agreement_id ? "-a" + std::to_string(agreement_id) : "-p");
+  }
+
+  /// Sharded state: the slices are sound, and periodic saves happen at the
+  /// same steps on every rank (each writes its part of the same step).
+  status check_sharding() {
+    for (auto& t : tensors) {
+      if (auto why = slice_problem(t); !why.empty()) return error{errc::invalid_input, why};
+      sharded |= t.sharded();
+    }
+    if (!sharded) return {};
+    if (opts.save_every_auto || opts.save_every_seconds > 0)
+      return error{errc::invalid_input,
+                   "sharded state: periodic saves must be every N steps (--save-every N), since every rank writes its "
+                   "part of the same step; a time-based or automatic interval differs between ranks"};
+    if (!opts.fallback_checkpoint_dir.empty())
+      log->warn("sharded state: the fallback checkpoint directory is not used (every rank's part goes to {})",
+                opts.checkpoint_dir);
+    return {};
+  }
+
+  /// Sharded state: the chief waits until its writer committed `step` from
+  /// every rank's part (the service orders it once all are durable).
+  status wait_for_commit(uint64_t step) {
+    auto until = std::chrono::steady_clock::now() + opts.save_timeout;
+    while (store->newest_valid_step() < step) {
+      if (ctl->failure_known() || ctl->coordinator_gone())
+        return error{errc::failed, "a member or the coordination service was lost before every part of step " +
+                                       std::to_string(step) + " was durable"};
+      if (std::chrono::steady_clock::now() > until)
+        return error{errc::failed, "the parts of step " + std::to_string(step) + " were not committed within " +
+                                       std::to_string(opts.save_timeout.count()) + " ms"};
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return {};
+  }
 
   /// The registered blobs, base64 in the metadata; an error names the blob.
   status add_blobs(checkpoint_meta& m) {
@@ -273,13 +316,17 @@ struct session::impl {
   /// coordinator when `agreement_id` is set.
   status save(uint64_t step, checkpoint_kind kind, uint64_t agreement_id, bool sync, bool make_room = false) {
     take_answers(true);  // the buffers of the previous write are free again
-    if (reuse_save(step, agreement_id)) return {};
+    if (!sharded && reuse_save(step, agreement_id)) return {};
     auto meta = meta_for(step, kind);
     if (auto b = add_blobs(meta); !b) return failed_save(step, kind, agreement_id, b.err(), 0);
     if (buffers->busy())  // the writer died holding them: its write may still read them
       return failed_save(step, kind, agreement_id, error{errc::overloaded, "the snapshot buffers are still being written"}, 0);
     if (auto st = buffers->check(tensors); !st) return failed_save(step, kind, agreement_id, st.err(), 0);
     save_request req{buffers, std::move(meta), agreement_id, 0, make_room};
+    if (sharded) {
+      req.part_tag = part_tag(agreement_id);
+      req.with_replicated = cluster.is_chief();
+    }
     auto st = sync ? capture_while_written(std::move(req)) : capture_then_write(std::move(req));
     if (!st) return st;
     if (policy) policy->saved(step);
@@ -373,6 +420,7 @@ struct session::impl {
   void maybe_periodic_save(uint64_t k);
   void auto_periodic_save(uint64_t k);
   void remove_backups();
+  status finish_sharded();
   void finish_barrier();
 
   /// The rare path, entered before step k (k - 1 completed) when the flag
@@ -504,7 +552,7 @@ struct session::impl {
       first_step_logged = true;
       emit_event("first_step", {{"step", k}, {"ns", dt}});
     }
-    if (cluster.is_chief()) maybe_periodic_save(k);
+    if (cluster.is_chief() || sharded) maybe_periodic_save(k);
   }
 };
 
@@ -571,6 +619,7 @@ result<uint64_t> session::attach() {
       return error{errc::invalid_input, "tensor '" + t.name +
                                             "' is in device memory but no CUDA device-copy "
                                             "hook is registered (a CUDA build calls register_cuda_device_copy())"};
+  if (auto st = d.check_sharding(); !st) return st.err();
   // Restore first, so the join carries the restored step.
   if (auto st = d.restore(); !st) return st.err();
   if (auto st = d.start_actors(); !st) return st.err();
@@ -679,7 +728,6 @@ status session::impl::start_actors() {
     else
       log->warn("{}: heartbeats and acknowledgements go to the service directly", r.err().message);
   }
-  watcher = spawn_peer_watcher(sys, coord, ctl, pc);
   checkpoint_writer_config wc;
   wc.store = store.get();
   wc.fallback = fallback_store.get();
@@ -688,6 +736,8 @@ status session::impl::start_actors() {
   wc.ctl = ctl;
   wc.log = log;
   writer = spawn_checkpoint_writer(sys, wc);
+  pc.on_commit_parts = [w = writer](uint64_t id, uint64_t step) { caf::anon_send(w, commit_atom::value, id, step); };
+  watcher = spawn_peer_watcher(sys, coord, ctl, pc);
   self = std::make_unique<caf::scoped_actor>(sys);
   (*self)->monitor(writer);
   // The first save must not fault in the write staging on its critical
@@ -714,6 +764,7 @@ status session::impl::join() {
     b.setHost(host);
     b.setPid(static_cast<uint32_t>(::getpid()));
     b.setCompletedStep(completed);
+    b.setSharded(sharded);
   });
   // A join for the next incarnation is refused (restartable, naming the
   // current one) while the old group still has live members: asked again
@@ -774,6 +825,8 @@ status session::impl::join() {
     pc.verdict_wait_ns += static_cast<int64_t>(cluster.failover_wait_ms) * 1'000'000;
     pc.save_alone_without_coordinator = false;
   }
+  // The chief holds only its own part of sharded state.
+  if (sharded) pc.save_alone_without_coordinator = false;
   policy = std::make_unique<worker_policy>(pc, completed);
   if (!cluster.local_mode()) kv = std::make_shared<coordinator_store>(sys, coord->get(), opts.wait_timeout);
   return {};
@@ -881,7 +934,10 @@ status session::finish() {
   d.disarm_abort();  // no collective runs after the last step
   if (d.signals) d.signals->stop();
   d.take_answers(true);
-  if (d.cluster.is_chief()) {
+  if (d.sharded) {
+    auto s = d.finish_sharded();
+    if (!s) return s;
+  } else if (d.cluster.is_chief()) {
     auto s = d.save(d.completed, checkpoint_kind::end, 0, true);
     if (!s) {
       // An error (issue: nothing durable holds the last steps), said to the
@@ -899,6 +955,25 @@ status session::finish() {
   d.code = exit_code::success;
   d.reason = "finished";
   emit_event("finished", {{"step", d.completed}});
+  return {};
+}
+
+/// Sharded state: every rank's part of the last step (unless the periodic
+/// save of that step already wrote it), committed by the chief, who alone
+/// then removes the backups.
+status session::impl::finish_sharded() {
+  const bool have = last_save && last_save->ok && last_save->part && last_save->step == completed;
+  status s = have ? status{} : save(completed, checkpoint_kind::end, 0, true);
+  if (s && cluster.is_chief()) s = wait_for_commit(completed);
+  if (!s) {
+    stop(exit_code::fatal,
+         "the final checkpoint at step " + std::to_string(completed) + " could not be written: " + s.err().message,
+         false);
+    return s;
+  }
+  if (!cluster.is_chief()) return {};
+  store->remove_parts_up_to(completed);
+  if (!opts.keep_checkpoints_on_success) remove_backups();
   return {};
 }
 

@@ -138,6 +138,17 @@ std::vector<tensor_ref> mlp::tensors() {
     add(p + ".weight", {dims_[l + 1], dims_[l]}, w_[l]);
     add(p + ".bias", {dims_[l + 1]}, b_[l]);
   }
+  if (optimizer_sharded()) {
+    tensor_ref m;
+    m.name = "optimizer.momentum";
+    m.type = dtype::f32;
+    m.shape = {static_cast<int64_t>(momentum_.size())};
+    m.data = momentum_.data();
+    m.global_shape = {static_cast<int64_t>(grad_.size())};
+    m.offsets = {static_cast<int64_t>(shard_begin_)};
+    out.push_back(std::move(m));
+    return out;
+  }
   for (int l = 0; l < layers; ++l) {
     const std::string p = "optimizer.momentum.layers." + std::to_string(l);
     add(p + ".weight", {dims_[l + 1], dims_[l]}, vw_[l]);
@@ -231,8 +242,40 @@ float mlp::compute_gradients(uint64_t step, int rank, int world) {
   return loss_sum * scale;
 }
 
+template <class F>
+void mlp::for_each_parameter(F&& f) {
+  for (int l = 0; l < num_layers(); ++l) {
+    f(w_[l], grad_w_off_[l]);
+    f(b_[l], grad_b_off_[l]);
+  }
+}
+
+void mlp::shard_optimizer(uint32_t rank, uint32_t world) {
+  auto [begin, count] = even_split(static_cast<int64_t>(grad_.size()), rank, world);
+  shard_world_ = world;
+  shard_begin_ = static_cast<size_t>(begin);
+  momentum_.assign(static_cast<size_t>(count), 0.0f);
+  vw_.clear();
+  vb_.clear();
+}
+
 void mlp::apply_gradients() {
   const float lr = cfg_.lr, mu = cfg_.momentum, wd = cfg_.weight_decay;
+  if (optimizer_sharded()) {
+    // This rank's share, element by element as below (the same kernel and
+    // order, so every element's update is bit-identical to an unsharded run's).
+    const size_t lo = shard_begin_, hi = shard_begin_ + momentum_.size();
+    for_each_parameter([&](std::vector<float>& p, size_t off) {
+      const size_t b = std::max(lo, off), e = std::min(hi, off + p.size());
+      for (size_t i = b; i < e; ++i) kernels::sgd_momentum(p[i - off], momentum_[i - lo], grad_[i], lr, mu, wd);
+    });
+    std::fill(grad_.begin(), grad_.end(), 0.0f);
+    for_each_parameter([&](std::vector<float>& p, size_t off) {
+      const size_t b = std::max(lo, off), e = std::min(hi, off + p.size());
+      for (size_t i = b; i < e; ++i) grad_[i] = p[i - off];
+    });
+    return;
+  }
   for (int l = 0; l < num_layers(); ++l) {
     const float* gw = grad_.data() + grad_w_off_[l];
     const float* gb = grad_.data() + grad_b_off_[l];
@@ -245,9 +288,20 @@ void mlp::apply_gradients() {
   }
 }
 
+void mlp::take_parameters() {
+  for_each_parameter([&](std::vector<float>& p, size_t off) { std::copy_n(grad_.begin() + off, p.size(), p.begin()); });
+}
+
+void mlp::stage_momentum() {
+  std::fill(grad_.begin(), grad_.end(), 0.0f);
+  std::copy(momentum_.begin(), momentum_.end(), grad_.begin() + shard_begin_);
+}
+
 uint64_t mlp::parameter_count() const noexcept { return grad_.size(); }
 
-size_t mlp::state_bytes() const noexcept { return 2 * grad_.size() * sizeof(float); }
+size_t mlp::state_bytes() const noexcept {
+  return (grad_.size() + (optimizer_sharded() ? momentum_.size() : grad_.size())) * sizeof(float);
+}
 
 uint64_t mlp::weights_checksum() const {
   uint64_t h = fnv_offset;
@@ -255,6 +309,7 @@ uint64_t mlp::weights_checksum() const {
     h = fnv1a(h, w_[l].data(), w_[l].size() * sizeof(float));
     h = fnv1a(h, b_[l].data(), b_[l].size() * sizeof(float));
   }
+  if (optimizer_sharded()) return fnv1a(h, grad_.data(), grad_.size() * sizeof(float));
   for (int l = 0; l < num_layers(); ++l) {
     h = fnv1a(h, vw_[l].data(), vw_[l].size() * sizeof(float));
     h = fnv1a(h, vb_[l].data(), vb_[l].size() * sizeof(float));

@@ -82,8 +82,27 @@ public:
   float* grad_data() noexcept { return grad_.data(); }
   size_t grad_size() const noexcept { return grad_.size(); }
 
-  /// SGD-momentum update of every parameter from the gradient buffer.
+  /// SGD-momentum update of every parameter from the gradient buffer; with
+  /// a sharded optimizer, of this rank's share only (see shard_optimizer).
   void apply_gradients();
+
+  /// ZeRO-1 (grace-train --shard-optimizer): this rank keeps and updates
+  /// only its share of the optimizer state, the flat range
+  /// `even_split(parameter_count(), rank, world)` of the grad_data() layout.
+  /// tensors() then lists the parameters (replicated) and one momentum
+  /// slice, `optimizer.momentum` [parameter_count()] at that range. Call
+  /// before tensors(); world 1 keeps the whole state as one slice.
+  void shard_optimizer(uint32_t rank, uint32_t world);
+  bool optimizer_sharded() const noexcept { return shard_world_ > 0; }
+  /// Sharded: after apply_gradients, grad_data() holds this rank's updated
+  /// parameters in its range and zeros elsewhere. Allreduce(sum) it - each
+  /// element has one non-zero term, so the sum is exact - then
+  /// take_parameters() installs every rank's share (the all-gather).
+  void take_parameters();
+  /// Sharded: grad_data() gets this rank's momentum in its range and zeros
+  /// elsewhere; after an allreduce(sum), weights_checksum() covers the
+  /// whole optimizer state.
+  void stage_momentum();
 
   /// This worker's inputs and labels for `step` (what compute_gradients
   /// trains on): x is [global_batch/world, input_dim] row-major.
@@ -94,11 +113,16 @@ public:
   /// Bytes of checkpointed state: parameters plus momentum.
   size_t state_bytes() const noexcept;
   /// FNV-1a 64 over the bytes of every tensor in `tensors()` order
-  /// (parameters and momentum), for quick equality checks.
+  /// (parameters and momentum), for quick equality checks. Sharded: over
+  /// the parameters and the momentum gathered in grad_data() (stage_momentum).
   uint64_t weights_checksum() const;
 
 private:
   void ensure_scratch(int local_batch);
+  /// Calls f(parameter vector, its flat offset) for every parameter tensor
+  /// in grad_data() order.
+  template <class F>
+  void for_each_parameter(F&& f);
 
   mlp_config cfg_;
   std::vector<int> dims_;                  ///< input_dim, hidden..., classes
@@ -107,6 +131,9 @@ private:
   std::vector<float> grad_;
   std::vector<size_t> grad_w_off_, grad_b_off_;
   std::vector<float> teacher_;  ///< [classes, input_dim], derived from seed
+  uint32_t shard_world_ = 0;     ///< 0: optimizer state not sharded
+  size_t shard_begin_ = 0;       ///< this rank's flat range of the optimizer state
+  std::vector<float> momentum_;  ///< sharded: this rank's momentum, [shard count]
   // Scratch, sized for the local batch on first use and then reused.
   int scratch_batch_ = 0;
   std::vector<float> x_;
