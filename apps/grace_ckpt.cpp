@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <set>
+#include <variant>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -19,6 +21,8 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/checkpoint.hpp"
+#include "runtime/manifest.hpp"
+#include "runtime/safetensors.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -154,26 +158,83 @@ int cmd_verify(const fs::path& dir, std::optional<uint64_t> step) {
   return bad ? exit_invalid : exit_ok;
 }
 
-int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
-  if (auto e = check_dir(dir)) return fail(exit_usage, *e);
+/// The step directory a command works on: `--step`, DIR itself when it is
+/// a step directory, else the newest. An error is (exit code, message).
+std::variant<fs::path, std::pair<int, std::string>> pick_step(const fs::path& dir, std::optional<uint64_t> step) {
+  if (auto e = check_dir(dir)) return std::make_pair(exit_usage, *e);
   checkpoint_store store(dir);
-  fs::path target;
   if (step) {
-    target = store.step_path(*step);
+    auto target = store.step_path(*step);
     if (!fs::exists(target))
-      return fail(exit_invalid, target.string() + ": no checkpoint for step " + std::to_string(*step));
-  } else if (is_step_dir(dir)) {
-    target = dir;
-  } else {
-    auto all = store.try_list();
-    if (!all) return fail(exit_usage, all.err().message);
-    for (auto it = all->rbegin(); it != all->rend(); ++it)
-      if (!it->temporary && !it->set_aside) {
-        target = it->path;
-        break;
-      }
-    if (target.empty()) return fail(exit_invalid, "no checkpoints in " + dir.string());
+      return std::make_pair(exit_invalid, target.string() + ": no checkpoint for step " + std::to_string(*step));
+    return target;
   }
+  if (is_step_dir(dir)) return dir;
+  auto all = store.try_list();
+  if (!all) return std::make_pair(exit_usage, all.err().message);
+  for (auto it = all->rbegin(); it != all->rend(); ++it)
+    if (!it->temporary && !it->set_aside) return it->path;
+  return std::make_pair(exit_invalid, "no checkpoints in " + dir.string());
+}
+
+/// Every tensor of a step as a whole (global) tensor: name, dtype, shape.
+std::vector<stored_tensor> global_tensors(const fs::path& target, const std::vector<stored_tensor>& stored) {
+  std::vector<stored_tensor> out;
+  auto j = read_json(target / index_file_name);
+  std::set<std::string> sharded;
+  if (j && j->contains("grace_sharded") && (*j)["grace_sharded"].is_object())
+    for (auto& [name, t] : (*j)["grace_sharded"].items()) {
+      stored_tensor g;
+      g.name = name;
+      if (!t.contains("dtype") || !t["dtype"].is_string() || !parse_dtype(t["dtype"].get<std::string>(), g.type))
+        continue;
+      for (auto& d : t.value("shape", json::array())) g.shape.push_back(d.get<int64_t>());
+      out.push_back(std::move(g));
+      sharded.insert(name);
+    }
+  for (auto& t : stored)
+    if (!sharded.count(t.name)) out.push_back(t);
+  return out;
+}
+
+/// Writes every tensor of a checkpoint, sharded ones assembled from their
+/// parts, as one safetensors file (verified first, like a restore).
+int cmd_export(const fs::path& dir, std::optional<uint64_t> step, const fs::path& out_file) {
+  auto picked = pick_step(dir, step);
+  if (auto* e = std::get_if<std::pair<int, std::string>>(&picked)) return fail(e->first, e->second);
+  const auto target = std::get<fs::path>(picked);
+  if (fs::exists(out_file)) return fail(exit_usage, out_file.string() + ": exists; export never overwrites a file");
+  checkpoint_store store(target.parent_path());
+  auto m = store.read_manifest(target);
+  if (!m) return fail(exit_invalid, m.err().message);
+  auto stored = store.read_tensors(target);
+  if (!stored) return fail(exit_invalid, stored.err().message);
+  auto globals = global_tensors(target, *stored);
+  std::vector<std::vector<unsigned char>> bufs;
+  std::vector<tensor_ref> refs;
+  std::vector<safetensors::tensor_desc> descs;
+  for (auto& g : globals) {
+    tensor_ref r{g.name, g.type, g.shape, nullptr};
+    bufs.emplace_back(r.bytes());
+    r.data = bufs.back().data();
+    refs.push_back(r);
+    descs.push_back({g.name, g.type, g.shape, r.bytes()});
+  }
+  auto restored = store.restore(m->step, refs);
+  if (!restored) return fail(exit_invalid, restored.err().message);
+  std::vector<const void*> data;
+  for (auto& b : bufs) data.push_back(b.data());
+  if (auto st = safetensors::write_file(out_file, descs, data, {{"format", "pt"}}); !st)
+    return fail(exit_usage, st.err().message);
+  std::cout << "step " << m->step << ": " << globals.size() << " tensors written to " << out_file.string() << "\n";
+  return exit_ok;
+}
+
+int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
+  auto picked = pick_step(dir, step);
+  if (auto* e = std::get_if<std::pair<int, std::string>>(&picked)) return fail(e->first, e->second);
+  const auto target = std::get<fs::path>(picked);
+  checkpoint_store store(dir);
   auto m = store.read_manifest(target);
   if (!m) return fail(exit_invalid, m.err().message);
   auto tensors = store.read_tensors(target);
@@ -267,6 +328,13 @@ int main(int argc, char** argv) {
   auto* show_step = show->add_option("--step", step, "this step");
   show->add_flag("--json", as_json, "machine-readable output");
 
+  std::string out_file;
+  auto* exp = app.add_subcommand("export", "Write every tensor as one safetensors file, sharded ones assembled "
+                                            "from their parts (default: newest checkpoint)");
+  exp->add_option("DIR", dir, "checkpoint directory or one step directory")->required();
+  exp->add_option("OUT", out_file, "the safetensors file to write (must not exist)")->required();
+  auto* exp_step = exp->add_option("--step", step, "this step");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -280,6 +348,7 @@ int main(int argc, char** argv) {
 
   if (*list) return cmd_list(dir, as_json);
   if (*verify) return cmd_verify(dir, verify_step->count() ? std::optional<uint64_t>(step) : std::nullopt);
+  if (*exp) return cmd_export(dir, exp_step->count() ? std::optional<uint64_t>(step) : std::nullopt, out_file);
   if (*show) return cmd_show(dir, show_step->count() ? std::optional<uint64_t>(step) : std::nullopt, as_json);
   return exit_usage;
 }
