@@ -130,6 +130,18 @@ for r in sorted((r for r in sel("scale") if not r.get("per_host")), key=lambda r
             "direct %.1f%%" % (100 * r["idle_cpu"]), "%.2fx" % (h["idle_cpu"] / r["idle_cpu"] if r["idle_cpu"] else 0),
             "< 5% at 1024", yes(n < 1024 or h["idle_cpu"] < 0.05))
 
+for b in sorted({r["bytes"] for r in sel("parts")}):
+    one = med("parts", "gbps", bytes=b, ranks=1)
+    for n in (2, 4):
+        got = med("parts", "gbps", bytes=b, ranks=n)
+        ddp = med("dd_parallel", "gbps", bytes=b, files=n)
+        if not got or not one or not ddp:
+            continue
+        add("3f sharded save %d MiB, %d ranks' parts vs 1 writer" % (b >> 20, n), fmt(got, "GB/s"),
+            "1 writer %s" % fmt(one, "GB/s"), "%.2fx" % (got / one), ">= 1x", yes(got >= one))
+        add("   3f vs %d dd writing the same files at once" % n, fmt(got, "GB/s"), "dd %s" % fmt(ddp, "GB/s"),
+            "%.0f%%" % (100 * got / ddp), ">= 90%", yes(got / ddp >= 0.9))
+
 ov = med("step", "overhead_ns")
 if ov is not None:
     add("2 per-step cost of run(step_fn), nothing pending", fmt(med("step", "run_ns"), "ns", 1),
