@@ -528,3 +528,84 @@ TEST_CASE("agreement: takeover with every rank back still ends in one jit round"
   CHECK(empty.end_takeover().empty());
   CHECK(empty.phase() == agreement_phase::stopping);
 }
+
+// ---- sharded state: parts and their commit ----------------------------------
+
+TEST_CASE("parts mode: every member saves, the saver commits once every part is durable", "[agreement][parts]") {
+  auto a = joined(3);
+  a.set_parts(true);
+  a.on_claim(1, 5, 0);
+  const auto id = a.current_id();
+  actions last;
+  for (uint32_t r = 0; r < 3; ++r) last = a.on_ack(r, id, 5);
+  auto agreed = find(last, ty::agreed);
+  REQUIRE(agreed);
+  CHECK(agreed->all_save);
+  CHECK(agreed->saver == 0);
+  CHECK(a.on_saved(2, id, 5, true, "", true).empty());
+  CHECK(a.on_saved(2, id, 5, true, "", true).empty());  // a repeated report changes nothing
+  CHECK(a.on_saved(0, id, 5, true, "", true).empty());
+  auto c = find(a.on_saved(1, id, 5, true, "", true), ty::commit_parts);
+  REQUIRE(c);
+  CHECK(c->rank == 0);
+  CHECK(c->step == 5);
+  auto done = find(a.on_saved(0, id, 5, true, ""), ty::committed);
+  REQUIRE(done);
+  CHECK(done->step == 5);
+  CHECK(a.durable_step() == 5);
+}
+
+TEST_CASE("parts mode: a failed part fails the round, a loss before the commit saves nothing", "[agreement][parts]") {
+  SECTION("failed part") {
+    auto a = joined(2);
+    a.set_parts(true);
+    a.on_claim(0, 3, 0);
+    a.on_ack(0, a.current_id(), 3);
+    a.on_ack(1, a.current_id(), 3);
+    auto e = find(a.on_saved(1, a.current_id(), 3, false, "disk full", true), ty::cluster_error);
+    REQUIRE(e);
+    CHECK(e->message.find("rank 1 could not save its part of step 3: disk full") != std::string::npos);
+  }
+  SECTION("loss after some parts") {
+    auto a = joined(3);
+    a.set_parts(true);
+    a.on_claim(0, 3, 0);
+    for (uint32_t r = 0; r < 3; ++r) a.on_ack(r, a.current_id(), 3);
+    a.on_saved(0, a.current_id(), 3, true, "", true);
+    a.on_saved(1, a.current_id(), 3, true, "", true);
+    auto lost = a.on_member_lost(2, 3, loss_reason::dead, "killed");
+    REQUIRE(find(lost, ty::propose));
+    actions last;
+    for (uint32_t r = 0; r < 2; ++r) last = a.on_ack(r, a.current_id(), 3);
+    // Its part is gone: nothing can be written, the newest complete checkpoint stays.
+    REQUIRE_FALSE(find(last, ty::agreed));
+    auto c = find(last, ty::committed);
+    REQUIRE(c);
+    CHECK(c->exit_after);
+    CHECK(c->step == 0);
+  }
+}
+
+TEST_CASE("parts mode: periodic parts are committed per step by the chief", "[agreement][parts]") {
+  auto a = joined(3);
+  a.set_parts(true);
+  CHECK(a.on_saved(1, 0, 10, true, "", true).empty());
+  CHECK(a.on_saved(0, 0, 10, true, "", true).empty());
+  CHECK(a.on_saved(1, 0, 20, true, "", true).empty());  // a rank one save ahead
+  auto c = find(a.on_saved(2, 0, 10, true, "", true), ty::commit_parts);
+  REQUIRE(c);
+  CHECK(c->rank == 0);
+  CHECK(c->id == 0);
+  CHECK(c->step == 10);
+  a.on_saved(0, 0, 10, true, "");
+  CHECK(a.durable_step() == 10);
+  // A failed part abandons its step: no commit for it, the next one still comes.
+  a.on_saved(0, 0, 20, false, "disk full", true);
+  CHECK(a.on_saved(2, 0, 20, true, "", true).empty());
+  a.on_saved(0, 0, 30, true, "", true);
+  a.on_saved(1, 0, 30, true, "", true);
+  CHECK(find(a.on_saved(2, 0, 30, true, "", true), ty::commit_parts));
+  // Without parts mode a periodic report is ignored.
+  auto plain = joined(2);
+  CHECK(plain.on_saved(0, 0, 10, true, "", true).empty());
+}
