@@ -58,6 +58,30 @@ for sig in KILL STOP; do
   pass "SIG$sig to rank 2: restart from the complete checkpoint of step $restored, weights identical"
 done
 
+# A kill during the two-phase commit: rank 2 as soon as a part of step >= 30
+# is durable (phase 1 running or done, the commit not yet taken), and rank 0
+# (the committer) as soon as the service ordered a commit (phase 2 running).
+# Whichever point the kill lands on, the restart restores a complete
+# checkpoint and the run ends bit-identical.
+for who in 2 0; do
+  D="$WORK/commit-kill-$who"
+  start_job "$D" 4 -- "${ARGS[@]}"
+  wait_for_training "$D" 4
+  victim=$(workers_of "$JOB_PID" | sort | sed -n "$((who + 1))p")
+  if [ "$who" -eq 2 ]; then
+    wait_for_event "$D" "e['event']=='part_durable' and e['step']>=30"
+  else
+    wait_for_event "$D" "e['event']=='parts_durable' and e['step']>=30"
+  fi
+  kill -KILL "$victim"
+  wait_job
+  check_finished "$D" $STEPS "$REF"
+  restored=$(first_event_step "$D" restored)
+  [ $((restored % 10)) -eq 0 ] || fail "kill of rank $who in a commit: restored step $restored was never committed"
+  [ -z "$(find "$D/ck" -maxdepth 1 -name '.parts-*')" ] || fail "kill of rank $who: parts directories left behind"
+  pass "SIGKILL to rank $who during the commit of a sharded save: restored the complete step $restored, weights identical"
+done
+
 # A damaged part: the newest checkpoint no longer verifies; the next run
 # restores the one before it and still finishes with every step once.
 D="$WORK/damaged"
