@@ -168,18 +168,30 @@ public:
   ~py_session() { close(); }
 
   void register_memory(const std::string& name, const std::string& dtype, std::vector<int64_t> shape, uintptr_t ptr,
-                       py::object owner) {
+                       py::object owner, std::vector<int64_t> global_shape, std::vector<int64_t> offsets) {
     check_registration(name);
     for (auto d : shape)
       if (d < 0) throw py::value_error("'" + name + "': negative dimension");
     grace::tensor_ref t{name, dtype_from_name(dtype, name), std::move(shape), reinterpret_cast<void*>(ptr)};
     if (t.bytes() > 0 && !t.data) throw py::value_error("'" + name + "': no memory (null data pointer)");
-    add(std::move(t), std::move(owner));
+    add(sliced(std::move(t), std::move(global_shape), std::move(offsets)), std::move(owner));
+  }
+
+  /// A sharded tensor's place in its global tensor (both empty: replicated).
+  static grace::tensor_ref sliced(grace::tensor_ref t, std::vector<int64_t> global_shape, std::vector<int64_t> offsets) {
+    if (global_shape.empty() && !offsets.empty())
+      throw py::value_error("'" + t.name + "': offsets given without global_shape");
+    if (!global_shape.empty() && offsets.empty()) offsets.assign(global_shape.size(), 0);
+    t.global_shape = std::move(global_shape);
+    t.offsets = std::move(offsets);
+    if (auto why = grace::slice_problem(t); !why.empty()) throw py::value_error(why);
+    return t;
   }
 
   /// An object with the buffer protocol (a numpy array): C-contiguous and
   /// writable, registered where it lies.
-  void register_buffer(const std::string& name, py::object obj) {
+  void register_buffer(const std::string& name, py::object obj, std::vector<int64_t> global_shape,
+                       std::vector<int64_t> offsets) {
     check_registration(name);
     if (!PyObject_CheckBuffer(obj.ptr()))
       throw py::type_error("'" + name + "': " + std::string(py::str(obj.get_type())) +
@@ -194,7 +206,8 @@ public:
                             "(numpy.ascontiguousarray) and train on that one");
     grace::dtype t = dtype_from_format(view.format ? view.format : "B", view.itemsize, name);
     std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
-    add(grace::tensor_ref{name, t, std::move(shape), view.buf}, std::move(obj));
+    add(sliced(grace::tensor_ref{name, t, std::move(shape), view.buf}, std::move(global_shape), std::move(offsets)),
+        std::move(obj));
   }
 
   /// A counter saved in the manifest; returns its storage (stable address).
@@ -647,8 +660,10 @@ PYBIND11_MODULE(_grace, m) {
            }),
            py::arg("exit_on_stop") = true, py::arg("collective_timeout_ms") = 30000)
       .def("register_memory", &py_session::register_memory, py::arg("name"), py::arg("dtype"), py::arg("shape"),
-           py::arg("ptr"), py::arg("owner"))
-      .def("register_buffer", &py_session::register_buffer, py::arg("name"), py::arg("array"))
+           py::arg("ptr"), py::arg("owner"), py::arg("global_shape") = std::vector<int64_t>{},
+           py::arg("offsets") = std::vector<int64_t>{})
+      .def("register_buffer", &py_session::register_buffer, py::arg("name"), py::arg("array"),
+           py::arg("global_shape") = std::vector<int64_t>{}, py::arg("offsets") = std::vector<int64_t>{})
       .def(
           "counter",
           [](py::object self, const std::string& name, int64_t initial) {

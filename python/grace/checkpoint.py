@@ -66,31 +66,57 @@ def _header(f, path):
     return json.loads(f.read(n)), 8 + n
 
 
-def _read_arrays(step_dir):
-    """name -> (numpy array, safetensors dtype), in the index's order."""
-    with open(os.path.join(step_dir, "model.safetensors.index.json")) as f:
-        weight_map = json.load(f)["weight_map"]
+def _read_file(path):
+    """name -> (numpy array, safetensors dtype) of one safetensors file."""
     out = {}
-    for shard in dict.fromkeys(weight_map.values()):
-        path = os.path.join(step_dir, shard)
-        with open(path, "rb") as f:
-            header, base = _header(f, path)
-            entries = sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
-                             key=lambda kv: kv[1]["data_offsets"][0])
-            for name, e in entries:
-                dt = _NUMPY.get(e["dtype"])
-                if dt is None:
-                    raise GraceError("%s: tensor '%s' has dtype %s, unknown here" % (path, name, e["dtype"]))
-                begin, end = e["data_offsets"]
-                count = int(np.prod(e["shape"], dtype=np.int64))
-                if (end - begin) != count * np.dtype(dt).itemsize:
-                    raise GraceError("%s: tensor '%s' has %d bytes for shape %s" % (path, name, end - begin, e["shape"]))
-                f.seek(base + begin)
-                a = np.fromfile(f, dtype=dt, count=count)
-                if a.size != count:
-                    raise GraceError("%s: tensor '%s' is truncated" % (path, name))
-                out[name] = (a.reshape(e["shape"]), e["dtype"])
-    return {name: out[name] for name in weight_map if name in out}
+    with open(path, "rb") as f:
+        header, base = _header(f, path)
+        entries = sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
+                         key=lambda kv: kv[1]["data_offsets"][0])
+        for name, e in entries:
+            dt = _NUMPY.get(e["dtype"])
+            if dt is None:
+                raise GraceError("%s: tensor '%s' has dtype %s, unknown here" % (path, name, e["dtype"]))
+            begin, end = e["data_offsets"]
+            count = int(np.prod(e["shape"], dtype=np.int64))
+            if (end - begin) != count * np.dtype(dt).itemsize:
+                raise GraceError("%s: tensor '%s' has %d bytes for shape %s" % (path, name, end - begin, e["shape"]))
+            f.seek(base + begin)
+            a = np.fromfile(f, dtype=dt, count=count)
+            if a.size != count:
+                raise GraceError("%s: tensor '%s' is truncated" % (path, name))
+            out[name] = (a.reshape(e["shape"]), e["dtype"])
+    return out
+
+
+def _read_arrays(step_dir):
+    """name -> (numpy array, safetensors dtype), in the index's order; a
+    sharded tensor (the index's grace_sharded section, written by ranks that
+    each held a slice) assembled from its parts at its global shape."""
+    with open(os.path.join(step_dir, "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    weight_map, sharded = index["weight_map"], index.get("grace_sharded", {})
+    files = {}
+
+    def file(name):
+        if name not in files:
+            files[name] = _read_file(os.path.join(step_dir, name))
+        return files[name]
+
+    out = {}
+    for name, shard in weight_map.items():
+        if name in file(shard):
+            out[name] = file(shard)[name]
+    for name, t in sharded.items():
+        dt = _NUMPY.get(t["dtype"])
+        if dt is None:
+            raise GraceError("%s: tensor '%s' has dtype %s, unknown here" % (step_dir, name, t["dtype"]))
+        whole = np.zeros(t["shape"], dtype=dt)
+        for p in t["parts"]:
+            part, _ = file(p["file"])[name]
+            whole[tuple(slice(o, o + n) for o, n in zip(p["offsets"], part.shape))] = part
+        out[name] = (whole, t["dtype"])
+    return out
 
 
 def _select(tensors, prefix):

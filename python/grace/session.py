@@ -91,16 +91,23 @@ class Session:
 
     # ------------------------------------------------------------ registering
 
-    def register_tensor(self, name, t):
+    def register_tensor(self, name, t, global_shape=None, offsets=None):
         """A torch CPU tensor or a numpy array, registered by its memory: Grace
         copies it at a checkpoint and writes into it on restore. It must stay
-        the tensor the trainer uses (no `.data =`, no `.to()` afterwards)."""
+        the tensor the trainer uses (no `.data =`, no `.to()` afterwards).
+
+        Sharded state (ZeRO/FSDP): `t` is this rank's slice of a global tensor
+        of `global_shape`, starting at `offsets` (default: the origin). Every
+        rank then writes its own part of each checkpoint, and a restore on any
+        number of ranks fills each rank's slice from the stored parts."""
+        gs = [int(d) for d in global_shape] if global_shape is not None else []
+        off = [int(o) for o in offsets] if offsets is not None else []
         if _state.is_torch_tensor(t):
             dtype, shape, ptr, owner = _state.tensor_memory(name, t)
-            self._s.register_memory(name, dtype, shape, ptr, owner)
+            self._s.register_memory(name, dtype, shape, ptr, owner, gs, off)
             self._checks.append(_state.pointer_check(name, t, ptr))
         else:
-            self._s.register_buffer(name, t)
+            self._s.register_buffer(name, t, gs, off)
 
     register_array = register_tensor
 
