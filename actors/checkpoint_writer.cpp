@@ -29,7 +29,7 @@ struct written_part {
 struct writer_state {
   static inline const char* name = "checkpoint_writer";
   checkpoint_writer_config cfg;
-  std::map<uint64_t, written_part> parts;  ///< by step; the newest few
+  std::map<std::pair<uint64_t, uint64_t>, written_part> parts;  ///< by (agreement id, step); the newest few
 };
 
 using self_ptr = checkpoint_writer_actor::stateful_pointer<writer_state>;
@@ -124,8 +124,12 @@ void record(spdlog::logger& log, const save_outcome& o) {
 /// Keeps what the commit of a part written now needs (the newest few steps:
 /// an older one's commit order can no longer come).
 void remember_part(writer_state& st, const save_request& req) {
-  st.parts[req.meta.step] = written_part{req.meta, req.part_tag};
-  while (st.parts.size() > 4) st.parts.erase(st.parts.begin());
+  st.parts[{req.agreement_id, req.meta.step}] = written_part{req.meta, req.part_tag};
+  while (st.parts.size() > 4) {
+    auto oldest = std::min_element(st.parts.begin(), st.parts.end(),
+                                   [](auto& a, auto& b) { return a.first.second < b.first.second; });
+    st.parts.erase(oldest);
+  }
 }
 
 /// Phase 2 of a sharded save, on the rank the service chose: commit every
@@ -136,9 +140,10 @@ void commit_parts(self_ptr self, uint64_t id, uint64_t step) {
   o.step = step;
   o.agreement_id = id;
   const int64_t t0 = mono_ns();
-  auto it = st.parts.find(step);
+  auto it = st.parts.find({id, step});
   if (it == st.parts.end()) {
-    o.error = "no part of step " + std::to_string(step) + " was written by this rank";
+    o.error = "no part of step " + std::to_string(step) + (id ? " (agreement #" + std::to_string(id) + ")" : "") +
+              " was written by this rank";
   } else {
     o.kind = it->second.meta.kind;
     auto r = st.cfg.store->commit_parts(it->second.meta, it->second.tag);

@@ -205,6 +205,9 @@ int cmd_export(const fs::path& dir, std::optional<uint64_t> step, const fs::path
   const auto target = std::get<fs::path>(picked);
   if (fs::exists(out_file)) return fail(exit_usage, out_file.string() + ": exists; export never overwrites a file");
   checkpoint_store store(target.parent_path());
+  // Verified first: the tensors' sizes come from it, and a damaged index
+  // must not make the tool allocate what it says.
+  if (auto v = store.verify(target); !v) return fail(exit_invalid, v.err().message);
   auto m = store.read_manifest(target);
   if (!m) return fail(exit_invalid, m.err().message);
   auto stored = store.read_tensors(target);

@@ -292,10 +292,9 @@ actions agreement::on_periodic(uint32_t rank, uint64_t step, bool ok, bool part)
     if (ok && rank == chief()) committed_step_ = std::max(committed_step_, step);
     return {};
   }
-  if (!ok) {
-    periodic_parts_.erase(step);
-    return {};
-  }
+  // A failed part is not counted; the rank may write it again (its final
+  // save of that step), and the commit comes once every part is in.
+  if (!ok) return {};
   periodic_parts_[step].insert(rank);
   // A member's writer may lag a few saves behind; a step older than the
   // last few is abandoned (its parts are removed by the next commit).

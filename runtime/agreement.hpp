@@ -100,7 +100,8 @@
 /// the round becomes a just-in-time round whose agreement writes nothing
 /// (committed at the durable step, everyone exits for a restart from the
 /// newest complete checkpoint). Periodic saves (agreement id 0) are tracked
-/// per step: when every live member reported its part of step N, the chief
+/// per step: when every live member reported its part of step N durable
+/// (a failed part is not counted: the rank may write it again), the chief
 /// commits it; its report makes N durable.
 ///
 /// | phase        | event                         | next          | actions                                   |

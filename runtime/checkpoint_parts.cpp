@@ -175,7 +175,7 @@ result<part_desc> read_part(const fs::path& dir, uint32_t rank, const checkpoint
 
 /// The global index from every rank's part: replicated tensors in
 /// `weight_map` (exactly one writer each), sharded ones in `grace_sharded`.
-result<json> index_from_parts(const std::vector<part_desc>& parts, int world) {
+result<json> index_from_parts(const std::vector<part_desc>& parts, int world) try {
   json wm = json::object(), sharded = json::object();
   uint64_t total = 0;
   for (auto& p : parts)
@@ -203,6 +203,8 @@ result<json> index_from_parts(const std::vector<part_desc>& parts, int world) {
   return json{{"metadata", {{"total_size", total}, {"format", "grace-sharded"}, {"world_size", world}}},
               {"weight_map", wm},
               {"grace_sharded", sharded}};
+} catch (const json::exception& e) {
+  return error{errc::invalid_input, std::string("malformed part description: ") + e.what()};
 }
 
 /// Renames the parts directory to `step-N` (unless a valid one is there).
@@ -395,7 +397,9 @@ result<std::map<std::string, stored_global>> stored_globals(const fs::path& step
       g.shape = dims_of(t.at("shape"));
       for (auto& p : t.at("parts")) {
         auto s = by_file.at(p.at("file").get<std::string>());
-        g.parts.push_back({s, entry_in(*s, name), dims_of(p.at("offsets"))});
+        auto e = entry_in(*s, name);
+        if (!e) return invalid_file(ip, "'" + name + "' is not in " + s->file->name);
+        g.parts.push_back({s, e, dims_of(p.at("offsets"))});
       }
     }
   } catch (const std::exception& e) {

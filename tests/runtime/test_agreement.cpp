@@ -599,9 +599,10 @@ TEST_CASE("parts mode: periodic parts are committed per step by the chief", "[ag
   CHECK(c->step == 10);
   a.on_saved(0, 0, 10, true, "");
   CHECK(a.durable_step() == 10);
-  // A failed part abandons its step: no commit for it, the next one still comes.
+  // A failed part is not counted: no commit until that rank writes it again.
   a.on_saved(0, 0, 20, false, "disk full", true);
   CHECK(a.on_saved(2, 0, 20, true, "", true).empty());
+  CHECK(find(a.on_saved(0, 0, 20, true, "", true), ty::commit_parts));
   a.on_saved(0, 0, 30, true, "", true);
   a.on_saved(1, 0, 30, true, "", true);
   CHECK(find(a.on_saved(2, 0, 30, true, "", true), ty::commit_parts));
