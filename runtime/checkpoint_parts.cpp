@@ -317,7 +317,9 @@ status check_sharded_index(const fs::path& ip, const json& index, const std::vec
   std::map<std::string, const safetensors::header*> by_file;
   for (auto& s : shards) by_file[s.file->name] = &s.h;
   try {
-    for (auto& [name, t] : it->items()) {
+    for (auto& item : it->items()) {
+      const std::string name = item.key();  // a plain variable: the lambda below captures it
+      const json& t = item.value();
       dtype ty;
       if (!parse_dtype(t.at("dtype").get<std::string>(), ty)) return invalid_file(ip, "'" + name + "': unknown dtype");
       const auto shape = dims_of(t.at("shape"));
