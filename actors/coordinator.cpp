@@ -190,6 +190,10 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
     }
     for (auto n : nodes) self->send(st.relays[n], m);
   };
+  auto to_one = [&](uint32_t rank, auto m) {  // directly, also to a relayed member
+    auto it = st.workers.find(rank);
+    if (it != st.workers.end()) self->send(it->second, std::move(m));
+  };
   for (auto& a : acts) {
     using ty = agreement_action::type;
     // Proposals and agreements leave before their log line and event (a
@@ -255,26 +259,20 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
           b.setMessage(a.message);
         }));
         break;
-      case ty::commit_parts: {
+      case ty::commit_parts:
         st.log->info("every part of checkpoint #{} at step {} is durable: rank {} commits them", a.id, a.step, a.rank);
         emit_event("parts_durable", {{"id", a.id}, {"step", a.step}, {"committer", a.rank}});
-        auto it = st.workers.find(a.rank);
-        if (it != st.workers.end())
-          self->send(it->second, make<proto::CommitParts>([&](auto b) {
-                       b.setAgreementId(a.id);
-                       b.setStep(a.step);
-                     }));
+        to_one(a.rank, make<proto::CommitParts>([&](auto b) {
+                 b.setAgreementId(a.id);
+                 b.setStep(a.step);
+               }));
         break;
-      }
-      case ty::deadline_update: {
-        auto it = st.workers.find(a.rank);
-        if (it != st.workers.end())
-          self->send(it->second, make<proto::DeadlineUpdate>([&](auto b) {
-                       b.setAgreementId(a.id);
-                       b.setDeadlineNs(a.deadline_ns);
-                     }));
+      case ty::deadline_update:
+        to_one(a.rank, make<proto::DeadlineUpdate>([&](auto b) {
+                 b.setAgreementId(a.id);
+                 b.setDeadlineNs(a.deadline_ns);
+               }));
         break;
-      }
     }
   }
   return reply;
