@@ -44,6 +44,14 @@ void write_to(checkpoint_store& store, const save_request& req, save_outcome& o,
     auto r = req.part_tag.empty() ? store.save(req.buffers->view(), req.meta, wait)
                                   : store.save_part(req.buffers->view(), req.meta, req.part_tag, rank,
                                                     req.with_replicated, wait);
+    for (auto& [lost, bytes] : req.replica_parts) {
+      if (!r) break;
+      auto extra = store.save_part(bytes->view(), req.meta, req.part_tag, lost, true, {});
+      if (!extra)
+        r = error{errc::failed, "rank " + std::to_string(lost) + "'s part from its replica: " + extra.err().message};
+      else
+        r->total_bytes += extra->total_bytes;
+    }
     o.ok = static_cast<bool>(r);
     if (r)
       o.stats = std::move(r.value());

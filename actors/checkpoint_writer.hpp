@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace grace {
 
@@ -48,8 +50,12 @@ struct save_request {
   /// Sharded state: phase 1 only, this rank's part into the parts directory
   /// of (step, part_tag), reported to the service even without an
   /// agreement; the commit waits for commit_atom. Empty: a whole save.
-  std::string part_tag;
+  std::string part_tag{};
   bool with_replicated = false;  ///< the part includes the replicated tensors
+  /// Sharded state, just in time from copies: the parts of lost ranks this
+  /// rank holds replicas of (rank, its part's bytes), written beside its
+  /// own and reported with it.
+  std::vector<std::pair<uint32_t, std::shared_ptr<snapshot_buffers>>> replica_parts{};
 };
 
 /// The answer to a save_request.

@@ -218,6 +218,9 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
           b.setDeadlineNs(a.deadline_ns);
           b.setExitAfter(a.exit_after);
           b.setAllSave(a.all_save);
+          b.setFromKept(a.from_kept);
+          auto fr = b.initFromReplica(static_cast<unsigned>(a.from_replica.size()));
+          for (unsigned i = 0; i < a.from_replica.size(); ++i) fr.set(i, a.from_replica[i]);
         }));
         st.log->info(
             "{} {} checkpoint #{} at step {}{}", agreed ? "agreed" : "proposing", to_string(a.kind), a.id, a.step,
@@ -861,7 +864,7 @@ void on_ack_batch(self_ptr self, msg<proto::AckBatch>& m) {
   actions acts;
   for (auto a : r->get().getAcks())
     if (rank_of_node(self, a.getRank(), r->get().getNode())) {
-      auto more = self->state.agree->on_ack(a.getRank(), a.getAgreementId(), a.getEarliestStep());
+      auto more = self->state.agree->on_ack(a.getRank(), a.getAgreementId(), a.getEarliestStep(), copies_of(a));
       acts.insert(acts.end(), more.begin(), more.end());
     }
   dispatch(self, acts);
@@ -904,7 +907,7 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
       [self](msg<proto::Ack>& m) {
         if (auto r = decode(m); r && from_member(self, r->get().getRank(), "an acknowledgement"))
           dispatch(self, self->state.agree->on_ack(r->get().getRank(), r->get().getAgreementId(),
-                                                   r->get().getEarliestStep()));
+                                                   r->get().getEarliestStep(), copies_of(r->get())));
       },
       [self](msg<proto::Heartbeat>& m) {
         auto r = decode(m);

@@ -57,6 +57,7 @@ void send_acks(self_ptr self, const std::vector<relay_ack>& acks) {
                  list[i].setAgreementId(acks[i].id);
                  list[i].setRank(acks[i].rank);
                  list[i].setEarliestStep(acks[i].earliest);
+                 set_copies(list[i], acks[i].copies);
                }
              }));
 }
@@ -71,7 +72,7 @@ void on_ack(self_ptr self, msg<proto::Ack>& m) {
   if (it == st.ranks.end() || it->second != a.getRank()) return;  // only a worker for itself
   std::vector<relay_ack> older;
   bool first = !st.batches.acks_pending();
-  auto out = st.batches.ack({a.getAgreementId(), a.getRank(), a.getEarliestStep()}, &older);
+  auto out = st.batches.ack({a.getAgreementId(), a.getRank(), a.getEarliestStep(), copies_of(a)}, &older);
   send_acks(self, older);
   if (out == relay_batches::ack_outcome::complete) {
     ++st.flush_gen;

@@ -62,12 +62,13 @@ bool from_current(self_ptr self) {
 }
 
 /// An acknowledgement: through the node's relay if there is one.
-void send_ack(self_ptr self, uint64_t id, uint64_t earliest) {
+void send_ack(self_ptr self, uint64_t id, uint64_t earliest, const replica_report& copies = {}) {
   auto& st = self->state;
   auto m = make<proto::Ack>([&](auto b) {
     b.setAgreementId(id);
     b.setRank(st.cfg.rank);
     b.setEarliestStep(earliest);
+    set_copies(b, copies);
   });
   if (st.cfg.relay)
     self->send(st.cfg.relay, std::move(m));
@@ -91,7 +92,7 @@ void on_order(self_ptr self, const checkpoint_order& o) {
   // (at a boundary, restoring, in its rendezvous) cannot start one any more
   // (Dekker), so its completed step is final: acknowledge it now.
   if (progress.idle()) {
-    send_ack(self, o.id, progress.completed);
+    send_ack(self, o.id, progress.completed, st.cfg.freeze_copies ? st.cfg.freeze_copies() : replica_report{});
     st.ctl->post_acked_for_trainer(o.id);
   }
   st.ctl->abort();
@@ -387,6 +388,8 @@ peer_watcher_actor::behavior_type peer_watcher(self_ptr self, std::shared_ptr<co
           checkpoint_order o{c.getAgreementId(), c.getStep(), from_wire(c.getKind()), c.getAgreed(),
                              c.getSaver(),       c.getExitAfter(), c.getDeadlineNs()};
           o.all_save = c.getAllSave();
+          o.from_kept = c.getFromKept();
+          for (auto r : c.getFromReplica()) o.from_replica.push_back(r);
           on_order(self, o);
         }
       },

@@ -6,6 +6,7 @@
 
 #include "actors/coordinator_ref.hpp"
 #include "actors/node_relay.hpp"
+#include "runtime/agreement.hpp"
 
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
@@ -42,6 +43,10 @@ struct peer_watcher_config {
   /// Sharded state: the service says every part of (agreement id, step) is
   /// durable and this worker commits them (handed to its checkpoint writer).
   std::function<void(uint64_t, uint64_t)> on_commit_parts;
+  /// Sharded state with replicas: the kept copies and the replica this
+  /// worker reports in a just-in-time acknowledgement, frozen from then on
+  /// (runtime/replica.hpp). Unset: nothing to report.
+  std::function<replica_report()> freeze_copies;
   /// This node's relay (multi-node jobs, GRACE_RELAY): heartbeats and
   /// acknowledgements go through it, and orders come from it. None: the
   /// watcher talks to the service directly.

@@ -39,4 +39,21 @@ loss_kind from_wire(proto::LossReason r) noexcept {
   return loss_kind::peer_dead;
 }
 
+void set_copies(proto::Ack::Builder b, const replica_report& r) {
+  auto kept = b.initKeptSteps(static_cast<unsigned>(r.kept.size()));
+  for (unsigned i = 0; i < r.kept.size(); ++i) kept.set(i, r.kept[i]);
+  b.setHoldsReplica(r.of.has_value());
+  b.setReplicaOf(r.of.value_or(0));
+  auto rep = b.initReplicaSteps(static_cast<unsigned>(r.replica.size()));
+  for (unsigned i = 0; i < r.replica.size(); ++i) rep.set(i, r.replica[i]);
+}
+
+replica_report copies_of(proto::Ack::Reader a) {
+  replica_report r;
+  for (auto s : a.getKeptSteps()) r.kept.push_back(s);
+  if (a.getHoldsReplica()) r.of = a.getReplicaOf();
+  for (auto s : a.getReplicaSteps()) r.replica.push_back(s);
+  return r;
+}
+
 }  // namespace grace

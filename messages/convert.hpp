@@ -15,5 +15,8 @@ checkpoint_kind from_wire(proto::CheckpointKind k) noexcept;
 proto::LossReason to_wire(loss_reason r) noexcept;
 /// A lost peer as the worker's control block records it.
 loss_kind from_wire(proto::LossReason r) noexcept;
+/// A just-in-time acknowledgement's kept copies and replica (sharded state).
+void set_copies(proto::Ack::Builder b, const replica_report& r);
+replica_report copies_of(proto::Ack::Reader a);
 
 }  // namespace grace

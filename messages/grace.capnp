@@ -129,12 +129,20 @@ struct CheckpointAt {
   exitAfter @6 :Bool;         # exit with the restart code once saved
   allSave @7 :Bool;           # sharded state: every member writes its part; `saver`
                               # commits them when told (CommitParts)
+  fromKept @8 :Bool;          # sharded, just in time: each member writes its kept copy
+                              # of `step` (runtime/replica.hpp), not its live state
+  fromReplica @9 :List(UInt32);  # ...and the holders of these members' replicas write theirs
 }
 
 struct Ack {
   agreementId @0 :UInt64;
   rank @1 :UInt32;
   earliestStep @2 :UInt64;    # earliest step at which this worker can stop
+  keptSteps @3 :List(UInt64); # sharded state, just in time: steps of its own part it
+                              # keeps a copy of (runtime/replica.hpp)
+  holdsReplica @4 :Bool;      # it holds a replica of member `replicaOf`'s part,
+  replicaOf @5 :UInt32;
+  replicaSteps @6 :List(UInt64);  # whole at these steps
 }
 
 struct FileInfo {

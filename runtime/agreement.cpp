@@ -1,5 +1,7 @@
 #include "runtime/agreement.hpp"
 
+#include <functional>
+
 namespace grace {
 
 const char* to_string(agreement_phase p) noexcept {
@@ -143,6 +145,8 @@ actions agreement::propose(checkpoint_kind kind, uint64_t lower_bound) {
   kind_ = kind;
   lower_bound_ = lower_bound;
   acks_.clear();
+  copies_.clear();
+  part_writers_.clear();
   phase_ = kind == checkpoint_kind::jit ? agreement_phase::jit_collect : agreement_phase::proposing;
   agreement_action p{ty::propose};
   p.id = id_;
@@ -207,18 +211,10 @@ actions agreement::agree_jit() {
   agreed_step_ = best;
   saver_ = saver;
   exit_after_ = true;
-  if (best <= durable_step() || parts_) {
-    // Every survivor's state is already on disk: nothing to write. With
-    // sharded state the lost member's part is gone: nobody can write a
-    // complete checkpoint, the newest complete one stays the restart point.
-    phase_ = agreement_phase::stopping;
-    agreement_action c{ty::committed};
-    c.id = id_;
-    c.step = durable_step();
-    c.kind = checkpoint_kind::jit;
-    c.exit_after = true;
-    return {c};
-  }
+  // With sharded state only copies can stand in for a lost member's part.
+  if (parts_) return agree_from_copies();
+  // Every survivor's state is already on disk: nothing to write.
+  if (best <= durable_step()) return stop_at_durable();
   agreement_action a{ty::agreed};
   a.id = id_;
   a.kind = checkpoint_kind::jit;
@@ -230,11 +226,80 @@ actions agreement::agree_jit() {
   return {a};
 }
 
-actions agreement::on_ack(uint32_t rank, uint64_t id, uint64_t earliest) {
+actions agreement::on_ack(uint32_t rank, uint64_t id, uint64_t earliest, replica_report copies) {
   if (id != id_ || !live_.count(rank)) return {};
   if (phase_ != agreement_phase::proposing && phase_ != agreement_phase::jit_collect) return {};
   acks_[rank] = earliest;
+  if (parts_ && phase_ == agreement_phase::jit_collect) copies_[rank] = std::move(copies);
   return maybe_agree();
+}
+
+actions agreement::stop_at_durable() {
+  phase_ = agreement_phase::stopping;
+  agreement_action c{ty::committed};
+  c.id = id_;
+  c.step = durable_step();
+  c.kind = checkpoint_kind::jit;
+  c.exit_after = true;
+  return {c};
+}
+
+namespace {
+bool holds(const std::vector<uint64_t>& steps, uint64_t s) {
+  return std::find(steps.begin(), steps.end(), s) != steps.end();
+}
+}  // namespace
+
+/// Whether `writers`' copies hold every member's part of `step`: the
+/// members whose part comes from a replica, or nullopt.
+std::optional<std::vector<uint32_t>> agreement::copies_cover(uint64_t step, const std::set<uint32_t>& writers) const {
+  std::vector<uint32_t> from_replica;
+  for (uint32_t q = 0; q < world_size_; ++q) {
+    if (writers.count(q)) {
+      if (!holds(copies_.at(q).kept, step)) return std::nullopt;
+      continue;
+    }
+    bool found = false;
+    for (auto w : writers) {
+      auto& c = copies_.at(w);
+      found |= c.of == q && holds(c.replica, step);
+    }
+    if (!found) return std::nullopt;
+    from_replica.push_back(q);
+  }
+  return from_replica;
+}
+
+actions agreement::agree_from_copies() {
+  std::set<uint32_t> writers;
+  std::set<uint64_t, std::greater<>> candidates;
+  for (auto& [r, c] : copies_) {
+    if (!live_.count(r) || !acks_.count(r)) continue;
+    writers.insert(r);
+    candidates.insert(c.kept.begin(), c.kept.end());
+  }
+  for (auto step : candidates) {
+    if (step <= durable_step()) break;
+    auto from_replica = copies_cover(step, writers);
+    if (!from_replica) continue;
+    agreement_action a{ty::agreed};
+    a.id = id_;
+    a.kind = checkpoint_kind::jit;
+    a.deadline_ns = deadline_ns_;
+    a.step = step;
+    a.saver = *writers.begin();
+    a.exit_after = true;
+    a.all_save = true;
+    a.from_kept = true;
+    a.from_replica = std::move(*from_replica);
+    agreed_step_ = step;
+    saver_ = a.saver;
+    parts_in_.clear();
+    part_writers_ = std::move(writers);
+    phase_ = agreement_phase::saving;
+    return {a};
+  }
+  return stop_at_durable();
 }
 
 actions agreement::on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error,
@@ -278,7 +343,11 @@ actions agreement::on_part(uint32_t rank, uint64_t id, uint64_t step, bool ok, c
                 error;
     return {e};
   }
-  if (!parts_in_.insert(rank).second || !all_live_in(parts_in_)) return {};
+  if (!parts_in_.insert(rank).second) return {};
+  if (part_writers_.empty() ? !all_live_in(parts_in_)
+                            : !std::includes(parts_in_.begin(), parts_in_.end(), part_writers_.begin(),
+                                             part_writers_.end()))
+    return {};
   agreement_action c{ty::commit_parts};
   c.rank = saver_;
   c.id = id_;
@@ -326,6 +395,12 @@ actions agreement::member_gone(uint32_t rank) {
       append(out, maybe_agree());
       break;
     case agreement_phase::saving:
+      // Writing kept copies: without this member's part (or its commit)
+      // the round cannot complete; the durable step is the restart point.
+      if (!part_writers_.empty()) {
+        if (rank == saver_ || (part_writers_.count(rank) && !parts_in_.count(rank))) append(out, stop_at_durable());
+        break;
+      }
       // A just-in-time saver needs nobody else: it stopped at a step
       // boundary and holds its state. Only its own loss moves the save.
       if (kind_ == checkpoint_kind::jit && rank != saver_) break;

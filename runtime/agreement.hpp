@@ -99,7 +99,21 @@
 /// a failed save. A member lost before the commit takes its part with it:
 /// the round becomes a just-in-time round whose agreement writes nothing
 /// (committed at the durable step, everyone exits for a restart from the
-/// newest complete checkpoint). Periodic saves (agreement id 0) are tracked
+/// newest complete checkpoint) - unless the members keep copies.
+///
+/// ### Replicas
+/// With in-memory replicas (runtime/replica.hpp) every member keeps copies
+/// of its own part of its last few completed steps, and a copy (replica) of
+/// one other member's part. Its just-in-time acknowledgement reports both
+/// (`replica_report`). The round then agrees on the newest step T above the
+/// durable one for which every member's part exists: an acknowledging
+/// member's kept copy, or, for a member that did not acknowledge (lost,
+/// silent), a replica held by one that did. Every acknowledging member
+/// writes its kept copy of T (not its live state: a step aborted in a
+/// collective may have left it half updated), the holders write the
+/// missing members' parts from their replicas, and the lowest acknowledging
+/// rank commits. No such T: committed at the durable step, as above.
+/// Periodic saves (agreement id 0) are tracked
 /// per step: when every live member reported its part of step N durable
 /// (a failed part is not counted: the rank may write it again), the chief
 /// commits it; its report makes N durable.
@@ -107,9 +121,16 @@
 /// | phase        | event                         | next          | actions                                   |
 /// |--------------|-------------------------------|---------------|-------------------------------------------|
 /// | saving       | part ok (current id), the     | saving        | commit_parts(saver)                       |
-/// |              |   last live member's          |               |                                           |
+/// |              |   last live member's (or last |               |                                           |
+/// |              |   part writer's, from copies) |               |                                           |
 /// | saving       | part failed                   | failed        | cluster_error                             |
-/// | jit_collect  | last survivor ack (parts)     | stopping      | committed(exit) at the durable step       |
+/// | jit_collect  | last survivor ack (parts),    | saving        | agreed(T, from_kept, from_replica,        |
+/// |              |   copies cover a step T >     |               |   saver = lowest acked rank)              |
+/// |              |   the durable one             |               |                                           |
+/// | jit_collect  | last survivor ack (parts),    | stopping      | committed(exit) at the durable step       |
+/// |              |   no such step                |               |                                           |
+/// | saving (from | a part writer lost before its | stopping      | committed(exit) at the durable step       |
+/// |   copies)    |   part, or the saver lost     |               |                                           |
 /// | any          | periodic part ok, the last    | (same)        | commit_parts(chief, id 0)                 |
 /// |              |   live member's of its step   |               |                                           |
 /// | any          | periodic commit ok            | (same)        | - (the step is durable)                   |
@@ -161,6 +182,15 @@ enum class loss_reason : uint8_t {
 };
 const char* to_string(loss_reason r) noexcept;
 
+/// Sharded state with in-memory replicas (runtime/replica.hpp): what a
+/// member can write in a just-in-time round besides its live state.
+struct replica_report {
+  std::vector<uint64_t> kept;     ///< steps of which it keeps a copy of its own part
+  std::optional<uint32_t> of;     ///< the member whose part it holds a replica of
+  std::vector<uint64_t> replica;  ///< steps of that replica that arrived whole
+  bool operator==(const replica_report& o) const { return kept == o.kept && of == o.of && replica == o.replica; }
+};
+
 struct agreement_action {
   enum class type : uint8_t {
     claim_reply,      ///< to `rank`: won, holder, id
@@ -184,6 +214,10 @@ struct agreement_action {
   uint32_t saver = 0;
   bool exit_after = false;
   bool all_save = false;  ///< agreed: every member writes its part (sharded state)
+  /// agreed (sharded state, just in time): every member writes its kept
+  /// copy of `step`; the holders of these members' replicas write theirs.
+  bool from_kept = false;
+  std::vector<uint32_t> from_replica;
   int64_t deadline_ns = 0;
   loss_reason reason = loss_reason::dead;
   std::string message;
@@ -218,8 +252,9 @@ public:
   /// A termination notice claimed by `rank` (or launcher_rank), whose step in
   /// progress is `started`; `deadline_ns` is 0 without a grace period.
   actions on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns);
-  /// A member's acknowledgement of agreement `id`.
-  actions on_ack(uint32_t rank, uint64_t id, uint64_t earliest);
+  /// A member's acknowledgement of agreement `id`; `copies`: its kept
+  /// copies and the replica it holds (sharded state, "Replicas").
+  actions on_ack(uint32_t rank, uint64_t id, uint64_t earliest, replica_report copies = {});
   /// The saver's report for agreement `id`; with `part`, a member's part of
   /// a sharded save (`id` 0: a periodic save of `step`).
   actions on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error, bool part = false);
@@ -276,6 +311,14 @@ public:
       put(r);
       put(step);
     }
+    put(copies_.size());
+    for (auto& [r, c] : copies_) {
+      put(r), put(c.of.value_or(UINT32_MAX)), put(c.kept.size()), put(c.replica.size());
+      for (auto s : c.kept) put(s);
+      for (auto s : c.replica) put(s);
+    }
+    put(part_writers_.size());
+    for (auto r : part_writers_) put(r);
     put(phase_), put(holder_.value_or(UINT32_MAX)), put(id_), put(kind_), put(lower_bound_), put(deadline_ns_);
     put(claim_started_), put(agreed_step_), put(saver_), put(exit_after_), put(restored_min_.value_or(UINT64_MAX));
     put(committed_step_);
@@ -292,6 +335,9 @@ private:
   actions propose(checkpoint_kind kind, uint64_t lower_bound);
   actions maybe_agree();
   actions agree_jit();
+  actions agree_from_copies();
+  std::optional<std::vector<uint32_t>> copies_cover(uint64_t step, const std::set<uint32_t>& writers) const;
+  actions stop_at_durable();
   actions member_gone(uint32_t rank);
   actions on_part(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error);
   actions on_periodic(uint32_t rank, uint64_t step, bool ok, bool part);
@@ -320,6 +366,10 @@ private:
   uint64_t committed_step_ = 0;           ///< newest step an agreement committed
   bool parts_ = false;                    ///< sharded state: every member saves its part
   std::set<uint32_t> parts_in_;           ///< members whose part of the agreed step is durable
+  std::map<uint32_t, replica_report> copies_;  ///< the just-in-time acks' kept copies and replicas
+  /// A round that writes kept copies: the members that write a part (the
+  /// commit waits for these, not for every live member).
+  std::set<uint32_t> part_writers_;
   /// Periodic sharded saves: the members whose part of each step is durable.
   std::map<uint64_t, std::set<uint32_t>> periodic_parts_;
 };

@@ -33,8 +33,8 @@ constexpr const char* magic = "GRACE-CKPT";
 error failed(std::string m) { return error{errc::failed, std::move(m)}; }
 
 using tcp::connect_to;
-using tcp::parse_endpoint;
 using tcp::send_all;
+using tcp::listen_on;
 using tcp::set_io_timeout;
 
 bool send_str(int fd, const std::string& s) { return send_all(fd, s.data(), s.size()); }
@@ -104,18 +104,10 @@ result<std::unique_ptr<checkpoint_server>> checkpoint_server::start(fs::path dir
   s->address_ = std::move(address);
   s->token_ = std::move(token);
   s->io_timeout_ = io_timeout;
-  sockaddr_in at{};
-  if (!parse_endpoint(s->address_ + ":1", at))
-    return error{errc::invalid_input, "checkpoint server: '" + s->address_ + "' is not an IPv4 address"};
-  at.sin_port = 0;
-  s->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  ::setsockopt(s->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  socklen_t len = sizeof at;
-  if (s->listen_fd_ < 0 || ::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&at), sizeof at) != 0 ||
-      ::listen(s->listen_fd_, 16) != 0 || ::getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&at), &len) != 0)
-    return failed("checkpoint server: cannot listen on " + s->address_ + ": " + std::strerror(errno));
-  s->port_ = ntohs(at.sin_port);
+  auto l = listen_on(s->address_);
+  if (!l) return failed("checkpoint server: " + l.err().message);
+  s->listen_fd_ = l->first;
+  s->port_ = l->second;
   if (::pipe2(s->stop_pipe_, O_CLOEXEC) != 0) return failed(std::string("pipe: ") + std::strerror(errno));
   s->thread_ = std::thread([p = s.get()] { p->serve(); });
   return s;

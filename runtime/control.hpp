@@ -35,6 +35,8 @@ struct checkpoint_order {
   bool exit_after = false;
   int64_t deadline_ns = 0;
   bool all_save = false;  ///< sharded state: every member writes its part
+  bool from_kept = false;  ///< ...from its kept copy of `step` (runtime/replica.hpp)
+  std::vector<uint32_t> from_replica{};  ///< ...and the holders write these members' parts
 };
 
 struct commit_info {

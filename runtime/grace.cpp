@@ -15,7 +15,9 @@
 #include "runtime/deadline.hpp"
 #include "runtime/device_copy.hpp"
 #include "runtime/events.hpp"
+#include "messages/convert.hpp"
 #include "runtime/net_address.hpp"
+#include "runtime/replica.hpp"
 #include "runtime/save_interval.hpp"
 #include "runtime/snapshot.hpp"
 #include "runtime/standby.hpp"
@@ -44,7 +46,38 @@
 
 namespace grace {
 
-namespace {}  // namespace
+namespace {
+
+/// The replica keeper, shared with the peer watcher (which acknowledges a
+/// just-in-time round for a trainer outside a step); empty until attach()
+/// started it, and without replicas.
+class replica_box {
+public:
+  void set(std::shared_ptr<replica_keeper> k) {
+    std::lock_guard<std::mutex> g(m_);
+    k_ = std::move(k);
+  }
+  std::shared_ptr<replica_keeper> get() const {
+    std::lock_guard<std::mutex> g(m_);
+    return k_;
+  }
+  replica_report freeze() const {
+    auto k = get();
+    return k ? k->freeze() : replica_report{};
+  }
+
+private:
+  mutable std::mutex m_;
+  std::shared_ptr<replica_keeper> k_;
+};
+
+/// Workers per node (grace-launch's LOCAL_WORLD_SIZE); 0 when unknown.
+uint32_t local_world_size() {
+  const char* v = std::getenv("LOCAL_WORLD_SIZE");
+  return v ? static_cast<uint32_t>(std::strtoul(v, nullptr, 10)) : 0;
+}
+
+}  // namespace
 
 struct session::impl {
   options opts;
@@ -54,6 +87,11 @@ struct session::impl {
   /// Some tensor is a slice of a global one: every rank saves its part of
   /// every checkpoint (two phases, runtime/checkpoint.hpp).
   bool sharded = false;
+  /// Sharded state: kept copies of this rank's part (`kept_layout`: its
+  /// slices; rank 0's also the replicated tensors) and the replica of
+  /// another rank's (runtime/replica.hpp).
+  std::shared_ptr<replica_box> replicas = std::make_shared<replica_box>();
+  std::vector<tensor_ref> kept_layout;
   std::map<std::string, int64_t*> counters;
   struct blob_hooks {
     std::function<std::string()> save;
@@ -475,10 +513,12 @@ struct session::impl {
 
   void ack_jit(const worker_decision& d) {
     log->warn("peer lost: stopped at step {}, reporting it for a just-in-time save", d.step);
+    auto copies = replicas->freeze();
     to_coordinator(make<proto::Ack>([&](auto b) {
       b.setAgreementId(d.id);
       b.setRank(cluster.rank);
       b.setEarliestStep(d.step);
+      set_copies(b, copies);
     }));
     policy->acked(d.id);
   }
@@ -487,6 +527,7 @@ struct session::impl {
     emit_event("reached_agreed_step", {{"step", d.step}, {"id", d.id}});
     policy->reached(d.id);
     if (!d.save) return {};
+    if (d.from_kept) return save_kept(d);
     if (d.kind == checkpoint_kind::jit)
       log->warn("saving a just-in-time checkpoint at step {} (the most advanced survivor)", d.step);
     return save(d.step, d.kind, d.id, d.sync);
@@ -552,7 +593,78 @@ struct session::impl {
       first_step_logged = true;
       emit_event("first_step", {{"step", k}, {"ns", dt}});
     }
+    keep_copy(k);
     if (cluster.is_chief() || sharded) maybe_periodic_save(k);
+  }
+
+  /// Sharded state with replicas: this rank's part of step k, with the
+  /// counters and blobs of step k, into a kept copy (shipped to its holder).
+  void keep_copy(uint64_t k) {
+    auto keeper = replicas->get();
+    if (!keeper) return;
+    auto meta = meta_for(k, checkpoint_kind::jit);
+    auto st = add_blobs(meta);
+    if (st) st = keeper->keep(k, kept_layout, std::move(meta));
+    if (!st) log->warn("replicas: step {} not kept: {}", k, st.err().message);
+  }
+
+  /// Starts the replicas (sharded state on several ranks, unless turned off).
+  status start_replicas() {
+    if (!sharded || !opts.replicas || cluster.world_size < 2 || !kv) return {};
+    for (auto& t : tensors)
+      if (t.sharded() || cluster.is_chief()) kept_layout.push_back(t);
+    replica_keeper::config rc;
+    rc.rank = cluster.rank;
+    rc.world = cluster.world_size;
+    rc.local_world = local_world_size();
+    rc.host = cluster.host;
+    rc.token = cluster.token;
+    rc.kv = kv;
+    rc.prefix = prefix;
+    rc.log = log;
+    auto k = replica_keeper::start(rc, kept_layout);
+    if (!k) return k.err();
+    std::shared_ptr<replica_keeper> keeper = std::move(*k);
+    size_t bytes = 0;
+    for (auto& t : kept_layout) bytes += t.bytes();
+    log->info("replicas: this rank keeps copies of its part ({:.2f} MiB) and of rank {}'s; rank {} keeps a copy of "
+              "this rank's",
+              bytes / 1048576.0, keeper->source(), keeper->holder());
+    replicas->set(std::move(keeper));
+    return {};
+  }
+
+  /// Just in time from copies: this rank's kept copy of the agreed step,
+  /// and the part of each lost rank whose replica it holds.
+  status save_kept(const worker_decision& d) {
+    auto keeper = replicas->get();
+    auto own = keeper ? keeper->kept(d.step) : std::nullopt;
+    if (!own)
+      return failed_save(d.step, checkpoint_kind::jit, d.id,
+                         error{errc::failed, "no kept copy of step " + std::to_string(d.step)}, 0);
+    take_answers(true);
+    save_request req{own->buffers, own->meta, d.id, 0, false};
+    req.meta.kind = checkpoint_kind::jit;
+    req.part_tag = part_tag(d.id);
+    req.with_replicated = true;  // the kept copy holds exactly this rank's part
+    for (auto q : d.from_replica) {
+      if (q != keeper->source()) continue;
+      auto bytes = keeper->replica(d.step);
+      if (!bytes)
+        return failed_save(d.step, checkpoint_kind::jit, d.id,
+                           error{errc::failed, "no whole replica of rank " + std::to_string(q) + "'s part at step " +
+                                                   std::to_string(d.step)},
+                           0);
+      log->warn("writing rank {}'s part of step {} from the replica this rank keeps", q, d.step);
+      req.replica_parts.emplace_back(q, std::move(bytes));
+    }
+    log->warn("saving a just-in-time checkpoint at step {} from this rank's kept copy", d.step);
+    own->buffers->set_busy(true);
+    (*self)->send(writer, save_atom::value, std::move(req));
+    ++writes_in_flight;
+    auto o = take_answers(true);
+    if (!o || !o->ok) return error{errc::failed, o ? o->error : "the checkpoint writer is gone"};
+    return {};
   }
 };
 
@@ -578,6 +690,7 @@ session::~session() {
     caf::anon_send_exit(impl_->watcher, caf::exit_reason::user_shutdown);
     if (impl_->hosts_coordinator) caf::anon_send_exit(impl_->coord->get(), caf::exit_reason::user_shutdown);
   }
+  impl_->replicas->set(nullptr);  // its threads use the store and the actor system
   impl_->kv.reset();
   impl_->rt.reset();
 }
@@ -624,6 +737,7 @@ result<uint64_t> session::attach() {
   if (auto st = d.restore(); !st) return st.err();
   if (auto st = d.start_actors(); !st) return st.err();
   if (auto st = d.join(); !st) return st.err();
+  if (auto st = d.start_replicas(); !st) return st.err();
   d.start_signal_watcher();
   d.last_periodic_ns = d.attached_ns = mono_ns();
   d.periodic_retry =
@@ -737,6 +851,7 @@ status session::impl::start_actors() {
   wc.log = log;
   writer = spawn_checkpoint_writer(sys, wc);
   pc.on_commit_parts = [w = writer](uint64_t id, uint64_t step) { caf::anon_send(w, commit_atom::value, id, step); };
+  pc.freeze_copies = [r = replicas] { return r->freeze(); };
   watcher = spawn_peer_watcher(sys, coord, ctl, pc);
   self = std::make_unique<caf::scoped_actor>(sys);
   (*self)->monitor(writer);

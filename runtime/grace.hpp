@@ -65,6 +65,12 @@ struct options {
   /// (disk full, I/O error, the directory gone). A restart restores the
   /// newest checkpoint that verifies in either directory. Empty: none.
   std::string fallback_checkpoint_dir;
+  /// Sharded state on several ranks: every rank keeps copies of its part of
+  /// its last steps and one other rank's (runtime/replica.hpp), so a rank
+  /// lost costs at most a step or two instead of the work since the last
+  /// checkpoint. Costs a copy of the part per step and memory for about
+  /// five parts.
+  bool replicas = true;
   bool keep_checkpoints_on_success = false;  ///< finish() keeps backups (else only the final one)
   // notices
   std::string notice_file;                ///< a file whose appearance is a notice

@@ -14,6 +14,8 @@
 /// (just-in-time rounds: a trainer inside a step acknowledges later, and
 /// directly). A proposal with a new id flushes what the old one gathered.
 
+#include "runtime/agreement.hpp"
+
 #include <cstdint>
 #include <map>
 #include <set>
@@ -33,6 +35,7 @@ struct relay_ack {
   uint64_t id = 0;
   uint32_t rank = 0;
   uint64_t earliest = 0;
+  replica_report copies{};  ///< sharded state's kept copies and replica (just in time)
 };
 
 class relay_batches {

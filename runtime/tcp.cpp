@@ -68,6 +68,35 @@ bool send_all(int fd, const char* p, size_t n) {
   return true;
 }
 
+bool recv_all(int fd, void* p, size_t n) {
+  auto* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = ::recv(fd, c, n, 0);
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+result<std::pair<int, uint16_t>> listen_on(const std::string& address, int backlog) {
+  sockaddr_in at{};
+  if (!parse_endpoint(address + ":1", at)) return error{errc::invalid_input, "'" + address + "' is not an IPv4 address"};
+  at.sin_port = 0;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return error{errc::failed, std::string("socket: ") + std::strerror(errno)};
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  socklen_t len = sizeof at;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) != 0 || ::listen(fd, backlog) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&at), &len) != 0) {
+    auto why = std::string(std::strerror(errno));
+    ::close(fd);
+    return error{errc::failed, "cannot listen on " + address + ": " + why};
+  }
+  return std::make_pair(fd, ntohs(at.sin_port));
+}
+
 result<std::string> read_to_end(int fd, size_t max_bytes) {
   std::string out;
   char buf[4096];

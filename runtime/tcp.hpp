@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 
 struct sockaddr_in;
 
@@ -25,6 +26,14 @@ result<int> connect_to(const std::string& endpoint, std::chrono::milliseconds ti
 /// Sends all of `s` (or `n` bytes at `p`); false on an error or a timeout.
 bool send_all(int fd, const std::string& s);
 bool send_all(int fd, const char* p, size_t n);
+
+/// Reads exactly `n` bytes into `p`; false on an error, a timeout or an
+/// early close.
+bool recv_all(int fd, void* p, size_t n);
+
+/// A listening socket on "a.b.c.d" and an ephemeral port: (fd, port). The
+/// caller closes it.
+result<std::pair<int, uint16_t>> listen_on(const std::string& address, int backlog = 16);
 
 /// Reads until the peer closes, at most `max_bytes` (an error past that).
 result<std::string> read_to_end(int fd, size_t max_bytes);

@@ -140,13 +140,16 @@ worker_decision worker_policy::follow_jit(const control_state& s, const boundary
     return wait(wait_reason::agreement, in, cfg_.restart_code,
                 "just-in-time round #" + std::to_string(o.id) + " did not conclude");
   }
-  if (o.saver == cfg_.rank && reached_ != o.id) {
+  // From kept copies every member writes its part of the agreed step.
+  if ((o.saver == cfg_.rank || o.from_kept) && reached_ != o.id) {
     auto d = make(ty::reach);
     d.id = o.id;
-    d.step = in.completed;
+    d.step = o.from_kept ? o.step : in.completed;
     d.kind = checkpoint_kind::jit;
     d.save = true;
     d.sync = true;
+    d.from_kept = o.from_kept;
+    d.from_replica = o.from_replica;
     return d;
   }
   // Our own save (if we were the saver) is on disk already.

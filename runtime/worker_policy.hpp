@@ -83,6 +83,10 @@ struct worker_decision {
   checkpoint_kind kind = checkpoint_kind::initial;
   bool save = false;
   bool sync = false;
+  /// reach: write the kept copy of `step` (and the replicas of these
+  /// members' parts this worker holds), not the live state.
+  bool from_kept = false;
+  std::vector<uint32_t> from_replica;
   wait_reason reason = wait_reason::agreement;
   int64_t deadline_ns = 0;
   bool new_wait = false;  ///< the first decision of this wait (log it once)

@@ -610,3 +610,126 @@ TEST_CASE("parts mode: periodic parts are committed per step by the chief", "[ag
   auto plain = joined(2);
   CHECK(plain.on_saved(0, 0, 10, true, "", true).empty());
 }
+
+namespace {
+
+replica_report copies(std::vector<uint64_t> kept, uint32_t of, std::vector<uint64_t> replica) {
+  replica_report r;
+  r.kept = std::move(kept);
+  r.of = of;
+  r.replica = std::move(replica);
+  return r;
+}
+
+/// Four members with sharded state, rank 2 lost while training (a ring:
+/// rank r holds rank r + 1's replica, so rank 1 holds rank 2's).
+agreement lost_rank_2() {
+  auto a = joined(4);
+  a.set_parts(true);
+  REQUIRE(find(a.on_member_lost(2, 7, loss_reason::dead, "killed"), ty::propose));
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("replicas: a lost member's part comes from its holder's replica", "[agreement][parts][replicas]") {
+  auto a = lost_rank_2();
+  const auto id = a.current_id();
+  CHECK(a.on_ack(0, id, 8, copies({6, 7, 8}, 1, {7, 8})).empty());
+  CHECK(a.on_ack(3, id, 7, copies({5, 6, 7}, 0, {6, 7})).empty());
+  auto agreed = find(a.on_ack(1, id, 8, copies({6, 7, 8}, 2, {6, 7})), ty::agreed);
+  REQUIRE(agreed);
+  // Rank 3 completed 7 and rank 2's replica is whole at 7: the newest step
+  // every part exists for.
+  CHECK(agreed->step == 7);
+  CHECK(agreed->from_kept);
+  CHECK(agreed->all_save);
+  CHECK(agreed->from_replica == std::vector<uint32_t>{2});
+  CHECK(agreed->saver == 0);
+  CHECK(agreed->exit_after);
+  CHECK(a.on_saved(0, id, 7, true, "", true).empty());
+  CHECK(a.on_saved(3, id, 7, true, "", true).empty());
+  auto c = find(a.on_saved(1, id, 7, true, "", true), ty::commit_parts);
+  REQUIRE(c);
+  CHECK(c->rank == 0);
+  CHECK(c->step == 7);
+  auto done = find(a.on_saved(0, id, 7, true, ""), ty::committed);
+  REQUIRE(done);
+  CHECK(done->step == 7);
+  CHECK(a.durable_step() == 7);
+}
+
+TEST_CASE("replicas: an older whole replica sets the step, none stops at the durable one",
+          "[agreement][parts][replicas]") {
+  SECTION("the newest transfer did not arrive") {
+    auto a = lost_rank_2();
+    const auto id = a.current_id();
+    a.on_ack(0, id, 8, copies({6, 7, 8}, 1, {7, 8}));
+    a.on_ack(3, id, 8, copies({6, 7, 8}, 0, {7, 8}));
+    auto agreed = find(a.on_ack(1, id, 8, copies({6, 7, 8}, 2, {5, 6})), ty::agreed);
+    REQUIRE(agreed);
+    CHECK(agreed->step == 6);
+  }
+  SECTION("the copies are not above the durable step") {
+    auto a = joined(4);
+    a.set_parts(true);
+    for (uint32_t r = 0; r < 4; ++r) a.on_saved(r, 0, 8, true, "", true);
+    a.on_saved(0, 0, 8, true, "");
+    REQUIRE(a.durable_step() == 8);
+    a.on_member_lost(2, 8, loss_reason::dead, "killed");
+    const auto id = a.current_id();
+    a.on_ack(0, id, 8, copies({6, 7, 8}, 1, {7, 8}));
+    a.on_ack(3, id, 8, copies({6, 7, 8}, 0, {7, 8}));
+    auto c = find(a.on_ack(1, id, 8, copies({6, 7, 8}, 2, {7, 8})), ty::committed);
+    REQUIRE(c);
+    CHECK(c->step == 8);
+  }
+  SECTION("the holder's replica is of another member") {
+    auto a = lost_rank_2();
+    const auto id = a.current_id();
+    a.on_ack(0, id, 8, copies({6, 7, 8}, 1, {7, 8}));
+    a.on_ack(3, id, 8, copies({6, 7, 8}, 0, {7, 8}));
+    auto last = a.on_ack(1, id, 8, copies({6, 7, 8}, 3, {7, 8}));
+    REQUIRE_FALSE(find(last, ty::agreed));
+    auto c = find(last, ty::committed);
+    REQUIRE(c);
+    CHECK(c->step == 0);
+    CHECK(c->exit_after);
+  }
+  SECTION("a survivor without a kept copy of the step") {
+    auto a = lost_rank_2();
+    const auto id = a.current_id();
+    a.on_ack(0, id, 8, copies({6, 7, 8}, 1, {7, 8}));
+    a.on_ack(3, id, 8, copies({}, 0, {}));
+    auto last = a.on_ack(1, id, 8, copies({6, 7, 8}, 2, {7, 8}));
+    REQUIRE(find(last, ty::committed));
+    REQUIRE_FALSE(find(last, ty::agreed));
+  }
+}
+
+TEST_CASE("replicas: a part writer or the committer lost while writing stops at the durable step",
+          "[agreement][parts][replicas]") {
+  for (uint32_t victim : {0u, 3u}) {
+    auto a = lost_rank_2();
+    const auto id = a.current_id();
+    a.on_ack(0, id, 8, copies({6, 7, 8}, 1, {7, 8}));
+    a.on_ack(3, id, 8, copies({6, 7, 8}, 0, {7, 8}));
+    REQUIRE(find(a.on_ack(1, id, 8, copies({6, 7, 8}, 2, {7, 8})), ty::agreed));
+    a.on_saved(1, id, 8, true, "", true);
+    auto c = find(a.on_member_lost(victim, 8, loss_reason::dead, "killed"), ty::committed);
+    REQUIRE(c);
+    CHECK(c->step == 0);
+    CHECK(a.phase() == agreement_phase::stopping);
+  }
+  SECTION("a writer lost after its part is durable changes nothing") {
+    auto a = lost_rank_2();
+    const auto id = a.current_id();
+    a.on_ack(0, id, 8, copies({6, 7, 8}, 1, {7, 8}));
+    a.on_ack(3, id, 8, copies({6, 7, 8}, 0, {7, 8}));
+    a.on_ack(1, id, 8, copies({6, 7, 8}, 2, {7, 8}));
+    a.on_saved(3, id, 8, true, "", true);
+    CHECK(a.on_member_lost(3, 8, loss_reason::dead, "killed").size() == 1);  // peer_lost only
+    a.on_saved(1, id, 8, true, "", true);
+    REQUIRE(find(a.on_saved(0, id, 8, true, "", true), ty::commit_parts));
+  }
+}

@@ -1,0 +1,371 @@
+#include "runtime/replica.hpp"
+
+#include "runtime/job_token.hpp"
+#include "runtime/tcp.hpp"
+
+#include <gloo/rendezvous/store.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace grace {
+
+using json = nlohmann::json;
+
+uint32_t replica_holder(uint32_t rank, uint32_t world, uint32_t local_world) noexcept {
+  if (world < 2) return rank;
+  uint32_t stride = local_world > 0 && local_world < world && world % local_world == 0 ? local_world : 1;
+  return (rank + world - stride) % world;
+}
+
+uint32_t replica_source(uint32_t rank, uint32_t world, uint32_t local_world) noexcept {
+  if (world < 2) return rank;
+  uint32_t stride = local_world > 0 && local_world < world && world % local_world == 0 ? local_world : 1;
+  return (rank + stride) % world;
+}
+
+namespace {
+
+constexpr char magic[4] = {'G', 'R', 'P', 'L'};
+constexpr uint32_t version = 1;
+constexpr uint32_t max_token = 4096;
+constexpr uint32_t max_layout = 16u << 20;
+
+std::string layout_to_text(const std::vector<tensor_ref>& layout) {
+  json j = json::array();
+  for (auto& t : layout)
+    j.push_back({{"name", t.name},
+                 {"dtype", dtype_name(t.type)},
+                 {"shape", t.shape},
+                 {"global_shape", t.global_shape},
+                 {"offsets", t.offsets}});
+  return j.dump();
+}
+
+/// The layout a transfer announces; an error says what does not add up.
+result<std::vector<tensor_ref>> layout_from_text(const std::string& text) {
+  try {
+    std::vector<tensor_ref> out;
+    for (auto& e : json::parse(text)) {
+      tensor_ref t;
+      t.name = e.at("name").get<std::string>();
+      if (!parse_dtype(e.at("dtype").get<std::string>(), t.type))
+        return error{errc::invalid_input, "unknown dtype for '" + t.name + "'"};
+      t.shape = e.at("shape").get<std::vector<int64_t>>();
+      t.global_shape = e.at("global_shape").get<std::vector<int64_t>>();
+      t.offsets = e.at("offsets").get<std::vector<int64_t>>();
+      for (auto d : t.shape)
+        if (d < 0 || d > (int64_t(1) << 40)) return error{errc::invalid_input, "bad shape for '" + t.name + "'"};
+      if (auto why = slice_problem(t); !why.empty()) return error{errc::invalid_input, why};
+      out.push_back(std::move(t));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return error{errc::invalid_input, std::string("layout: ") + e.what()};
+  }
+}
+
+template <class T>
+void put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+template <class T>
+bool get(int fd, T& v) {
+  return tcp::recv_all(fd, &v, sizeof v);
+}
+
+}  // namespace
+
+replica_keeper::replica_keeper(config cfg) : cfg_(std::move(cfg)) {
+  if (!cfg_.log) cfg_.log = spdlog::default_logger();
+}
+
+result<std::unique_ptr<replica_keeper>> replica_keeper::start(config cfg, const std::vector<tensor_ref>& layout) {
+  std::unique_ptr<replica_keeper> k(new replica_keeper(std::move(cfg)));
+  k->layout_text_ = layout_to_text(layout);
+  try {
+    for (size_t i = 0; i < kept_slots; ++i)
+      k->kept_.push_back(kept_slot{kept_copy{0, std::make_shared<snapshot_buffers>(layout), {}}, false});
+  } catch (const std::bad_alloc&) {
+    return error{errc::failed, "replicas: cannot allocate " + std::to_string(kept_slots) + " kept copies"};
+  }
+  k->replicas_.resize(replica_slots);
+  auto l = tcp::listen_on(k->cfg_.host, 4);
+  if (!l) return error{errc::failed, "replicas: " + l.err().message};
+  k->listen_fd_ = l->first;
+  if (::pipe2(k->stop_pipe_, O_CLOEXEC) != 0)
+    return error{errc::failed, std::string("replicas: pipe: ") + std::strerror(errno)};
+  auto ep = k->cfg_.host + ":" + std::to_string(l->second);
+  try {
+    k->cfg_.kv->set(k->cfg_.prefix + "/replica/" + std::to_string(k->cfg_.rank), std::vector<char>(ep.begin(), ep.end()));
+  } catch (const std::exception& e) {
+    return error{errc::failed, std::string("replicas: cannot publish this rank's address: ") + e.what()};
+  }
+  k->receiver_ = std::thread([p = k.get()] { p->receive_loop(); });
+  k->sender_ = std::thread([p = k.get()] { p->send_loop(); });
+  return k;
+}
+
+replica_keeper::~replica_keeper() {
+  {
+    std::lock_guard<std::mutex> g(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (stop_pipe_[1] >= 0) {
+    char c = 1;
+    ssize_t n = ::write(stop_pipe_[1], &c, 1);
+    (void)n;
+  }
+  if (sender_.joinable()) sender_.join();
+  if (receiver_.joinable()) receiver_.join();
+  for (int fd : {listen_fd_, stop_pipe_[0], stop_pipe_[1], holder_fd_})
+    if (fd >= 0) ::close(fd);
+}
+
+// ------------------------------------------------------------ own copies
+
+status replica_keeper::keep(uint64_t step, const std::vector<tensor_ref>& tensors, checkpoint_meta meta) {
+  std::unique_lock<std::mutex> lk(m_);
+  if (frozen_) return {};
+  if (!cv_.wait_for(lk, cfg_.io_timeout, [&] { return !in_flight_ || stop_; })) {
+    if (!warned_slow_)
+      cfg_.log->warn("replicas: the copy of a step is still on its way to rank {} after {} ms: step {} is not kept",
+                     holder(), cfg_.io_timeout.count(), step);
+    warned_slow_ = true;
+    return {};
+  }
+  auto oldest = std::min_element(kept_.begin(), kept_.end(), [](auto& a, auto& b) {
+    return std::make_pair(a.valid, a.copy.step) < std::make_pair(b.valid, b.copy.step);
+  });
+  oldest->valid = false;
+  lk.unlock();
+  // Only this thread writes kept copies, and the sender is idle: no lock
+  // needed for the copy itself.
+  auto st = oldest->copy.buffers->capture(tensors);
+  lk.lock();
+  if (!st) return st;
+  if (frozen_) return {};  // reported without it: it stays invalid
+  oldest->copy.step = step;
+  oldest->copy.meta = std::move(meta);
+  oldest->valid = true;
+  to_push_ = static_cast<size_t>(oldest - kept_.begin());
+  in_flight_ = true;
+  lk.unlock();
+  cv_.notify_all();
+  return {};
+}
+
+replica_report replica_keeper::freeze() {
+  std::lock_guard<std::mutex> g(m_);
+  frozen_ = true;
+  replica_report r;
+  for (auto& s : kept_)
+    if (s.valid) r.kept.push_back(s.copy.step);
+  std::sort(r.kept.begin(), r.kept.end());
+  if (cfg_.world >= 2) {
+    r.of = source();
+    for (auto& s : replicas_)
+      if (s.whole) r.replica.push_back(s.step);
+    std::sort(r.replica.begin(), r.replica.end());
+  }
+  return r;
+}
+
+std::optional<kept_copy> replica_keeper::kept(uint64_t step) const {
+  std::lock_guard<std::mutex> g(m_);
+  for (auto& s : kept_)
+    if (s.valid && s.copy.step == step) return s.copy;
+  return std::nullopt;
+}
+
+std::shared_ptr<snapshot_buffers> replica_keeper::replica(uint64_t step) const {
+  std::lock_guard<std::mutex> g(m_);
+  for (auto& s : replicas_)
+    if (s.whole && s.step == step) return s.buffers;
+  return nullptr;
+}
+
+uint64_t replica_keeper::pushed() const {
+  std::lock_guard<std::mutex> g(m_);
+  return pushed_;
+}
+
+uint64_t replica_keeper::pushed_step() const {
+  std::lock_guard<std::mutex> g(m_);
+  return pushed_step_;
+}
+
+// ---------------------------------------------------------------- sender
+
+void replica_keeper::send_loop() {
+  std::unique_lock<std::mutex> lk(m_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || to_push_; });
+    if (stop_) return;
+    auto& slot = kept_[*to_push_];
+    to_push_.reset();
+    lk.unlock();
+    bool ok = push(slot);  // keep() waits for in_flight_: the slot stays as it is
+    lk.lock();
+    if (ok) ++pushed_, pushed_step_ = slot.copy.step;
+    in_flight_ = false;
+    lk.unlock();
+    cv_.notify_all();
+    lk.lock();
+  }
+}
+
+bool replica_keeper::connect_holder() {
+  if (holder_fd_ >= 0) return true;
+  std::string ep;
+  try {
+    auto v = cfg_.kv->get(cfg_.prefix + "/replica/" + std::to_string(holder()));
+    ep.assign(v.begin(), v.end());
+  } catch (const std::exception& e) {
+    cfg_.log->warn("replicas: no address for rank {}: {}", holder(), e.what());
+    return false;
+  }
+  auto fd = tcp::connect_to(ep, cfg_.io_timeout);
+  if (!fd) {
+    cfg_.log->warn("replicas: rank {} at {}: {}", holder(), ep, fd.err().message);
+    return false;
+  }
+  holder_fd_ = *fd;
+  return true;
+}
+
+bool replica_keeper::push(const kept_slot& s) {
+  if (!connect_holder()) return false;
+  std::string head(magic, sizeof magic);
+  put(head, version);
+  put(head, static_cast<uint32_t>(cfg_.token.size()));
+  head += cfg_.token;
+  put(head, cfg_.rank);
+  put(head, s.copy.step);
+  put(head, static_cast<uint32_t>(layout_text_.size()));
+  head += layout_text_;
+  put(head, static_cast<uint64_t>(s.copy.buffers->total_bytes()));
+  bool ok = tcp::send_all(holder_fd_, head);
+  for (auto& t : s.copy.buffers->view())
+    ok = ok && tcp::send_all(holder_fd_, static_cast<const char*>(t.data), t.bytes);
+  char ack = 0;
+  ok = ok && tcp::recv_all(holder_fd_, &ack, 1) && ack == 'A';
+  if (!ok) {
+    cfg_.log->warn("replicas: the copy of step {} did not reach rank {}", s.copy.step, holder());
+    ::close(holder_fd_);
+    holder_fd_ = -1;
+  }
+  return ok;
+}
+
+// -------------------------------------------------------------- receiver
+
+void replica_keeper::receive_loop() {
+  for (;;) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_pipe_[0], POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents) return;
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    tcp::set_io_timeout(fd, cfg_.io_timeout);
+    receive_from(fd);
+    ::close(fd);
+  }
+}
+
+/// Transfers on one connection until it closes, fails, or this keeper
+/// stops; a read waits at most the I/O timeout, then checks for a stop.
+void replica_keeper::receive_from(int fd) {
+  for (;;) {
+    pollfd p[2] = {{fd, POLLIN, 0}, {stop_pipe_[0], POLLIN, 0}};
+    int n = ::poll(p, 2, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || p[1].revents) return;
+    if (!receive_one(fd)) return;
+  }
+}
+
+/// The slot a transfer goes into (not the newest whole
+/// one), emptied; nullopt once frozen.
+std::optional<size_t> replica_keeper::begin_receive() {
+  std::lock_guard<std::mutex> g(m_);
+  if (frozen_ || stop_) return std::nullopt;
+  size_t newest = 0;
+  for (size_t i = 1; i < replicas_.size(); ++i)
+    if (std::make_pair(replicas_[i].whole, replicas_[i].step) >
+        std::make_pair(replicas_[newest].whole, replicas_[newest].step))
+      newest = i;
+  size_t target = newest == 0 ? 1 : 0;
+  replicas_[target].whole = false;
+  return target;
+}
+
+bool replica_keeper::receive_one(int fd) {
+  char m[4];
+  uint32_t ver = 0, token_len = 0, rank = 0, layout_len = 0;
+  uint64_t step = 0, bytes = 0;
+  if (!tcp::recv_all(fd, m, 4) || std::memcmp(m, magic, 4) != 0 || !get(fd, ver) || ver != version ||
+      !get(fd, token_len) || token_len > max_token)
+    return false;
+  std::string token(token_len, '\0');
+  if (!tcp::recv_all(fd, token.data(), token_len)) return false;
+  if (!constant_time_equal(token, cfg_.token)) {
+    cfg_.log->warn("replicas: a transfer with a wrong job token was refused");
+    return false;
+  }
+  if (!get(fd, rank) || !get(fd, step) || !get(fd, layout_len) || layout_len > max_layout) return false;
+  if (rank != source()) {
+    cfg_.log->warn("replicas: a transfer from rank {} was refused (this rank keeps rank {}'s)", rank, source());
+    return false;
+  }
+  std::string layout_text(layout_len, '\0');
+  if (!tcp::recv_all(fd, layout_text.data(), layout_len) || !get(fd, bytes)) return false;
+  auto slot = begin_receive();
+  if (!slot) return false;
+  auto& r = replicas_[*slot];  // only this thread touches a slot that is not whole
+  if (r.layout != layout_text || !r.buffers) {
+    auto layout = layout_from_text(layout_text);
+    if (!layout) {
+      cfg_.log->warn("replicas: rank {}'s transfer refused: {}", rank, layout.err().message);
+      return false;
+    }
+    try {
+      r.buffers = std::make_shared<snapshot_buffers>(*layout);
+    } catch (const std::bad_alloc&) {
+      cfg_.log->warn("replicas: no memory for rank {}'s part ({} bytes)", rank, bytes);
+      return false;
+    }
+    r.layout = layout_text;
+  }
+  if (bytes != r.buffers->total_bytes()) {
+    cfg_.log->warn("replicas: rank {}'s transfer announces {} bytes, its layout {}", rank, bytes,
+                   r.buffers->total_bytes());
+    return false;
+  }
+  auto regions = r.buffers->regions();
+  auto view = r.buffers->view();
+  for (size_t i = 0; i < view.size(); ++i)
+    if (!tcp::recv_all(fd, regions[i], view[i].bytes)) return false;
+  {
+    std::lock_guard<std::mutex> g(m_);
+    if (frozen_) return false;  // reported without it
+    r.step = step;
+    r.whole = true;
+  }
+  char ack = 'A';
+  return tcp::send_all(fd, &ack, 1);
+}
+
+}  // namespace grace

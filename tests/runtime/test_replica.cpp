@@ -1,0 +1,136 @@
+// In-memory replicas of sharded state (runtime/replica.hpp): placement,
+// kept copies, transfers between two keepers over loopback, refusals.
+#include "runtime/replica.hpp"
+#include "runtime/tcp.hpp"
+
+#include <catch2/catch.hpp>
+#include <gloo/rendezvous/hash_store.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+using namespace grace;
+
+TEST_CASE("replicas: placement is a ring on one node, across nodes on several", "[replicas]") {
+  // One node (or unknown): the previous rank holds the replica.
+  CHECK(replica_holder(0, 4, 4) == 3);
+  CHECK(replica_holder(2, 4, 0) == 1);
+  CHECK(replica_source(3, 4, 4) == 0);
+  // Two nodes of two: the same local rank on the other node.
+  CHECK(replica_holder(0, 4, 2) == 2);
+  CHECK(replica_holder(3, 4, 2) == 1);
+  for (uint32_t w : {2u, 3u, 4u, 8u})
+    for (uint32_t lw : {0u, 1u, 2u, 4u, w})
+      for (uint32_t r = 0; r < w; ++r) {
+        CHECK(replica_source(replica_holder(r, w, lw), w, lw) == r);
+        CHECK(replica_holder(r, w, lw) != r);
+        if (lw > 0 && lw < w && w % lw == 0) CHECK(replica_holder(r, w, lw) / lw != r / lw);  // another node
+      }
+  CHECK(replica_holder(0, 1, 1) == 0);  // alone: no replica
+}
+
+namespace {
+
+struct member {
+  std::vector<float> part;
+  std::vector<tensor_ref> layout;
+  std::unique_ptr<replica_keeper> keeper;
+};
+
+member make_member(uint32_t rank, std::shared_ptr<gloo::rendezvous::Store> kv, const std::string& token) {
+  member m;
+  m.part.assign(1000, 0.0f);
+  tensor_ref t;
+  t.name = "w";
+  t.shape = {10, 100};
+  t.global_shape = {20, 100};
+  t.offsets = {10 * static_cast<int64_t>(rank), 0};
+  t.data = m.part.data();
+  m.layout = {t};
+  replica_keeper::config c;
+  c.rank = rank;
+  c.world = 2;
+  c.local_world = 2;
+  c.host = "127.0.0.1";
+  c.token = token;
+  c.kv = std::move(kv);
+  c.prefix = "test";
+  c.io_timeout = std::chrono::milliseconds(2000);
+  auto k = replica_keeper::start(c, m.layout);
+  REQUIRE(k);
+  m.keeper = std::move(*k);
+  return m;
+}
+
+void keep(member& m, uint32_t rank, uint64_t step) {
+  for (size_t i = 0; i < m.part.size(); ++i) m.part[i] = static_cast<float>(rank * 100000 + step * 1000 + i);
+  checkpoint_meta meta;
+  meta.step = step;
+  meta.counters["steps_done"] = static_cast<int64_t>(step);
+  REQUIRE(m.keeper->keep(step, m.layout, meta));
+}
+
+void wait_pushed(const member& m, uint64_t step) {
+  for (int i = 0; i < 500 && m.keeper->pushed_step() < step; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(m.keeper->pushed_step() == step);
+}
+
+}  // namespace
+
+TEST_CASE("replicas: each rank keeps its last steps and the other's newest whole copies", "[replicas]") {
+  auto kv = std::make_shared<gloo::rendezvous::HashStore>();
+  auto a = make_member(0, kv, "0123456789abcdef0123");
+  auto b = make_member(1, kv, "0123456789abcdef0123");
+  for (uint64_t s = 1; s <= 5; ++s) {
+    keep(a, 0, s);
+    keep(b, 1, s);
+  }
+  wait_pushed(a, 5);
+  wait_pushed(b, 5);
+  auto ra = a.keeper->freeze();
+  CHECK(ra.kept == std::vector<uint64_t>{3, 4, 5});
+  REQUIRE(ra.of == 1u);
+  CHECK(ra.replica == std::vector<uint64_t>{4, 5});
+  // The replica holds rank 1's bytes of step 5, slice included.
+  auto rep = a.keeper->replica(5);
+  REQUIRE(rep);
+  auto v = rep->view();
+  REQUIRE(v.size() == 1);
+  CHECK(v[0].offsets == std::vector<int64_t>{10, 0});
+  CHECK(v[0].global_shape == std::vector<int64_t>{20, 100});
+  CHECK(std::memcmp(v[0].data, b.part.data(), v[0].bytes) == 0);
+  CHECK_FALSE(a.keeper->replica(3));
+  // A kept copy holds its step's bytes and counters.
+  auto own = a.keeper->kept(4);
+  REQUIRE(own);
+  CHECK(own->meta.counters.at("steps_done") == 4);
+  CHECK(static_cast<const float*>(own->buffers->view()[0].data)[7] == 4007.0f);
+  // Frozen: later steps change nothing.
+  keep(a, 0, 6);
+  keep(b, 1, 6);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(a.keeper->freeze().kept == std::vector<uint64_t>{3, 4, 5});
+  CHECK(a.keeper->freeze().replica == std::vector<uint64_t>{4, 5});
+  CHECK_FALSE(a.keeper->kept(6));
+}
+
+TEST_CASE("replicas: a transfer with a wrong token or from the wrong rank is refused", "[replicas]") {
+  auto kv = std::make_shared<gloo::rendezvous::HashStore>();
+  auto a = make_member(0, kv, "0123456789abcdef0123");
+  // Rank 1 with another job's token: its copies never count at rank 0.
+  auto b = make_member(1, kv, "another-job-secret-000");
+  keep(b, 1, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(b.keeper->pushed() == 0);
+  CHECK(a.keeper->freeze().replica.empty());
+  // Garbage on the port: the keeper goes on.
+  auto v = kv->get("test/replica/0");
+  auto fd = tcp::connect_to(std::string(v.begin(), v.end()), std::chrono::milliseconds(1000));
+  REQUIRE(fd);
+  CHECK(tcp::send_all(*fd, std::string("GET / HTTP/1.0\r\n\r\n")));
+  ::close(*fd);
+}
