@@ -167,6 +167,7 @@ struct train_args {
   double save_every_seconds = 0, mtbf_prior_hours = 6;
   bool save_every_auto = false, keep_checkpoints = false, prune_on_save_failure = false;
   bool shard_optimizer = false;
+  bool no_replicas = false;
   int save_retry_max_ms = 300000;
   int collective_timeout_ms = 30000;
   mutants broken;
@@ -189,6 +190,9 @@ void add_training_options(CLI::App& app, train_args& a) {
   app.add_option("--device", a.device, "auto, cpu or cuda (given twice: the last wins)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_flag("--no-replicas", a.no_replicas,
+               "with --shard-optimizer: keep no in-memory replicas (a lost rank then costs the work since the last "
+               "checkpoint instead of at most two steps; benchmarks measure the replicas' cost with it)");
   app.add_option("--output", a.output, "write a JSON summary (steps, loss, weights checksum) here");
   app.add_option("--step-delay-ms", a.step_delay_ms, "sleep in every step (demos and tests)");
   app.add_option("--collective-timeout-ms", a.collective_timeout_ms,
@@ -298,6 +302,7 @@ grace::result<grace::options> make_options(const train_args& a) {
   opts.fallback_checkpoint_dir = a.fallback_dir;
   opts.mtbf_prior_seconds = a.mtbf_prior_hours * 3600;
   opts.keep_checkpoints_on_success = a.keep_checkpoints;
+  opts.replicas = !a.no_replicas;
   opts.notice_file = a.notice_file;
   opts.notice_command = a.notice_command;
   opts.grace_period = std::chrono::milliseconds(a.grace_ms);

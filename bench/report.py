@@ -280,6 +280,23 @@ for r in sel("overlap"):
     if "error" in r:
         add("7c overlap run failed", r["error"][:60], "-", "-", "-", "no")
 
+# 7s: sharded state (ZeRO-1, 4 workers): the replicas' per-step cost, and
+# the steps a SIGKILL of rank 2 costs with and without them.
+with_r = med("replica_cost", "step_ms", replicas=True)
+without_r = med("replica_cost", "step_ms", replicas=False)
+if with_r and without_r:
+    ratio = with_r / without_r
+    add("7s sharded step time with replicas (copy + transfer every step)", fmt(with_r, "ms"),
+        "no replicas %s" % fmt(without_r, "ms"), "%.3fx" % ratio, "< 1.05x", yes(ratio < 1.05))
+kill_r = [r["lost"] for r in sel("sharded_kill", replicas=True) if r.get("lost") is not None]
+kill_n = [r["lost"] for r in sel("sharded_kill", replicas=False) if r.get("lost") is not None]
+if kill_r:
+    add("7s sharded SIGKILL of rank 2: steps lost (%d runs)" % len(kill_r), "max %d" % max(kill_r),
+        "no replicas: max %s" % (max(kill_n) if kill_n else "n/a"), "-", "<= 1 step", yes(max(kill_r) <= 1))
+for r in rows:
+    if r.get("row") in ("replica_cost", "sharded_kill") and "error" in r:
+        add("7s sharded run failed", r["error"][:60], "-", "-", "-", "no")
+
 # 8: the Python module and the PyTorch trainer.
 for blobs in (0, 1):
     o = med("py_steps", "overhead_ns", blobs=blobs)

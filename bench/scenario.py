@@ -12,6 +12,10 @@ events (GRACE_EVENTS_FILE) and wall-clock stamps. One JSON object per line.
       faults on top of faults: SIGKILL during an agreement, SIGKILL of the
       saver during its save, SIGKILL during a restore; steps lost and the
       time from each SIGKILL to the checkpoint committed for it.
+  scenario.py sharded --launch L --train T --nproc N --work DIR [--replicas|--no-replicas] [--kill]
+      ZeRO-1 (--shard-optimizer) with or without in-memory replicas: the
+      step time of a fixed run (the replicas' per-step cost), or, with
+      --kill, the steps lost to a SIGKILL of rank 2 at a random time.
   scenario.py torchrun --nproc N --work DIR
       torchrun restart of N workers: failing worker's exit -> every
       restarted worker's process group ready.
@@ -219,6 +223,56 @@ def grace_group(a):
         shutil.rmtree(os.path.join(work, "ckpt"), ignore_errors=True)
 
 
+def run_sharded(a):
+    """One sharded run (row 7s): the per-step time, or the work a SIGKILL of
+    rank 2 costs, with or without replicas."""
+    import random
+    work = os.path.abspath(a.work)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    events_path = os.path.join(work, "events.jsonl")
+    env = dict(os.environ, GRACE_EVENTS_FILE=events_path)
+    steps = 400 if not a.kill else 1000000
+    cmd = [a.launch, "--nproc", str(a.nproc), "--checkpoint-dir", os.path.join(work, "ckpt"), "--max-restarts", "3",
+           "--quiet", "--", a.train, "--shard-optimizer", "--steps", str(steps), "--step-delay-ms",
+           str(a.step_delay_ms), "--save-every", "50"]
+    if a.hidden:
+        cmd += ["--hidden", a.hidden]
+    if not a.replicas:
+        cmd += ["--no-replicas"]
+    log = open(os.path.join(work, "launch.log"), "w")
+    p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    ev = Events(events_path)
+    out = {"row": "sharded_kill" if a.kill else "replica_cost", "nproc": a.nproc, "replicas": a.replicas,
+           "hidden": a.hidden, "step_delay_ms": a.step_delay_ms}
+    try:
+        ev.wait(lambda: workers_stepping(ev, 0, a.nproc), a.timeout, "group 0 did not start")
+        if a.kill:
+            time.sleep(1.0 + random.random())
+            victim = [e for e in ev.where("first_step", 0) if e["rank"] == 2][0]["pid"]
+            os.kill(victim, signal.SIGKILL)
+            ev.wait(lambda: workers_stepping(ev, 1, a.nproc), a.timeout, "group 1 did not start after SIGKILL")
+            r, s, lost = lost_work(ev, 0)
+            out.update({"reached": r, "restored": s, "lost": lost})
+            os.kill(p.pid, signal.SIGTERM)
+        p.wait(timeout=a.timeout)
+        ev.poll()
+        if not a.kill:
+            firsts = {e["rank"]: e for e in ev.where("first_step", 0)}
+            per = [(e["t_ns"] - firsts[e["rank"]]["t_ns"]) / 1e6 / (steps - 1) for e in ev.where("finished", 0)
+                   if e["rank"] in firsts]
+            out["step_ms"] = sorted(per)[len(per) // 2] if per else None
+    except Exception as e:
+        out["error"] = "%s: %s" % (type(e).__name__, e)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        log.close()
+    print(json.dumps(out), flush=True)
+    shutil.rmtree(os.path.join(work, "ckpt"), ignore_errors=True)
+
+
 def committed_after(ev, inc, t_ns):
     """The first commit in incarnation `inc` at or after t_ns (any kind)."""
     c = [e for e in ev.where("committed", inc) if e["t_ns"] >= t_ns]
@@ -343,7 +397,7 @@ def torchrun_restart(a):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["grace", "torchrun", "overlap"])
+    p.add_argument("mode", choices=["grace", "torchrun", "overlap", "sharded"])
     p.add_argument("--launch")
     p.add_argument("--train")
     p.add_argument("--train-cmd", default="", help="a trainer command instead of --train (e.g. "
@@ -355,12 +409,15 @@ def main():
     p.add_argument("--keep", action="store_true")
     p.add_argument("--hidden", default="")
     p.add_argument("--label", default="as built")
+    p.add_argument("--replicas", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--step-delay-ms", type=int, default=20)
     p.add_argument("--dead-after-ms", type=int, default=3000)
     p.add_argument("--timeout", type=float, default=90)
     a = p.parse_args()
     if a.mode == "grace":
         grace_group(a)
+    elif a.mode == "sharded":
+        run_sharded(a)
     elif a.mode == "overlap":
         overlap_faults(a)
     else:

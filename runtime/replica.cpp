@@ -8,6 +8,8 @@
 #include <spdlog/spdlog.h>
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -70,6 +72,14 @@ result<std::vector<tensor_ref>> layout_from_text(const std::string& text) {
   } catch (const std::exception& e) {
     return error{errc::invalid_input, std::string("layout: ") + e.what()};
   }
+}
+
+/// Small writes (a header, the one-byte acknowledgement) go out at once:
+/// with Nagle's algorithm and delayed acknowledgements each transfer would
+/// wait tens of milliseconds for its acknowledgement.
+void no_delay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
 template <class T>
@@ -240,6 +250,7 @@ bool replica_keeper::connect_holder() {
     return false;
   }
   holder_fd_ = *fd;
+  no_delay(holder_fd_);
   return true;
 }
 
@@ -280,6 +291,7 @@ void replica_keeper::receive_loop() {
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     tcp::set_io_timeout(fd, cfg_.io_timeout);
+    no_delay(fd);
     receive_from(fd);
     ::close(fd);
   }
