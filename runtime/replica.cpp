@@ -238,7 +238,11 @@ bool replica_keeper::connect_holder() {
   if (holder_fd_ >= 0) return true;
   std::string ep;
   try {
-    auto v = cfg_.kv->get(cfg_.prefix + "/replica/" + std::to_string(holder()));
+    // Bounded by the I/O timeout, not the store's own (a minute): the
+    // keeper's destructor waits for this thread.
+    const auto key = cfg_.prefix + "/replica/" + std::to_string(holder());
+    cfg_.kv->wait({key}, cfg_.io_timeout);
+    auto v = cfg_.kv->get(key);
     ep.assign(v.begin(), v.end());
   } catch (const std::exception& e) {
     cfg_.log->warn("replicas: no address for rank {}: {}", holder(), e.what());
