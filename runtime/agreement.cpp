@@ -306,6 +306,9 @@ actions agreement::on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, 
                             bool part) {
   if (id == 0) return on_periodic(rank, step, ok, part);
   if (part) return on_part(rank, id, step, ok, error);
+  // A commit of every part, even one a later round overtook (a loss during
+  // the commit): the step is durable, and copies of it are not written again.
+  if (parts_ && ok) committed_step_ = std::max(committed_step_, step);
   if (id != id_ || phase_ != agreement_phase::saving || rank != saver_) return {};
   if (!ok) {
     phase_ = agreement_phase::failed;

@@ -82,6 +82,11 @@ struct member {
   uint64_t w_step = 0, w_id = 0, last_ok_step = restored;
   bool committing = false;  ///< sharded: told to commit the parts of (c_id, c_step)
   uint64_t c_id = 0, c_step = 0;
+  /// Replicas: the newest completed step whose copy reached this member's
+  /// holder (restored: none), and the lost member whose part the write in
+  /// flight also writes from the replica this member holds (-1: none).
+  uint64_t shipped = restored;
+  int w_replica = -1;
 
   member(uint32_t r, worker_policy_config c) : rank(r), policy(c, restored) {}
 };
@@ -98,6 +103,7 @@ struct world {
   int wins = 0;
   bool fault = false, save_failed = false;
   bool parts = false;              ///< sharded state: every member writes its part
+  bool replicas = false;           ///< ...and keeps copies (runtime/replica.hpp)
   std::set<uint64_t> parts_done;  ///< (agreement id << 8 | rank) of every durable part
 };
 
@@ -115,6 +121,9 @@ struct scenario {
   bool in_countdown = false;
   /// Sharded state: every member saves its part, the chief commits them.
   bool parts = false;
+  /// With replicas: each member's copies reach its holder (the previous
+  /// rank) at some point after each step, or not before a loss.
+  bool replicas = false;
 };
 
 /// Appends raw bytes of plain fields to a fixed buffer (the key is hashed,
@@ -139,6 +148,8 @@ struct key_writer {
     put(o->saver);
     put(o->exit_after);
     put(o->all_save);
+    put(o->from_kept);
+    for (auto q : o->from_replica) put(q);
   }
 };
 
@@ -193,6 +204,8 @@ uint64_t key(const world& w) {
     k.put(x.committing);
     k.put(x.c_id);
     k.put(x.c_step);
+    k.put(x.shipped);
+    k.put(x.w_replica);
     k.put(x.in.size());
     for (auto& q : x.in) {
       k.put(q.kind);
@@ -235,6 +248,7 @@ public:
     w.coordinator_deaths = sc_.coordinator_deaths;
     w.has_deadline = sc_.deadline || sc_.in_countdown;
     w.parts = sc_.parts;
+    w.replicas = sc_.replicas;
     w.coord.set_parts(sc_.parts);
     if (sc_.in_countdown) enter_countdown(w);
     explore(w);
@@ -291,7 +305,11 @@ private:
           msg.kind = to_member::order;
           msg.o = checkpoint_order{a.id, a.step, a.kind, a.what == ty::agreed, a.saver, a.exit_after, a.deadline_ns};
           msg.o.all_save = a.all_save;
+          msg.o.from_kept = a.from_kept;
+          msg.o.from_replica = a.from_replica;
           REQUIRE(a.all_save == (a.what == ty::agreed && w.parts));
+          // Copies only with replicas, and only above the durable step.
+          REQUIRE((!a.from_kept || (w.replicas && a.step > *w.disk.rbegin())));
           to_live(msg);
           break;
         case ty::committed:
@@ -333,11 +351,24 @@ private:
     if (!w.coordinator_alive) return;
     auto r = x.rank;
     switch (msg.kind) {
-      case to_coord::ack: dispatch(w, w.coord.on_ack(r, msg.id, msg.step)); break;
+      case to_coord::ack: dispatch(w, w.coord.on_ack(r, msg.id, msg.step, copies(w, x))); break;
       case to_coord::saved: dispatch(w, w.coord.on_saved(r, msg.id, msg.step, msg.ok, "disk full", msg.part)); break;
       case to_coord::leave: dispatch(w, w.coord.on_leave(r, msg.code)); break;
       case to_coord::propose_final: dispatch(w, w.coord.on_propose_final(r, msg.step)); break;
     }
+  }
+
+  /// What a member's acknowledgement reports with replicas: its kept
+  /// copies (every completed step above the restored one: the model's
+  /// horizon is within the last three) and the replica of the next rank.
+  replica_report copies(const world& w, const member& x) const {
+    replica_report c;
+    if (!w.replicas) return c;
+    for (uint64_t s = restored + 1; s <= x.completed; ++s) c.kept.push_back(s);
+    uint32_t src = (x.rank + 1) % static_cast<uint32_t>(w.m.size());
+    c.of = src;
+    if (w.m[src].shipped > restored) c.replica.push_back(w.m[src].shipped);
+    return c;
   }
 
   // ---- trainer ---------------------------------------------------------
@@ -390,6 +421,14 @@ private:
         break;
       case ty::reach:
         x.policy.reached(d.id);
+        if (d.from_kept) {
+          // Its kept copy of the agreed step exists, and so does the
+          // replica it writes (the agreement picked the step from reports).
+          REQUIRE(d.step > restored);
+          REQUIRE(d.step <= x.completed);
+          for (auto q : d.from_replica)
+            if (q == (x.rank + 1) % w.m.size()) x.w_replica = static_cast<int>(q);
+        }
         if (d.save) start_write(x, d.step, d.id, d.sync, w);
         x.dirty = true;
         break;
@@ -496,6 +535,8 @@ private:
         break;
       case tstate::saving: break;
     }
+    if (w.replicas && x.shipped < x.completed)
+      branch([r](world& n) { n.m[r].shipped = n.m[r].completed; });  // the copy reached the holder
     if (x.committing)
       branch([this, r](world& n) {
         auto& y = n.m[r];
@@ -515,8 +556,11 @@ private:
 
   void finish_write(world& n, member& y, bool ok) {
     y.writing = false;
+    const int replica_part = y.w_replica;
+    y.w_replica = -1;
     if (ok && n.parts) {
       n.parts_done.insert(y.w_id << 8 | y.rank);  // durable, not committed
+      if (replica_part >= 0) n.parts_done.insert(y.w_id << 8 | static_cast<uint64_t>(replica_part));
     } else if (ok) {
       n.disk.insert(y.w_step);
       y.last_ok_step = y.w_step;
@@ -720,6 +764,19 @@ TEST_CASE("protocol model: sharded state, a notice, a death at every phase of th
 
 TEST_CASE("protocol model: sharded state, a notice, a failed part and a death", "[model]") {
   explore(sharded(1, 1, 1));
+}
+
+// With replicas, a death becomes a just-in-time save from the survivors'
+// kept copies and the lost member's replica whenever its copy arrived:
+// every part of the committed step is durable (commit_parts), the step is
+// above the durable one, and no survivor is left behind.
+TEST_CASE("protocol model: sharded state with replicas, a death and a notice", "[model]") {
+  auto s = sharded(0, 1, 0);
+  s.replicas = true;
+  explore(s);
+  s = sharded(1, 1, 0);
+  s.replicas = true;
+  explore(s);
 }
 
 TEST_CASE("protocol model: two notices and a death", "[model]") { explore({2, 1, 0, 0, false, false}); }
