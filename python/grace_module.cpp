@@ -568,6 +568,8 @@ grace::options make_options(const py::kwargs& kw) {
       o.fallback_checkpoint_dir = v.cast<std::string>();
     else if (key == "keep_checkpoints_on_success")
       o.keep_checkpoints_on_success = v.cast<bool>();
+    else if (key == "replicas")
+      o.replicas = v.cast<bool>();
     else if (key == "notice_file")
       o.notice_file = v.cast<std::string>();
     else if (key == "notice_command")
