@@ -133,6 +133,13 @@ msg<proto::Welcome> refuse_for_now(const std::string& reason, uint32_t current) 
 
 void deliver(self_ptr self, const std::vector<rendezvous_table::reply>& replies);
 
+/// "; rank 2's part from its replica" for a just-in-time round from copies.
+std::string replica_ranks(const std::vector<uint32_t>& ranks) {
+  std::string s;
+  for (auto r : ranks) s += "; rank " + std::to_string(r) + "'s part from its replica";
+  return s;
+}
+
 void reset_incarnation(self_ptr self, uint32_t incarnation) {
   auto& st = self->state;
   st.cfg.incarnation = incarnation;
@@ -224,7 +231,8 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
         }));
         st.log->info(
             "{} {} checkpoint #{} at step {}{}", agreed ? "agreed" : "proposing", to_string(a.kind), a.id, a.step,
-            agreed ? fmt::format(" (saver rank {}, {})", a.saver, a.exit_after ? "then exit" : "then keep training")
+            agreed ? fmt::format(" (saver rank {}, {}{})", a.saver, a.exit_after ? "then exit" : "then keep training",
+                                 a.from_kept ? ", from kept copies" + replica_ranks(a.from_replica) : std::string())
                    : std::string(" or later"));
         emit_event(agreed ? "agreed" : "proposed",
                    {{"id", a.id}, {"step", a.step}, {"kind", to_string(a.kind)}, {"saver", a.saver}});

@@ -136,17 +136,8 @@ caf::result<msg<proto::Welcome>> on_join(self_ptr self, msg<proto::Join>& m) {
 msg<proto::Join> with_relay_flag(const msg<proto::Join>& m, bool relayed, bool rejoin, uint64_t completed) {
   auto old = decode(m);
   if (!old) return m;  // the coordinator names what is wrong with it
-  auto j = old->get();
-  return make<proto::Join>([&](auto b) {
-    b.setRank(j.getRank());
-    b.setWorldSize(j.getWorldSize());
-    b.setRunId(j.getRunId());
-    b.setIncarnation(j.getIncarnation());
-    b.setToken(j.getToken());
-    b.setProtocolVersion(j.getProtocolVersion());
-    b.setHost(j.getHost());
-    b.setPid(j.getPid());
-    b.setCompletedStep(rejoin ? completed : j.getCompletedStep());
+  return edited<proto::Join>(old->get(), [&](auto b) {
+    if (rejoin) b.setCompletedStep(completed);
     b.setRejoin(rejoin);
     b.setRelayed(relayed);
   });

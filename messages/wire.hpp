@@ -62,6 +62,16 @@ msg<S> make(F&& fill) {
   return msg<S>{detail::frame(b, capnp::typeId<S>())};
 }
 
+/// A copy of message `from` with `change` applied: every field is carried,
+/// so a field added to the schema later is never dropped on the way.
+template <class S, class F>
+msg<S> edited(typename S::Reader from, F&& change) {
+  capnp::MallocMessageBuilder b(256);
+  b.setRoot(from);
+  change(b.getRoot<S>());
+  return msg<S>{detail::frame(b, capnp::typeId<S>())};
+}
+
 /// A decoded, validated message. Owns its words; cheap to move.
 template <class S>
 class reader {

@@ -290,3 +290,22 @@ TEST_CASE("wire: every field of every message type survives a round trip", "[wir
 #undef GRACE_ROUND_TRIP
   CHECK(types == 25);
 }
+
+TEST_CASE("wire: an edited message keeps every field it does not change", "[wire]") {
+  auto m = make<proto::Join>([](auto b) {
+    b.setRank(3);
+    b.setRunId("job");
+    b.setSharded(true);
+    b.setCompletedStep(40);
+  });
+  auto r = decode(m);
+  REQUIRE(r);
+  auto e = edited<proto::Join>(r->get(), [](auto b) { b.setRelayed(true); });
+  auto d = decode(e);
+  REQUIRE(d);
+  CHECK(d->get().getRelayed());
+  CHECK(d->get().getSharded());
+  CHECK(d->get().getRank() == 3);
+  CHECK(d->get().getCompletedStep() == 40);
+  CHECK(std::string(d->get().getRunId().cStr()) == "job");
+}

@@ -12,6 +12,12 @@
 #                             once and its link down; the survivors save just
 #                             in time; a new launcher on host 1 (same node
 #                             rank) rejoins and the job completes
+#   host_faults.sh lost_sharded
+#                             the same with sharded state (--shard-optimizer):
+#                             host 1's ranks hold parts nobody else has; the
+#                             replicas sit on host 0 (the same local rank on
+#                             the other host), so the survivors write host
+#                             1's parts from them and lose at most two steps
 #   host_faults.sh partition  host 1 cut off for 6 s, then healed: no split
 #                             brain (the isolated side commits nothing and
 #                             stops instead of training alone), host 1 rejoins
@@ -38,7 +44,7 @@
 #                             steps: agreement::on_join ignores the restored step).
 source "$(dirname "$0")/../integration/lib.sh"
 source "$(dirname "$0")/testbed.sh"
-SCENARIO=${1:?scenario: preempt, lost, partition or node_local}
+SCENARIO=${1:?scenario: preempt, lost, lost_sharded, partition, freeze, node_local or coordinator_lost}
 tb_init 2
 STEPS=400
 ARGS=(--device cpu --steps $STEPS --step-delay-ms 10 --collective-timeout-ms 20000)
@@ -120,6 +126,17 @@ lost() {
   restored=$(first_event "$E0" "e['event']=='restored'" step)
   [ "$restored" = "$jit_step" ] || fail "restored step $restored, the just-in-time save was $jit_step"
   pass "host 1 lost (SIGKILL + link down): just-in-time save at step $jit_step, host 1 relaunched, resumed there, weights identical"
+}
+
+lost_sharded() {
+  ARGS+=(--shard-optimizer)
+  lost
+  local r
+  for r in 2 3; do
+    grep -q "writing rank $r's part of step [0-9]* from the replica" "$TB/h0/log.txt" ||
+      fail "rank $r's part was not written from its replica on host 0"
+  done
+  pass "sharded state: host 1's parts (ranks 2 and 3) written from their replicas on host 0"
 }
 
 partition() {
