@@ -125,19 +125,10 @@ checkpoint_server::~checkpoint_server() {
 }
 
 void checkpoint_server::serve() {
-  for (;;) {
-    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_pipe_[0], POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (p[1].revents) return;
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+  tcp::serve_until_stopped(listen_fd_, stop_pipe_[0], [this](int fd) {
     set_io_timeout(fd, io_timeout_);
     answer(fd);
-    ::close(fd);
-  }
+  });
 }
 
 void checkpoint_server::answer(int fd) {

@@ -285,20 +285,11 @@ bool replica_keeper::push(const kept_slot& s) {
 // -------------------------------------------------------------- receiver
 
 void replica_keeper::receive_loop() {
-  for (;;) {
-    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_pipe_[0], POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (p[1].revents) return;
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+  tcp::serve_until_stopped(listen_fd_, stop_pipe_[0], [this](int fd) {
     tcp::set_io_timeout(fd, cfg_.io_timeout);
     no_delay(fd);
     receive_from(fd);
-    ::close(fd);
-  }
+  });
 }
 
 /// Transfers on one connection until it closes, fails, or this keeper

@@ -97,6 +97,21 @@ result<std::pair<int, uint16_t>> listen_on(const std::string& address, int backl
   return std::make_pair(fd, ntohs(at.sin_port));
 }
 
+void serve_until_stopped(int listen_fd, int stop_fd, const std::function<void(int)>& handle) {
+  for (;;) {
+    pollfd p[2] = {{listen_fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents) return;
+    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    handle(fd);
+    ::close(fd);
+  }
+}
+
 result<std::string> read_to_end(int fd, size_t max_bytes) {
   std::string out;
   char buf[4096];

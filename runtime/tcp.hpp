@@ -6,6 +6,7 @@
 #include "runtime/error.hpp"
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -34,6 +35,11 @@ bool recv_all(int fd, void* p, size_t n);
 /// A listening socket on "a.b.c.d" and an ephemeral port: (fd, port). The
 /// caller closes it.
 result<std::pair<int, uint16_t>> listen_on(const std::string& address, int backlog = 16);
+
+/// Accepts connections on `listen_fd` one at a time and hands each to
+/// `handle` (then closes it) until `stop_fd` becomes readable or polling
+/// fails: the accept loop of Grace's small servers.
+void serve_until_stopped(int listen_fd, int stop_fd, const std::function<void(int)>& handle);
 
 /// Reads until the peer closes, at most `max_bytes` (an error past that).
 result<std::string> read_to_end(int fd, size_t max_bytes);
