@@ -164,6 +164,7 @@ void commit_parts(self_ptr self, uint64_t id, uint64_t step) {
   o.write_ns = mono_ns() - t0;
   if (st.cfg.coord)
     if (auto c = st.cfg.coord->get()) self->send(c, saved_report(st.cfg.rank, o));
+  if (!o.ok && st.cfg.ctl) st.cfg.ctl->post_commit_failure(step, o.error);
   record(*st.cfg.log, o);
 }
 

@@ -61,6 +61,17 @@ void control_block::post_deadline(int64_t deadline_ns) {
   raise_locked();
 }
 
+void control_block::post_commit_failure(uint64_t step, std::string why) {
+  std::lock_guard<std::mutex> g(m_);
+  commit_failure_.emplace(step, std::move(why));
+}
+
+std::optional<std::string> control_block::commit_failure(uint64_t step) {
+  std::lock_guard<std::mutex> g(m_);
+  if (commit_failure_ && commit_failure_->first == step) return commit_failure_->second;
+  return std::nullopt;
+}
+
 void control_block::post_acked_for_trainer(uint64_t id) {
   std::lock_guard<std::mutex> g(m_);
   state_.acked_for_trainer = std::max(state_.acked_for_trainer, id);

@@ -115,6 +115,9 @@ public:
   void post_deadline(int64_t deadline_ns);
   /// The peer watcher acknowledged jit round `id` for an idle trainer.
   void post_acked_for_trainer(uint64_t id);
+  /// The checkpoint writer: this rank's commit of a sharded save's parts at
+  /// `step` failed (the trainer waiting for that commit stops waiting).
+  void post_commit_failure(uint64_t step, std::string why);
 
   // --- read by the trainer ---
   /// A copy of the state.
@@ -126,6 +129,8 @@ public:
   bool clear_pending_if_unchanged(uint64_t seen);
   /// Forgets order `id` (a grace-period save handed to the writer).
   void clear_order(uint64_t id);
+  /// Why this rank's commit of `step` failed, if it did.
+  std::optional<std::string> commit_failure(uint64_t step);
   /// True once the coordination service is known to be gone.
   bool coordinator_gone();
   /// True once a cluster error, a lost peer or the coordinator's loss is known.
@@ -159,6 +164,7 @@ private:
   control_state state_;                      ///< guarded by m_
   std::function<void()> abort_collectives_;  ///< guarded by m_
   int aborts_running_ = 0;                   ///< guarded by m_
+  std::optional<std::pair<uint64_t, std::string>> commit_failure_;  ///< the newest failed commit; guarded by m_
   std::condition_variable abort_cv_;
 };
 

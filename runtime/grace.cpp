@@ -18,6 +18,7 @@
 #include "messages/convert.hpp"
 #include "runtime/net_address.hpp"
 #include "runtime/replica.hpp"
+#include "runtime/shared_dir.hpp"
 #include "runtime/save_interval.hpp"
 #include "runtime/snapshot.hpp"
 #include "runtime/standby.hpp"
@@ -153,6 +154,7 @@ struct session::impl {
   bool attached = false;
   std::optional<error> standby_error;  ///< a spare's release went wrong: attach() reports it
   bool left = false;  ///< Leave sent (or nobody to tell)
+  bool joined = false;  ///< the coordinator knows this worker as a member
   uint64_t completed = 0;
   uint64_t restored_step = 0;
   int code = 0;
@@ -222,6 +224,7 @@ struct session::impl {
   status wait_for_commit(uint64_t step) {
     auto until = std::chrono::steady_clock::now() + opts.save_timeout;
     while (store->newest_valid_step() < step) {
+      if (auto why = ctl->commit_failure(step)) return error{errc::failed, "the commit failed: " + *why};
       if (ctl->failure_known() || ctl->coordinator_gone())
         return error{errc::failed, "a member or the coordination service was lost before every part of step " +
                                        std::to_string(step) + " was durable"};
@@ -427,7 +430,7 @@ struct session::impl {
   /// this process's exit as a lost member (no PeerLost, no kill by the
   /// launcher).
   void leave(int c) {
-    if (!attached || !rt || ctl->coordinator_gone()) return;  // nobody to tell
+    if (!joined || !rt || ctl->coordinator_gone()) return;  // nobody to tell
     auto m = make<proto::Leave>([&](auto b) {
       b.setRank(cluster.rank);
       b.setExitCode(c);
@@ -437,6 +440,15 @@ struct session::impl {
     self->request(coord->get(), verdict_wait, std::move(m))
         .receive([](bool) {},
                  [&](caf::error& e) { log->warn("leave: no answer from the coordinator: {}", rt->sys().render(e)); });
+  }
+
+  /// An attach that fails after the join leaves with the exit code the
+  /// caller will use (runtime/exit_codes.hpp), so the service does not take
+  /// the exit for a lost member: a loss restarts every node, a usage error
+  /// must stop them.
+  error leave_failed_attach(error e) {
+    leave(attach_failure_exit(e.code, opts.restart_exit_code));
+    return e;
   }
 
   step_result stop(int c, std::string why, bool may_throw = true) {
@@ -608,6 +620,24 @@ struct session::impl {
     if (!st) log->warn("replicas: step {} not kept: {}", k, st.err().message);
   }
 
+  /// Sharded state on several ranks: every rank's checkpoint directory is
+  /// rank 0's (runtime/shared_dir.hpp), else every rank stops with the
+  /// same clear error before its first step.
+  status check_shared_dir() {
+    if (!sharded || cluster.world_size < 2 || !kv || opts.checkpoint_dir.empty()) return {};
+    shared_dir_probe p;
+    p.dir = opts.checkpoint_dir;
+    p.rank = cluster.rank;
+    p.world = cluster.world_size;
+    p.incarnation = cluster.incarnation;
+    p.local_world = local_world_size();
+    p.prefix = prefix;
+    p.timeout = opts.wait_timeout;
+    auto st = check_shared_directory(p, *kv);
+    if (!st) log->error("{}", st.err().message);
+    return st;
+  }
+
   /// Starts the replicas (sharded state on several ranks, unless turned off).
   status start_replicas() {
     if (!sharded || !opts.replicas || cluster.world_size < 2 || !kv) return {};
@@ -737,6 +767,8 @@ result<uint64_t> session::attach() {
   if (auto st = d.restore(); !st) return st.err();
   if (auto st = d.start_actors(); !st) return st.err();
   if (auto st = d.join(); !st) return st.err();
+  d.joined = true;
+  if (auto st = d.check_shared_dir(); !st) return d.leave_failed_attach(st.err());
   if (auto st = d.start_replicas(); !st) return st.err();
   d.start_signal_watcher();
   d.last_periodic_ns = d.attached_ns = mono_ns();

@@ -31,3 +31,29 @@ grep -q "restart 1/" n0.log && grep -q "restart 1/" n1.log || fail "both nodes m
 [ "$(json out.json weights_checksum)" = "$REF" ] || fail "weights differ from the uninterrupted run"
 [ "$(json out.json steps_done)" -eq $STEPS ] || fail "steps_done"
 pass "two launchers: notice on node 1, both groups restarted, weights identical"
+
+# Sharded state with node-local checkpoint directories (each node its own):
+# the committer could never see the other node's parts, so every rank stops
+# at attach with the same clear error (exit 2 on both nodes, no restart)
+# instead of training on while every save fails.
+D2="$WORK/mn-local"
+mkdir -p "$D2"
+cd "$D2"
+PORT2=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+SH=(--device cpu --steps 50 --step-delay-ms 8 --save-every 10 --shard-optimizer)
+for n in 0 1; do
+  "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank $n --coordinator 127.0.0.1:$PORT2 --run-id mnl --checkpoint-dir ck$n \
+    --max-restarts 2 -- "$GRACE_TRAIN" "${SH[@]}" --output out$n.json >n$n.log 2>&1 &
+  eval "L$n=\$!"
+  track_pid $! 
+  sleep 0.3
+done
+set +e; wait $L0; rc0=$?; wait $L1; rc1=$?; set -e
+[ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] || { tail -5 n0.log n1.log; fail "node-local sharded: launchers exited $rc0 and $rc1, want 2 and 2"; }
+for n in 0 1; do
+  grep -q "node-local checkpoint directories hold replicated state only" n$n.log || fail "node $n: no clear error"
+  ! grep -q "restart 1/" n$n.log || fail "node $n restarted its group"
+  [ -z "$(ls -A ck$n | grep -E '^(step-|\.parts-|\.grace-shared-dir)' || true)" ] || fail "node $n: files left in ck$n: $(ls -A ck$n)"
+done
+grep -q "rank(s) 2, 3 (node 1)" n0.log || fail "the error does not name node 1's ranks"
+pass "sharded state on node-local directories: both nodes stop at attach with a clear error (exit 2)"

@@ -1,0 +1,145 @@
+#include "runtime/shared_dir.hpp"
+
+#include "runtime/job_token.hpp"
+
+#include <gloo/rendezvous/store.h>
+
+#include <fstream>
+#include <set>
+#include <thread>
+
+namespace grace {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* probe_prefix = ".grace-shared-dir-i";
+constexpr const char* verdict_ok = "ok";
+
+fs::path probe_file(const fs::path& dir, uint32_t incarnation, uint32_t rank) {
+  return dir / (probe_prefix + std::to_string(incarnation) + "-r" + std::to_string(rank));
+}
+
+std::string key_of(const shared_dir_probe& p, const std::string& what) { return p.prefix + "/shared-dir/" + what; }
+
+std::string read_text(const fs::path& f) {
+  std::ifstream in(f, std::ios::binary);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+/// Store calls throw on a timeout or a broken group.
+template <class F>
+status guarded(const std::string& what, F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const std::exception& e) {
+    return error{errc::failed, "checkpoint directory check: " + what + ": " + e.what()};
+  }
+}
+
+/// Ranks > 0: the probe file, then its nonce in the store.
+status write_probe(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
+  auto nonce = random_token();
+  if (!nonce) return nonce.err();
+  std::error_code ec;
+  fs::create_directories(p.dir, ec);
+  const auto f = probe_file(p.dir, p.incarnation, p.rank);
+  {
+    std::ofstream out(f, std::ios::binary | std::ios::trunc);
+    out << *nonce << "\n";
+    if (!out.flush())
+      return error{errc::failed, f.string() + ": cannot write the checkpoint directory probe"};
+  }
+  return guarded("publishing this rank's probe",
+                 [&] { kv.set(key_of(p, std::to_string(p.rank)), std::vector<char>(nonce->begin(), nonce->end())); });
+}
+
+/// Rank 0: which ranks' probe files its directory lacks (or holds with
+/// another nonce) once `settle` has passed.
+result<std::vector<uint32_t>> missing_probes(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
+  std::vector<std::pair<uint32_t, std::string>> expected;
+  for (uint32_t r = 1; r < p.world; ++r) {
+    std::string nonce;
+    auto st = guarded("waiting for rank " + std::to_string(r) + "'s probe", [&] {
+      kv.wait({key_of(p, std::to_string(r))}, p.timeout);
+      auto v = kv.get(key_of(p, std::to_string(r)));
+      nonce.assign(v.begin(), v.end());
+    });
+    if (!st) return st.err();
+    expected.emplace_back(r, std::move(nonce));
+  }
+  const auto until = std::chrono::steady_clock::now() + p.settle;
+  std::vector<uint32_t> missing;
+  for (;;) {
+    missing.clear();
+    for (auto& [r, nonce] : expected)
+      if (read_text(probe_file(p.dir, p.incarnation, r)) != nonce) missing.push_back(r);
+    if (missing.empty() || std::chrono::steady_clock::now() >= until) return missing;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+/// Rank 0: this incarnation's probe files and any older leftovers.
+void remove_probes(const fs::path& dir) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+    if (it->path().filename().string().rfind(probe_prefix, 0) == 0) {
+      std::error_code e2;
+      fs::remove(it->path(), e2);
+    }
+}
+
+}  // namespace
+
+std::string shared_dir_verdict(const std::vector<uint32_t>& missing, uint32_t local_world, const fs::path& dir0) {
+  if (missing.empty()) return "";
+  std::string ranks, nodes;
+  std::set<uint32_t> node_set;
+  for (auto r : missing) {
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    if (local_world > 0) node_set.insert(r / local_world);
+  }
+  for (auto n : node_set) nodes += (nodes.empty() ? "" : ", ") + std::to_string(n);
+  return "sharded state needs one checkpoint directory shared by every rank (each rank writes its part there and "
+         "rank 0 commits them all), but the files that rank(s) " +
+         ranks + (nodes.empty() ? "" : " (node " + nodes + ")") +
+         " wrote into their checkpoint directory do not appear in rank 0's, " + dir0.string() +
+         ": node-local checkpoint directories hold replicated state only; give every node the same shared "
+         "directory (NFS or a parallel file system)";
+}
+
+status check_shared_directory(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
+  if (p.world < 2) return {};
+  const auto verdict_key = key_of(p, "verdict");
+  if (p.rank != 0) {
+    if (auto st = write_probe(p, kv); !st) return st;
+    std::string verdict;
+    // Rank 0 waits up to `timeout` for the slowest rank, then settles.
+    auto st = guarded("waiting for rank 0's verdict", [&] {
+      kv.wait({verdict_key}, p.timeout * 2 + p.settle);
+      auto v = kv.get(verdict_key);
+      verdict.assign(v.begin(), v.end());
+    });
+    std::error_code ec;
+    fs::remove(probe_file(p.dir, p.incarnation, p.rank), ec);  // rank 0 cannot, when it does not share it
+    if (!st) return st;
+    if (verdict != verdict_ok) return error{errc::invalid_input, verdict};
+    return {};
+  }
+  auto missing = missing_probes(p, kv);
+  if (!missing) return missing.err();
+  remove_probes(p.dir);
+  const auto why = shared_dir_verdict(*missing, p.local_world, fs::absolute(p.dir));
+  const std::string verdict = why.empty() ? verdict_ok : why;
+  auto st = guarded("publishing the verdict",
+                    [&] { kv.set(verdict_key, std::vector<char>(verdict.begin(), verdict.end())); });
+  if (!st) return st;
+  if (!why.empty()) return error{errc::invalid_input, why};
+  return {};
+}
+
+}  // namespace grace

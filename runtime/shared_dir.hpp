@@ -1,0 +1,62 @@
+#pragma once
+/// Sharded state needs one checkpoint directory that every rank shares: each
+/// rank writes its part there and one rank commits them all as a step
+/// (runtime/checkpoint.hpp). Node-local directories (a disk per node) hold
+/// replicated state only, which one rank saves whole; with sharded state the
+/// committer would never see the other nodes' parts and every save would
+/// fail. This check, run by every rank when it attaches, turns that into a
+/// clear error before the first step instead of a run without checkpoints.
+///
+/// The probe:
+///   1. every rank but 0 writes `.grace-shared-dir-i<incarnation>-r<rank>`
+///      (a fresh random nonce) into its checkpoint directory, then publishes
+///      the nonce in the rendezvous store under `<prefix>/shared-dir/<rank>`;
+///   2. rank 0 waits for every rank's key, reads each rank's file from its
+///      own directory and compares the nonce (a directory another node sees
+///      through a slow NFS attribute cache gets `settle` to show the file);
+///   3. rank 0 removes the probe files (and older incarnations' leftovers)
+///      and publishes one verdict, `<prefix>/shared-dir/verdict`: "ok" when
+///      every rank's file was there, else the error;
+///   4. every rank ends attach with that verdict, so a directory some nodes
+///      do not share stops every rank with the same error (exit 2) instead
+///      of one node stopping and the others restarting after it.
+/// Waits are bounded by `timeout`: a rank that died meanwhile fails the
+/// check with a timeout (errc::failed: the group restarts as for any loss).
+
+#include "runtime/error.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace gloo::rendezvous {
+class Store;
+}
+
+namespace grace {
+
+struct shared_dir_probe {
+  std::filesystem::path dir;   ///< this rank's checkpoint directory
+  uint32_t rank = 0;
+  uint32_t world = 1;
+  uint32_t incarnation = 0;
+  uint32_t local_world = 0;    ///< workers per node (names nodes in the error); 0: unknown
+  std::string prefix;          ///< the rendezvous store's prefix for this incarnation
+  std::chrono::milliseconds timeout{30000};
+  std::chrono::milliseconds settle{2000};
+};
+
+/// Runs the probe on this rank (all ranks call it). Ok when every rank's
+/// checkpoint directory is rank 0's; errc::invalid_input naming the ranks
+/// (and nodes) that do not share it; errc::failed on a timeout or an I/O
+/// error.
+status check_shared_directory(const shared_dir_probe& p, gloo::rendezvous::Store& kv);
+
+/// The verdict from the ranks whose probe rank 0 did not find (pure): empty
+/// when none, else the error text naming them.
+std::string shared_dir_verdict(const std::vector<uint32_t>& missing, uint32_t local_world,
+                               const std::filesystem::path& dir0);
+
+}  // namespace grace

@@ -1,0 +1,93 @@
+// The checkpoint directory check for sharded state (runtime/shared_dir.hpp):
+// ranks in threads, Gloo's in-process HashStore as the rendezvous store.
+#include "runtime/shared_dir.hpp"
+
+#include "../temp_dir.hpp"
+
+#include <catch2/catch.hpp>
+#include <gloo/rendezvous/hash_store.h>
+
+#include <fstream>
+#include <thread>
+
+using namespace grace;
+using grace::testing::temp_dir;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Runs the check on `dirs.size()` ranks at once, rank r in dirs[r].
+std::vector<status> run_ranks(const std::vector<fs::path>& dirs, uint32_t local_world) {
+  gloo::rendezvous::HashStore kv;
+  std::vector<status> out(dirs.size());
+  std::vector<std::thread> ts;
+  for (uint32_t r = 0; r < dirs.size(); ++r)
+    ts.emplace_back([&, r] {
+      shared_dir_probe p;
+      p.dir = dirs[r];
+      p.rank = r;
+      p.world = static_cast<uint32_t>(dirs.size());
+      p.incarnation = 3;
+      p.local_world = local_world;
+      p.prefix = "job/3";
+      p.timeout = std::chrono::milliseconds(5000);
+      p.settle = std::chrono::milliseconds(200);
+      out[r] = check_shared_directory(p, kv);
+    });
+  for (auto& t : ts) t.join();
+  return out;
+}
+
+size_t entries(const fs::path& d) {
+  size_t n = 0;
+  for (auto it = fs::directory_iterator(d); it != fs::directory_iterator(); ++it) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("shared directory: one directory for every rank passes and leaves nothing behind", "[shared_dir]") {
+  temp_dir d;
+  fs::create_directories(d.path / "ck");
+  std::ofstream(d.path / "ck" / ".grace-shared-dir-i1-r1") << "stale\n";  // an older incarnation's leftover
+  auto st = run_ranks({d.path / "ck", d.path / "ck", d.path / "ck", d.path / "ck"}, 2);
+  for (auto& s : st) CHECK(s);
+  CHECK(entries(d.path / "ck") == 0);
+}
+
+TEST_CASE("shared directory: node-local directories stop every rank with the same error", "[shared_dir]") {
+  temp_dir d;
+  auto n0 = d.path / "node0", n1 = d.path / "node1";
+  auto st = run_ranks({n0, n0, n1, n1}, 2);
+  for (auto& s : st) {
+    REQUIRE_FALSE(s);
+    CHECK(s.err().code == errc::invalid_input);
+    CHECK(s.err().message == st[0].err().message);
+  }
+  const auto& m = st[0].err().message;
+  CHECK(m.find("rank(s) 2, 3 (node 1)") != std::string::npos);
+  CHECK(m.find(fs::absolute(n0).string()) != std::string::npos);
+  CHECK(m.find("node-local checkpoint directories hold replicated state only") != std::string::npos);
+  CHECK(entries(n0) == 0);  // rank 0 cleaned its directory
+}
+
+TEST_CASE("shared directory: the verdict names ranks and nodes", "[shared_dir]") {
+  CHECK(shared_dir_verdict({}, 2, "/ck").empty());
+  auto v = shared_dir_verdict({1, 5, 6}, 4, "/ck");
+  CHECK(v.find("rank(s) 1, 5, 6 (node 0, 1)") != std::string::npos);
+  CHECK(shared_dir_verdict({3}, 0, "/ck").find("rank(s) 3 wrote") != std::string::npos);  // nodes unknown
+}
+
+TEST_CASE("shared directory: a rank that never reports fails the check with a timeout, not a hang", "[shared_dir]") {
+  temp_dir d;
+  gloo::rendezvous::HashStore kv;
+  shared_dir_probe p;
+  p.dir = d.path;
+  p.world = 2;
+  p.prefix = "job/0";
+  p.timeout = std::chrono::milliseconds(300);
+  auto st = check_shared_directory(p, kv);  // rank 0; rank 1 never comes
+  REQUIRE_FALSE(st);
+  CHECK(st.err().code == errc::failed);
+  CHECK(st.err().message.find("rank 1's probe") != std::string::npos);
+}
