@@ -46,7 +46,9 @@ void write_to(checkpoint_store& store, const save_request& req, save_outcome& o,
                                                     req.with_replicated, wait);
     for (auto& [lost, bytes] : req.replica_parts) {
       if (!r) break;
-      auto extra = store.save_part(bytes->view(), req.meta, req.part_tag, lost, true, {});
+      // The replica holds the lost rank's tensors, not its counters or
+      // blobs: its part records none, and it restores the committer's.
+      auto extra = store.save_part(bytes->view(), req.meta, req.part_tag, lost, true, {}, false);
       if (!extra)
         r = error{errc::failed, "rank " + std::to_string(lost) + "'s part from its replica: " + extra.err().message};
       else

@@ -276,6 +276,7 @@ status write_index_and_manifest(const fs::path& tmp, const json& index, const ch
   m.kind = meta.kind;
   m.wall_time = now_unix();
   m.counters = meta.counters;
+  m.ranks = meta.ranks;
   m.metadata = meta.metadata;
   m.files = stats.files;
   auto man = write_small(tmp / manifest_file_name, manifest_to_json(m).dump(2) + "\n", stats);

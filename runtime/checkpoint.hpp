@@ -34,6 +34,14 @@ class io_staging;
 
 /// Why a checkpoint was taken (restart policy and tooling read this).
 
+/// One rank's own counters and metadata (blobs) in a sharded checkpoint:
+/// the entries where they differ from the manifest's (the committer's).
+struct rank_state {
+  std::map<std::string, int64_t> counters;
+  std::map<std::string, std::string> metadata;
+  bool empty() const noexcept { return counters.empty() && metadata.empty(); }
+};
+
 /// What the caller knows about a checkpoint besides the tensors.
 struct checkpoint_meta {
   uint64_t step = 0;
@@ -43,6 +51,8 @@ struct checkpoint_meta {
   checkpoint_kind kind = checkpoint_kind::periodic;
   std::map<std::string, int64_t> counters;      ///< e.g. samples seen, rng offset
   std::map<std::string, std::string> metadata;  ///< free-form user metadata
+  /// Set by a sharded commit: ranks whose own counters or metadata differ.
+  std::map<uint32_t, rank_state> ranks;
 };
 
 /// One file of a checkpoint as recorded in the manifest.
@@ -64,7 +74,14 @@ struct checkpoint_manifest {
   double wall_time = 0;  ///< seconds since the Unix epoch at commit
   std::map<std::string, int64_t> counters;
   std::map<std::string, std::string> metadata;
+  /// Sharded checkpoints: each rank's counters and metadata that differ
+  /// from the ones above (`ranks` in the file; absent: none differ).
+  std::map<uint32_t, rank_state> ranks;
   std::vector<checkpoint_file> files;
+  /// The counters and metadata `rank` restores: its own where the
+  /// checkpoint has them and was written by `world` ranks, else the
+  /// committer's (a checkpoint restored on another world size).
+  rank_state state_for(uint32_t rank, int world) const;
   uint64_t total_bytes() const noexcept {
     uint64_t n = 0;
     for (auto& f : files) n += f.size;
@@ -225,11 +242,13 @@ public:
   /// Phase 1, on every rank: writes this rank's slices (and, when
   /// `with_replicated`, the replicated tensors) as
   /// `rank-<R+1>-of-<W>.safetensors`, fsyncs it, then `part-<R>.json`
-  /// (the file's checksum and where each slice sits), fsynced last: its
-  /// presence means the part is durable. Commits nothing.
+  /// (the file's checksum and where each slice sits, and with
+  /// `with_rank_state` the counters and metadata of `meta` as this rank's
+  /// own), fsynced last: its presence means the part is durable. Commits
+  /// nothing.
   result<save_stats> save_part(const std::vector<snapshot_tensor>& tensors, const checkpoint_meta& meta,
                                const std::string& tag, uint32_t rank, bool with_replicated,
-                               const capture_wait& wait = {});
+                               const capture_wait& wait = {}, bool with_rank_state = true);
   /// Phase 2, on one rank: checks that the parts of all `meta.world_size`
   /// ranks are there and tile every sharded tensor exactly, writes the
   /// global index and manifest (every part's file and checksum), renames

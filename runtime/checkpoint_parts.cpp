@@ -59,21 +59,24 @@ std::vector<snapshot_tensor> part_tensors(const std::vector<snapshot_tensor>& te
   return out;
 }
 
-/// One part's description, as `part-<R>.json` records it.
+/// One part's description, as `part-<R>.json` records it (with
+/// `with_state`, the rank's own counters and metadata).
 json part_json(const checkpoint_meta& meta, uint32_t rank, const checkpoint_file& file,
-               const std::vector<snapshot_tensor>& written) {
+               const std::vector<snapshot_tensor>& written, bool with_state) {
   json ts = json::array();
   for (auto& t : written) {
     json e{{"name", t.name}, {"dtype", dtype_name(t.type)}, {"shape", t.shape}};
     if (!t.global_shape.empty()) e["global_shape"] = t.global_shape, e["offsets"] = t.offsets;
     ts.push_back(std::move(e));
   }
-  return json{{"format", "grace-part"},
-              {"rank", rank},
-              {"world_size", meta.world_size},
-              {"step", meta.step},
-              {"file", {{"name", file.name}, {"size", file.size}, {"xxh3", file.xxh3}}},
-              {"tensors", std::move(ts)}};
+  json j{{"format", "grace-part"},
+         {"rank", rank},
+         {"world_size", meta.world_size},
+         {"step", meta.step},
+         {"file", {{"name", file.name}, {"size", file.size}, {"xxh3", file.xxh3}}},
+         {"tensors", std::move(ts)}};
+  if (with_state) j["state"] = {{"counters", meta.counters}, {"metadata", meta.metadata}};
+  return j;
 }
 
 /// Writes the part's tensors as one safetensors file, streamed from the
@@ -119,7 +122,8 @@ fs::path checkpoint_store::parts_path(uint64_t step, const std::string& tag) con
 
 result<save_stats> checkpoint_store::save_part(const std::vector<snapshot_tensor>& tensors,
                                                const checkpoint_meta& meta, const std::string& tag, uint32_t rank,
-                                               bool with_replicated, const capture_wait& wait) {
+                                               bool with_replicated, const capture_wait& wait,
+                                               bool with_rank_state) {
   if (!safe_tag(tag)) return error{errc::invalid_input, "parts tag '" + tag + "' is not a safe file-name part"};
   if (meta.world_size < 1 || rank >= static_cast<uint32_t>(meta.world_size))
     return error{errc::invalid_input, "rank " + std::to_string(rank) + " is outside a world of " +
@@ -140,7 +144,7 @@ result<save_stats> checkpoint_store::save_part(const std::vector<snapshot_tensor
   if (!file) return error{errc::failed, "part of rank " + std::to_string(rank) + ": " + file.err().message};
   stats.files.push_back(*file);
   stats.total_bytes = file->size;
-  auto desc = write_small(dir / part_manifest_name(rank), part_json(meta, rank, *file, ts).dump(1) + "\n", stats);
+  auto desc = write_small(dir / part_manifest_name(rank), part_json(meta, rank, *file, ts, with_rank_state).dump(1) + "\n", stats);
   if (!desc) return desc.err();
   if (auto st = timed(stats.fsync_seconds, [&] { return fsync_dir(dir); }); !st) return st.err();
   return stats;
@@ -152,7 +156,18 @@ namespace {
 struct part_desc {
   checkpoint_file file;
   json tensors;
+  std::optional<rank_state> state;  ///< the rank's own counters and metadata, when recorded
 };
+
+/// The entries of `own` that the committer's `meta` does not hold as they are.
+rank_state differing(const rank_state& own, const checkpoint_meta& meta) {
+  rank_state d;
+  for (auto& [k, v] : own.counters)
+    if (auto it = meta.counters.find(k); it == meta.counters.end() || it->second != v) d.counters[k] = v;
+  for (auto& [k, v] : own.metadata)
+    if (auto it = meta.metadata.find(k); it == meta.metadata.end() || it->second != v) d.metadata[k] = v;
+  return d;
+}
 
 result<part_desc> read_part(const fs::path& dir, uint32_t rank, const checkpoint_meta& meta) {
   const auto p = dir / part_manifest_name(rank);
@@ -167,6 +182,12 @@ result<part_desc> read_part(const fs::path& dir, uint32_t rank, const checkpoint
     d.file = {f.at("name").get<std::string>(), f.at("size").get<uint64_t>(), f.at("xxh3").get<std::string>()};
     if (!safe_file_name(d.file.name) || !is_shard(d.file.name)) return invalid_file(p, "names an unsafe file");
     d.tensors = j->at("tensors");
+    if (auto st = j->find("state"); st != j->end()) {
+      rank_state rs;
+      rs.counters = st->at("counters").get<std::map<std::string, int64_t>>();
+      rs.metadata = st->at("metadata").get<std::map<std::string, std::string>>();
+      d.state = std::move(rs);
+    }
     return d;
   } catch (const json::exception& e) {
     return invalid_file(p, std::string("malformed part description: ") + e.what());
@@ -240,6 +261,9 @@ result<save_stats> checkpoint_store::commit_parts(const checkpoint_meta& meta, c
   if (!index) return index.err();
   auto m = meta;
   m.metadata["grace.format"] = "sharded";
+  for (int r = 0; r < meta.world_size; ++r)
+    if (parts[r].state)
+      if (auto d = differing(*parts[r].state, m); !d.empty()) m.ranks[static_cast<uint32_t>(r)] = std::move(d);
   if (auto st = write_index_and_manifest(dir, *index, m, stats); !st) return st.err();
   // Checked as a reader will (every part's header, the parts tiling every
   // tensor) before it becomes a step.

@@ -254,11 +254,12 @@ struct session::impl {
     return {};
   }
 
-  /// Hands every registered blob its restored bytes (attach, after a restore).
-  status restore_blobs(const restored_checkpoint& r) {
+  /// Hands every registered blob its restored bytes (attach, after a
+  /// restore): this rank's own, where a sharded checkpoint has them.
+  status restore_blobs(const restored_checkpoint& r, const rank_state& own) {
     for (auto& [name, h] : blobs) {
-      auto it = r.manifest.metadata.find(blob_key(name));
-      if (it == r.manifest.metadata.end())
+      auto it = own.metadata.find(blob_key(name));
+      if (it == own.metadata.end())
         return error{errc::invalid_input, r.path.string() + " has no blob '" + name +
                                               "': it was written by a trainer that did not register it"};
       auto bytes = base64_decode(it->second);
@@ -815,11 +816,12 @@ status session::impl::restore() {
   for (auto& s : restored->skipped) log->warn("skipped checkpoint {}: {}", s.path.string(), s.reason);
   if (restored->found) {
     completed = restored->manifest.step;
+    const auto own = restored->manifest.state_for(cluster.rank, static_cast<int>(cluster.world_size));
     for (auto& [name, p] : counters) {
-      auto it = restored->manifest.counters.find(name);
-      if (it != restored->manifest.counters.end()) *p = it->second;
+      auto it = own.counters.find(name);
+      if (it != own.counters.end()) *p = it->second;
     }
-    if (auto b = restore_blobs(*restored); !b) return b;
+    if (auto b = restore_blobs(*restored, own); !b) return b;
     log->info("restored step {} from {} ({} tensors, {:.1f} ms)", completed, restored->path.string(),
               restored->loaded.size(), (mono_ns() - t0) / 1e6);
     emit_event("restored", {{"step", completed}, {"path", restored->path.string()}, {"ns", mono_ns() - t0}});

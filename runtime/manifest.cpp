@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <mutex>
@@ -146,7 +148,7 @@ json manifest_to_json(const checkpoint_manifest& m) {
   gmtime_r(&t, &tm);
   char iso[32];
   std::strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return json{{"format", "grace-checkpoint"},
+  json j{{"format", "grace-checkpoint"},
               {"format_version", m.format_version},
               {"step", m.step},
               {"world_size", m.world_size},
@@ -158,25 +160,62 @@ json manifest_to_json(const checkpoint_manifest& m) {
               {"counters", m.counters},
               {"metadata", m.metadata},
               {"files", files}};
+  if (!m.ranks.empty()) {
+    json ranks = json::object();
+    for (auto& [r, st] : m.ranks) ranks[std::to_string(r)] = {{"counters", st.counters}, {"metadata", st.metadata}};
+    j["ranks"] = std::move(ranks);
+  }
+  return j;
+}
+
+rank_state checkpoint_manifest::state_for(uint32_t rank, int world) const {
+  rank_state out{counters, metadata};
+  auto it = ranks.find(rank);
+  if (world != world_size || it == ranks.end()) return out;
+  for (auto& [k, v] : it->second.counters) out.counters[k] = v;
+  for (auto& [k, v] : it->second.metadata) out.metadata[k] = v;
+  return out;
 }
 
 namespace {
 
-/// The optional `counters` and `metadata` objects.
-status parse_maps(const fs::path& p, const json& j, checkpoint_manifest& m) {
+/// Optional `counters` and `metadata` objects of `j` into `st`.
+status parse_state(const fs::path& p, const json& j, rank_state& st) {
   if (auto v = j.find("counters"); v != j.end()) {
     if (!v->is_object()) return invalid_file(p, "manifest counters is not an object");
     for (auto& [k, c] : v->items()) {
       if (!c.is_number_integer()) return invalid_file(p, "manifest counter '" + k + "' is not an integer");
-      m.counters[k] = c.get<int64_t>();
+      st.counters[k] = c.get<int64_t>();
     }
   }
   if (auto v = j.find("metadata"); v != j.end()) {
     if (!v->is_object()) return invalid_file(p, "manifest metadata is not an object");
     for (auto& [k, c] : v->items()) {
       if (!c.is_string()) return invalid_file(p, "manifest metadata '" + k + "' is not a string");
-      m.metadata[k] = c.get<std::string>();
+      st.metadata[k] = c.get<std::string>();
     }
+  }
+  return {};
+}
+
+/// The optional `counters`, `metadata` and `ranks` objects (after the
+/// scalars: a rank must be below the world size).
+status parse_maps(const fs::path& p, const json& j, checkpoint_manifest& m) {
+  rank_state top;
+  if (auto st = parse_state(p, j, top); !st) return st;
+  m.counters = std::move(top.counters);
+  m.metadata = std::move(top.metadata);
+  auto v = j.find("ranks");
+  if (v == j.end()) return {};
+  if (!v->is_object()) return invalid_file(p, "manifest ranks is not an object");
+  for (auto& [k, r] : v->items()) {
+    char* end = nullptr;
+    const unsigned long rank = std::strtoul(k.c_str(), &end, 10);
+    if (k.empty() || k.size() > 10 || *end != '\0' || !std::isdigit(static_cast<unsigned char>(k[0])) ||
+        m.world_size < 1 || rank >= static_cast<unsigned long>(m.world_size))
+      return invalid_file(p, "manifest ranks has an entry '" + k + "' that is not a rank of the world");
+    if (!r.is_object()) return invalid_file(p, "manifest ranks entry '" + k + "' is not an object");
+    if (auto st = parse_state(p, r, m.ranks[static_cast<uint32_t>(rank)]); !st) return st;
   }
   return {};
 }

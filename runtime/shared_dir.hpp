@@ -45,7 +45,7 @@ struct shared_dir_probe {
   uint32_t local_world = 0;    ///< workers per node (names nodes in the error); 0: unknown
   std::string prefix;          ///< the rendezvous store's prefix for this incarnation
   std::chrono::milliseconds timeout{30000};
-  std::chrono::milliseconds settle{2000};
+  std::chrono::milliseconds settle{5000};
 };
 
 /// Runs the probe on this rank (all ranks call it). Ok when every rank's

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -224,6 +225,45 @@ class ShardedState(unittest.TestCase):
                 g.register_array("w", np.zeros(4, np.float32))
                 self.assertEqual(g.attach(), 2)
             np.testing.assert_array_equal(rows, whole["m"][5:9])
+
+    PER_RANK_WORKER = """
+import os, sys
+import numpy as np
+import grace
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+rows = 8 // world
+m = np.zeros((rows, 2), np.float32)
+tag = [b"none"]
+with grace.Session(sys.argv[2], save_every=5, exit_on_stop=False) as g:
+    g.register_tensor("m", m, global_shape=[8, 2], offsets=[rank * rows, 0])
+    c = g.counter("cursor")
+    g.register_blob("tag", lambda: tag[0], lambda b: tag.__setitem__(0, b))
+    start = g.attach()
+    print(f"RESTORED {rank} {world} {start} {c.value} {tag[0].decode()}", flush=True)
+    for step in g.steps(int(sys.argv[1])):
+        m += 1
+        c.value = 1000 * rank + step
+        tag[0] = f"rank{rank}-step{step}".encode()
+"""
+
+    def launch_per_rank(self, d, nproc, total):
+        script = os.path.join(d, "worker.py")
+        with open(script, "w") as f:
+            f.write(self.PER_RANK_WORKER)
+        out = subprocess.run([os.environ["GRACE_LAUNCH"], "--nproc", str(nproc), "--", sys.executable, script,
+                              str(total), os.path.join(d, "ck")], capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
+        return sorted(l.split()[1:] for l in out.stdout.splitlines() if l.startswith("RESTORED"))
+
+    @unittest.skipUnless(os.environ.get("GRACE_LAUNCH"), "needs grace-launch (GRACE_LAUNCH)")
+    def test_each_rank_restores_its_own_counters_and_blobs(self):
+        """Sharded state: every rank's part keeps its own counters and blobs;
+        on another world size every rank takes the committer's (rank 0's)."""
+        with TempDir() as d:
+            self.launch_per_rank(d, 2, 12)
+            self.assertEqual(self.launch_per_rank(d, 2, 14),
+                             [["0", "2", "12", "12", "rank0-step12"], ["1", "2", "12", "1012", "rank1-step12"]])
+            self.assertEqual(self.launch_per_rank(d, 1, 15), [["0", "1", "14", "14", "rank0-step14"]])
 
     def test_bad_slices_are_value_errors(self):
         with TempDir() as d, session(d) as g:

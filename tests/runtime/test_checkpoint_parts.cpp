@@ -32,10 +32,10 @@ std::vector<float> global_m(float salt) {
 }
 
 /// One rank's registered state: its rows of `m` and all of `w`.
-struct rank_state {
+struct rank_tensors {
   std::vector<float> m, w = std::vector<float>(4);
   tensor_ref m_ref, w_ref;
-  rank_state(uint32_t rank, uint32_t world) {
+  rank_tensors(uint32_t rank, uint32_t world) {
     auto [begin, count] = even_split(rows, rank, world);
     m.assign(static_cast<size_t>(count * cols), -1.f);
     m_ref = {"m", dtype::f32, {count, cols}, m.data()};
@@ -63,7 +63,7 @@ checkpoint_meta meta_of(uint64_t step, int world) {
 /// replicated tensors; `commit`: rank 0 commits.
 void save_all(checkpoint_store& store, uint64_t step, uint32_t world, float salt, bool commit = true) {
   for (uint32_t r = 0; r < world; ++r) {
-    rank_state s(r, world);
+    rank_tensors s(r, world);
     s.fill(salt);
     snapshot_buffers b(s.refs());
     REQUIRE(b.capture(s.refs()));
@@ -78,7 +78,7 @@ void save_all(checkpoint_store& store, uint64_t step, uint32_t world, float salt
 void check_restore_on(checkpoint_store& store, uint32_t world, float salt, uint64_t step) {
   const auto want = global_m(salt);
   for (uint32_t r = 0; r < world; ++r) {
-    rank_state s(r, world);
+    rank_tensors s(r, world);
     auto got = store.restore_latest(s.refs());
     REQUIRE(got);
     REQUIRE(got->found);
@@ -164,7 +164,7 @@ TEST_CASE("parts that were never committed leave the previous checkpoint the new
   check_restore_on(store, 4, 1, 5);
   // A commit with a part missing is refused and commits nothing.
   for (uint32_t r = 0; r < 3; ++r) {
-    rank_state s(r, 4);
+    rank_tensors s(r, 4);
     s.fill(3);
     snapshot_buffers b(s.refs());
     REQUIRE(b.capture(s.refs()));
@@ -195,7 +195,7 @@ TEST_CASE("a damaged part falls back to the previous complete checkpoint", "[par
   auto v = store.verify(6);
   REQUIRE(!v);
   CHECK(v.err().message.find("checksum mismatch") != std::string::npos);
-  rank_state s(1, 2);
+  rank_tensors s(1, 2);
   auto got = store.restore_latest(s.refs());
   REQUIRE(got);
   CHECK(got->manifest.step == 5);
@@ -234,7 +234,7 @@ TEST_CASE("parts that overlap are refused at commit", "[parts]") {
   grace::testing::temp_dir d("grace-parts");
   checkpoint_store store(d.path / "ck");
   for (uint32_t r = 0; r < 2; ++r) {
-    rank_state s(0, 2);  // both ranks claim the first rows
+    rank_tensors s(0, 2);  // both ranks claim the first rows
     s.fill(0);
     snapshot_buffers b(s.refs());
     REQUIRE(b.capture(s.refs()));
@@ -244,4 +244,70 @@ TEST_CASE("parts that overlap are refused at commit", "[parts]") {
   REQUIRE(!c);
   CHECK(c.err().message.find("overlap") != std::string::npos);
   CHECK(store.newest_valid_step() == 0);
+}
+
+TEST_CASE("a sharded checkpoint keeps each rank's own counters and blobs", "[parts]") {
+  grace::testing::temp_dir d;
+  checkpoint_store store(d.path / "ck", 3);
+  const uint32_t world = 3;
+  for (uint32_t r = 0; r < world; ++r) {
+    rank_tensors s(r, world);
+    s.fill(1);
+    snapshot_buffers b(s.refs());
+    REQUIRE(b.capture(s.refs()));
+    auto meta = meta_of(5, world);
+    meta.counters = {{"epoch", 2}, {"rng_offset", 10 + r}};                       // rng_offset differs per rank
+    meta.metadata = {{"grace.blob.rng", r == 2 ? "cmFuazI=" : "c2FtZQ=="}};        // rank 2's blob differs
+    // Rank 1's part is written from a replica: it records no state of its own.
+    REQUIRE(store.save_part(b.view(), meta, "t1", r, r == 0, {}, r != 1));
+  }
+  auto commit = meta_of(5, world);
+  commit.counters = {{"epoch", 2}, {"rng_offset", 10}};
+  commit.metadata = {{"grace.blob.rng", "c2FtZQ=="}};
+  REQUIRE(store.commit_parts(commit, "t1"));
+  auto m = store.read_manifest(store.step_path(5));
+  REQUIRE(m);
+  // Only what differs from the committer's: rank 2's offset and blob.
+  REQUIRE(m->ranks.size() == 1);
+  CHECK(m->ranks.at(2).counters == std::map<std::string, int64_t>{{"rng_offset", 12}});
+  CHECK(m->ranks.at(2).metadata == std::map<std::string, std::string>{{"grace.blob.rng", "cmFuazI="}});
+  auto own2 = m->state_for(2, 3);
+  CHECK(own2.counters.at("epoch") == 2);
+  CHECK(own2.counters.at("rng_offset") == 12);
+  CHECK(own2.metadata.at("grace.blob.rng") == "cmFuazI=");
+  CHECK(m->state_for(0, 3).counters.at("rng_offset") == 10);
+  CHECK(m->state_for(1, 3).counters.at("rng_offset") == 10);  // from a replica: the committer's
+  // Restored on another world size, every rank takes the committer's.
+  CHECK(m->state_for(2, 2).counters.at("rng_offset") == 10);
+  CHECK(m->state_for(2, 2).metadata.at("grace.blob.rng") == "c2FtZQ==");
+}
+
+TEST_CASE("a manifest's per-rank entries must name ranks of its world", "[parts]") {
+  grace::testing::temp_dir d;
+  auto p = d.path / "m.json";
+  nlohmann::json base = {{"format", "grace-checkpoint"}, {"format_version", 1}, {"step", 3u}, {"world_size", 2},
+                         {"run_id", "x"}, {"incarnation", 0u}, {"kind", "periodic"}, {"wall_time", 1.0},
+                         {"files", nlohmann::json::array()}};
+  for (auto& [bad, why] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{{"2", nlohmann::json::object()}}, "not a rank of the world"},
+           {{{"-1", nlohmann::json::object()}}, "not a rank of the world"},
+           {{{"1x", nlohmann::json::object()}}, "not a rank of the world"},
+           {{{"1", 5}}, "is not an object"},
+           {{{"1", {{"counters", {{"a", "b"}}}}}}, "is not an integer"},
+           {nlohmann::json::array(), "ranks is not an object"}}) {
+    auto j = base;
+    j["ranks"] = bad;
+    auto m = manifest_from_json(p, j);
+    REQUIRE_FALSE(m);
+    INFO(m.err().message);
+    CHECK(m.err().message.find(why) != std::string::npos);
+  }
+  auto j = base;
+  j["ranks"] = {{"1", {{"counters", {{"a", 7}}}}}};
+  auto m = manifest_from_json(p, j);
+  REQUIRE(m);
+  CHECK(m->ranks.at(1).counters.at("a") == 7);
+  auto back = manifest_from_json(p, manifest_to_json(*m));  // round trip
+  REQUIRE(back);
+  CHECK(back->ranks.at(1).counters.at("a") == 7);
 }
