@@ -44,13 +44,14 @@ void write_to(checkpoint_store& store, const save_request& req, save_outcome& o,
     auto r = req.part_tag.empty() ? store.save(req.buffers->view(), req.meta, wait)
                                   : store.save_part(req.buffers->view(), req.meta, req.part_tag, rank,
                                                     req.with_replicated, wait);
-    for (auto& [lost, bytes] : req.replica_parts) {
+    for (auto& p : req.replica_parts) {
       if (!r) break;
-      // The replica holds the lost rank's tensors, not its counters or
-      // blobs: its part records none, and it restores the committer's.
-      auto extra = store.save_part(bytes->view(), req.meta, req.part_tag, lost, true, {}, false);
+      // The lost rank's own counters and blobs came with its replica.
+      auto meta = req.meta;
+      if (p.state) meta.counters = p.state->counters, meta.metadata = p.state->metadata;
+      auto extra = store.save_part(p.bytes->view(), meta, req.part_tag, p.rank, true, {}, p.state.has_value());
       if (!extra)
-        r = error{errc::failed, "rank " + std::to_string(lost) + "'s part from its replica: " + extra.err().message};
+        r = error{errc::failed, "rank " + std::to_string(p.rank) + "'s part from its replica: " + extra.err().message};
       else
         r->total_bytes += extra->total_bytes;
     }

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,7 +56,12 @@ struct save_request {
   /// Sharded state, just in time from copies: the parts of lost ranks this
   /// rank holds replicas of (rank, its part's bytes), written beside its
   /// own and reported with it.
-  std::vector<std::pair<uint32_t, std::shared_ptr<snapshot_buffers>>> replica_parts{};
+  struct replica_part {
+    uint32_t rank = 0;
+    std::shared_ptr<snapshot_buffers> bytes;
+    std::optional<rank_state> state;  ///< its counters and blobs, when the replica brought them
+  };
+  std::vector<replica_part> replica_parts{};
 };
 
 /// The answer to a save_request.

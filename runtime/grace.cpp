@@ -687,7 +687,7 @@ struct session::impl {
                                                    std::to_string(d.step)},
                            0);
       log->warn("writing rank {}'s part of step {} from the replica this rank keeps", q, d.step);
-      req.replica_parts.emplace_back(q, std::move(bytes));
+      req.replica_parts.push_back({q, std::move(bytes), keeper->replica_state(d.step)});
     }
     log->warn("saving a just-in-time checkpoint at step {} from this rank's kept copy", d.step);
     own->buffers->set_busy(true);

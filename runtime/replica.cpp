@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 namespace grace {
 
@@ -36,9 +37,26 @@ uint32_t replica_source(uint32_t rank, uint32_t world, uint32_t local_world) noe
 namespace {
 
 constexpr char magic[4] = {'G', 'R', 'P', 'L'};
-constexpr uint32_t version = 1;
+constexpr uint32_t version = 2;
 constexpr uint32_t max_token = 4096;
 constexpr uint32_t max_layout = 16u << 20;
+constexpr uint32_t max_state = 64u << 20;  ///< counters and blobs (each blob at most 1 MiB)
+
+std::string state_to_text(const checkpoint_meta& m) {
+  return json{{"counters", m.counters}, {"metadata", m.metadata}}.dump();
+}
+
+result<rank_state> state_from_text(const std::string& text) {
+  try {
+    auto j = json::parse(text);
+    rank_state s;
+    s.counters = j.at("counters").get<std::map<std::string, int64_t>>();
+    s.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
+    return s;
+  } catch (const std::exception& e) {
+    return error{errc::invalid_input, std::string("counters and blobs: ") + e.what()};
+  }
+}
 
 std::string layout_to_text(const std::vector<tensor_ref>& layout) {
   json j = json::array();
@@ -204,6 +222,13 @@ std::shared_ptr<snapshot_buffers> replica_keeper::replica(uint64_t step) const {
   return nullptr;
 }
 
+std::optional<rank_state> replica_keeper::replica_state(uint64_t step) const {
+  std::lock_guard<std::mutex> g(m_);
+  for (auto& s : replicas_)
+    if (s.whole && s.step == step) return s.state;
+  return std::nullopt;
+}
+
 uint64_t replica_keeper::pushed() const {
   std::lock_guard<std::mutex> g(m_);
   return pushed_;
@@ -268,6 +293,9 @@ bool replica_keeper::push(const kept_slot& s) {
   put(head, s.copy.step);
   put(head, static_cast<uint32_t>(layout_text_.size()));
   head += layout_text_;
+  const auto state = state_to_text(s.copy.meta);
+  put(head, static_cast<uint32_t>(state.size()));
+  head += state;
   put(head, static_cast<uint64_t>(s.copy.buffers->total_bytes()));
   bool ok = tcp::send_all(holder_fd_, head);
   for (auto& t : s.copy.buffers->view())
@@ -338,7 +366,15 @@ bool replica_keeper::receive_one(int fd) {
     return false;
   }
   std::string layout_text(layout_len, '\0');
-  if (!tcp::recv_all(fd, layout_text.data(), layout_len) || !get(fd, bytes)) return false;
+  uint32_t state_len = 0;
+  if (!tcp::recv_all(fd, layout_text.data(), layout_len) || !get(fd, state_len) || state_len > max_state) return false;
+  std::string state_text(state_len, '\0');
+  if (!tcp::recv_all(fd, state_text.data(), state_len) || !get(fd, bytes)) return false;
+  auto state = state_from_text(state_text);
+  if (!state) {
+    cfg_.log->warn("replicas: rank {}'s transfer refused: {}", rank, state.err().message);
+    return false;
+  }
   auto slot = begin_receive();
   if (!slot) return false;
   auto& r = replicas_[*slot];  // only this thread touches a slot that is not whole
@@ -369,6 +405,7 @@ bool replica_keeper::receive_one(int fd) {
     std::lock_guard<std::mutex> g(m_);
     if (frozen_) return false;  // reported without it
     r.step = step;
+    r.state = std::move(*state);
     r.whole = true;
   }
   char ack = 'A';

@@ -19,6 +19,10 @@
 /// behind the most advanced survivor, one when a transfer takes less than a
 /// step (measured: docs/BENCHMARKS.md, row 7s).
 ///
+/// A transfer also carries the counters and blobs of the copy's step, so a
+/// part written from a replica restores the lost rank's own (runtime/
+/// checkpoint.hpp, rank_state).
+///
 /// Transfers carry the job token (runtime/job_token.hpp); the holder drops
 /// a connection with a wrong one, from a rank other than its source, or
 /// with a layout that does not add up.
@@ -99,6 +103,8 @@ public:
   std::optional<kept_copy> kept(uint64_t step) const;
   /// The replica of `source()`'s part at `step`, if whole.
   std::shared_ptr<snapshot_buffers> replica(uint64_t step) const;
+  /// The counters and blobs that came with that replica.
+  std::optional<rank_state> replica_state(uint64_t step) const;
   uint32_t source() const noexcept { return replica_source(cfg_.rank, cfg_.world, cfg_.local_world); }
   uint32_t holder() const noexcept { return replica_holder(cfg_.rank, cfg_.world, cfg_.local_world); }
   /// Transfers the holder acknowledged, and the newest step among them.
@@ -113,6 +119,7 @@ private:
   struct replica_slot {
     std::shared_ptr<snapshot_buffers> buffers;
     std::string layout;  ///< the layout text the buffers were made for
+    rank_state state;    ///< the source's counters and blobs at `step`
     uint64_t step = 0;
     bool whole = false;
   };

@@ -227,7 +227,7 @@ class ShardedState(unittest.TestCase):
             np.testing.assert_array_equal(rows, whole["m"][5:9])
 
     PER_RANK_WORKER = """
-import os, sys
+import os, sys, time
 import numpy as np
 import grace
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -244,14 +244,18 @@ with grace.Session(sys.argv[2], save_every=5, exit_on_stop=False) as g:
         m += 1
         c.value = 1000 * rank + step
         tag[0] = f"rank{rank}-step{step}".encode()
+        if len(sys.argv) > 3 and rank == 1 and step == int(sys.argv[3]) and os.environ["GRACE_INCARNATION"] == "0":
+            os.kill(os.getpid(), 9)  # lost: its part comes from its replica on rank 0
+        time.sleep(0.01)
 """
 
-    def launch_per_rank(self, d, nproc, total):
+    def launch_per_rank(self, d, nproc, total, kill_at=None):
         script = os.path.join(d, "worker.py")
         with open(script, "w") as f:
             f.write(self.PER_RANK_WORKER)
+        extra = [str(kill_at)] if kill_at else []
         out = subprocess.run([os.environ["GRACE_LAUNCH"], "--nproc", str(nproc), "--", sys.executable, script,
-                              str(total), os.path.join(d, "ck")], capture_output=True, text=True, timeout=120)
+                              str(total), os.path.join(d, "ck")] + extra, capture_output=True, text=True, timeout=120)
         self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
         return sorted(l.split()[1:] for l in out.stdout.splitlines() if l.startswith("RESTORED"))
 
@@ -264,6 +268,19 @@ with grace.Session(sys.argv[2], save_every=5, exit_on_stop=False) as g:
             self.assertEqual(self.launch_per_rank(d, 2, 14),
                              [["0", "2", "12", "12", "rank0-step12"], ["1", "2", "12", "1012", "rank1-step12"]])
             self.assertEqual(self.launch_per_rank(d, 1, 15), [["0", "1", "14", "14", "rank0-step14"]])
+
+    @unittest.skipUnless(os.environ.get("GRACE_LAUNCH"), "needs grace-launch (GRACE_LAUNCH)")
+    def test_a_lost_rank_restores_its_own_counters_and_blobs_from_its_replica(self):
+        """Rank 1 SIGKILLed at step 9: the just-in-time save writes its part
+        from the replica on rank 0, with rank 1's own counter and blob."""
+        with TempDir() as d:
+            lines = self.launch_per_rank(d, 2, 20, kill_at=9)
+            resumed = [l for l in lines if l[2] != "0"]
+            self.assertEqual(len(resumed), 2, lines)
+            start = int(resumed[0][2])
+            self.assertGreaterEqual(start, 7)  # at most two steps behind the loss
+            self.assertEqual(resumed, [["0", "2", str(start), str(start), f"rank0-step{start}"],
+                                       ["1", "2", str(start), str(1000 + start), f"rank1-step{start}"]])
 
     def test_bad_slices_are_value_errors(self):
         with TempDir() as d, session(d) as g:

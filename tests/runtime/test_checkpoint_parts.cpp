@@ -258,7 +258,7 @@ TEST_CASE("a sharded checkpoint keeps each rank's own counters and blobs", "[par
     auto meta = meta_of(5, world);
     meta.counters = {{"epoch", 2}, {"rng_offset", 10 + r}};                       // rng_offset differs per rank
     meta.metadata = {{"grace.blob.rng", r == 2 ? "cmFuazI=" : "c2FtZQ=="}};        // rank 2's blob differs
-    // Rank 1's part is written from a replica: it records no state of its own.
+    // Rank 1's part records no state of its own (with_rank_state false).
     REQUIRE(store.save_part(b.view(), meta, "t1", r, r == 0, {}, r != 1));
   }
   auto commit = meta_of(5, world);
@@ -276,7 +276,7 @@ TEST_CASE("a sharded checkpoint keeps each rank's own counters and blobs", "[par
   CHECK(own2.counters.at("rng_offset") == 12);
   CHECK(own2.metadata.at("grace.blob.rng") == "cmFuazI=");
   CHECK(m->state_for(0, 3).counters.at("rng_offset") == 10);
-  CHECK(m->state_for(1, 3).counters.at("rng_offset") == 10);  // from a replica: the committer's
+  CHECK(m->state_for(1, 3).counters.at("rng_offset") == 10);  // none of its own: the committer's
   // Restored on another world size, every rank takes the committer's.
   CHECK(m->state_for(2, 2).counters.at("rng_offset") == 10);
   CHECK(m->state_for(2, 2).metadata.at("grace.blob.rng") == "c2FtZQ==");

@@ -70,6 +70,8 @@ void keep(member& m, uint32_t rank, uint64_t step) {
   checkpoint_meta meta;
   meta.step = step;
   meta.counters["steps_done"] = static_cast<int64_t>(step);
+  meta.counters["cursor"] = static_cast<int64_t>(rank * 1000 + step);  // per rank
+  meta.metadata["grace.blob.rng"] = "rank" + std::to_string(rank) + "-step" + std::to_string(step);
   REQUIRE(m.keeper->keep(step, m.layout, meta));
 }
 
@@ -104,6 +106,12 @@ TEST_CASE("replicas: each rank keeps its last steps and the other's newest whole
   CHECK(v[0].global_shape == std::vector<int64_t>{20, 100});
   CHECK(std::memcmp(v[0].data, b.part.data(), v[0].bytes) == 0);
   CHECK_FALSE(a.keeper->replica(3));
+  // ... with rank 1's own counters and blobs of step 5.
+  auto st = a.keeper->replica_state(5);
+  REQUIRE(st);
+  CHECK(st->counters == std::map<std::string, int64_t>{{"cursor", 1005}, {"steps_done", 5}});
+  CHECK(st->metadata.at("grace.blob.rng") == "rank1-step5");
+  CHECK_FALSE(a.keeper->replica_state(3));
   // A kept copy holds its step's bytes and counters.
   auto own = a.keeper->kept(4);
   REQUIRE(own);
