@@ -257,6 +257,7 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
                 {"metadata", m->metadata},
                 {"files", files},
                 {"total_bytes", m->total_bytes()}};
+    if (auto mj = manifest_to_json(*m); mj.contains("ranks")) out["ranks"] = mj["ranks"];
     if (tensors) {
       json ts = json::array();
       for (auto& t : *tensors)
@@ -292,6 +293,11 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
   if (!m->metadata.empty()) {
     std::cout << "metadata:\n";
     for (auto& [k, v] : m->metadata) std::cout << "  " << k << " = " << v << "\n";
+  }
+  for (auto& [r, st] : m->ranks) {
+    std::cout << "rank " << r << "'s own (where it differs):\n";
+    for (auto& [k, v] : st.counters) std::cout << "  " << k << " = " << v << "\n";
+    for (auto& [k, v] : st.metadata) std::cout << "  " << k << " = " << v << "\n";
   }
   std::cout << "files:\n";
   for (auto& f : m->files)

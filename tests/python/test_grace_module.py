@@ -267,6 +267,12 @@ with grace.Session(sys.argv[2], save_every=5, exit_on_stop=False) as g:
             self.launch_per_rank(d, 2, 12)
             self.assertEqual(self.launch_per_rank(d, 2, 14),
                              [["0", "2", "12", "12", "rank0-step12"], ["1", "2", "12", "1012", "rank1-step12"]])
+            if os.environ.get("GRACE_CKPT"):  # grace-ckpt shows what differs per rank
+                out = subprocess.run([os.environ["GRACE_CKPT"], "show", "--json", os.path.join(d, "ck")],
+                                     capture_output=True, text=True, check=True)
+                ranks = json.loads(out.stdout)["ranks"]
+                self.assertEqual(list(ranks), ["1"])
+                self.assertEqual(ranks["1"]["counters"], {"cursor": 1014})
             self.assertEqual(self.launch_per_rank(d, 1, 15), [["0", "1", "14", "14", "rank0-step14"]])
 
     @unittest.skipUnless(os.environ.get("GRACE_LAUNCH"), "needs grace-launch (GRACE_LAUNCH)")
