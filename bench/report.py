@@ -45,6 +45,22 @@ def yes(b):
     return "n/a" if b is None else ("yes" if b else "NO")
 
 
+def fio_best(mode, b, jobs=1):
+    """fio's best setting of the sweep: (GB/s, "bs x qd"), or (None, None)."""
+    c = sel("fio", mode=mode, bytes=b, jobs=jobs)
+    if not c:
+        return None, None
+    top = max(c, key=lambda r: r["gbps"])
+    return top["gbps"], "%s qd %d" % (top["bs"], top["iodepth"])
+
+
+def add_vs_fio(name, got, mode, b, jobs=1):
+    best, how = fio_best(mode, b, jobs)
+    if best and got:
+        add(name, fmt(got, "GB/s"), "fio best %s (%s)" % (fmt(best, "GB/s"), how), "%.0f%%" % (100 * got / best),
+            ">= 90%", yes(got / best >= 0.9))
+
+
 rtt_idle = med("rtt", "median_us", busy=0)
 rtt_busy = med("rtt", "median_us", busy=1)
 rtt_txt = "RTT %s idle / %s busy" % (fmt(rtt_idle, "us", 1), fmt(rtt_busy, "us", 1))
@@ -141,6 +157,7 @@ for b in sorted({r["bytes"] for r in sel("parts")}):
             "1 writer %s" % fmt(one, "GB/s"), "%.2fx" % (got / one), ">= 1x", yes(got >= one))
         add("   3f vs %d dd writing the same files at once" % n, fmt(got, "GB/s"), "dd %s" % fmt(ddp, "GB/s"),
             "%.0f%%" % (100 * got / ddp), ">= 90%", yes(got / ddp >= 0.9))
+        add_vs_fio("   3f vs fio, %d jobs writing the same files at once" % n, got, "write", b, n)
 
 ov = med("step", "overhead_ns")
 if ov is not None:
@@ -160,6 +177,7 @@ for b in sorted({r["bytes"] for r in sel("ckpt")}):
         nf = sel("dd_layout", bytes=b)[0]["files"]
         add("   3a vs dd in the checkpoint's layout (%d files of 1 GiB)" % nf, fmt(save, "GB/s"),
             "dd O_DIRECT %s" % fmt(ddlw, "GB/s"), "%.0f%%" % (100 * save / ddlw), ">= 90%", yes(save / ddlw >= 0.9))
+    add_vs_fio("   3a vs fio's floor (the same file%s)" % ("s" if b > (1 << 30) else ""), save, "write", b)
     if torch_ok:
         ts = med("torch_save", "save_gbps", bytes=b)
         add("3b checkpoint save %s vs torch.save+fsync" % lab, fmt(save, "GB/s"), "torch %s" % fmt(ts, "GB/s"),
@@ -182,6 +200,7 @@ for b in sorted({r["bytes"] for r in sel("ckpt")}):
         nf = sel("dd_layout", bytes=b)[0]["files"]
         add("   3c vs dd in the checkpoint's layout (%d files of 1 GiB)" % nf, fmt(rest, "GB/s"),
             "dd O_DIRECT %s" % fmt(ddlr, "GB/s"), "%.0f%%" % (100 * rest / ddlr), ">= 90%", yes(rest / ddlr >= 0.9))
+    add_vs_fio("   3c vs fio's floor (the same file%s)" % ("s" if b > (1 << 30) else ""), rest, "read", b)
     if torch_ok:
         tl = med("torch_save", "load_gbps", bytes=b)
         add("3d restore %s vs torch.load (cold)" % lab, fmt(rest, "GB/s"), "torch %s" % fmt(tl, "GB/s"),

@@ -28,6 +28,7 @@ PACKAGES=(
   slurm-wlm munge            # tests/slurm: a real one-node SLURM (slurmctld, slurmd, munged)
   etcd-server etcd-client    # grace-launch --etcd: coordinator failover; tests/netns/failover.sh runs a 3-member etcd
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer harnesses with ASan + UBSan
+  fio                        # bench/run: the disk's floor for rows 3 (O_DIRECT, a sweep of request sizes and queue depths)
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
