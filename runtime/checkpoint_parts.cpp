@@ -159,13 +159,15 @@ struct part_desc {
   std::optional<rank_state> state;  ///< the rank's own counters and metadata, when recorded
 };
 
-/// The entries of `own` that the committer's `meta` does not hold as they are.
+/// The entries of `own` that the committer's `meta` does not hold as they
+/// are (not which rank saved: every rank's differs and nobody restores it).
 rank_state differing(const rank_state& own, const checkpoint_meta& meta) {
   rank_state d;
   for (auto& [k, v] : own.counters)
     if (auto it = meta.counters.find(k); it == meta.counters.end() || it->second != v) d.counters[k] = v;
   for (auto& [k, v] : own.metadata)
-    if (auto it = meta.metadata.find(k); it == meta.metadata.end() || it->second != v) d.metadata[k] = v;
+    if (k != "grace.saved_by_rank")
+      if (auto it = meta.metadata.find(k); it == meta.metadata.end() || it->second != v) d.metadata[k] = v;
   return d;
 }
 

@@ -431,7 +431,7 @@ struct session::impl {
   /// this process's exit as a lost member (no PeerLost, no kill by the
   /// launcher).
   void leave(int c) {
-    if (!joined || !rt || ctl->coordinator_gone()) return;  // nobody to tell
+    if (left || !joined || !rt || ctl->coordinator_gone()) return;  // told already, or nobody to tell
     auto m = make<proto::Leave>([&](auto b) {
       b.setRank(cluster.rank);
       b.setExitCode(c);

@@ -42,8 +42,11 @@ constexpr uint32_t max_token = 4096;
 constexpr uint32_t max_layout = 16u << 20;
 constexpr uint32_t max_state = 64u << 20;  ///< counters and blobs (each blob at most 1 MiB)
 
+/// Never throws on a name that is not UTF-8 (the sender thread has no one
+/// to report to): such bytes are replaced.
 std::string state_to_text(const checkpoint_meta& m) {
-  return json{{"counters", m.counters}, {"metadata", m.metadata}}.dump();
+  return json{{"counters", m.counters}, {"metadata", m.metadata}}.dump(-1, ' ', false,
+                                                                       json::error_handler_t::replace);
 }
 
 result<rank_state> state_from_text(const std::string& text) {
@@ -367,7 +370,12 @@ bool replica_keeper::receive_one(int fd) {
   }
   std::string layout_text(layout_len, '\0');
   uint32_t state_len = 0;
-  if (!tcp::recv_all(fd, layout_text.data(), layout_len) || !get(fd, state_len) || state_len > max_state) return false;
+  if (!tcp::recv_all(fd, layout_text.data(), layout_len) || !get(fd, state_len)) return false;
+  if (state_len > max_state) {
+    cfg_.log->warn("replicas: rank {}'s transfer refused: {} bytes of counters and blobs, above {}", rank, state_len,
+                   max_state);
+    return false;
+  }
   std::string state_text(state_len, '\0');
   if (!tcp::recv_all(fd, state_text.data(), state_len) || !get(fd, bytes)) return false;
   auto state = state_from_text(state_text);

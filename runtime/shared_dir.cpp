@@ -30,14 +30,16 @@ std::string read_text(const fs::path& f) {
   return s;
 }
 
-/// Store calls throw on a timeout or a broken group.
+/// Store calls throw on a timeout or a broken group: a rendezvous that
+/// failed (errc::disconnected: the group restarts, within the launcher's
+/// limit on failed rendezvous in a row).
 template <class F>
 status guarded(const std::string& what, F&& f) {
   try {
     f();
     return {};
   } catch (const std::exception& e) {
-    return error{errc::failed, "checkpoint directory check: " + what + ": " + e.what()};
+    return error{errc::disconnected, "checkpoint directory check: " + what + ": " + e.what()};
   }
 }
 
@@ -51,8 +53,12 @@ status write_probe(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
   {
     std::ofstream out(f, std::ios::binary | std::ios::trunc);
     out << *nonce << "\n";
-    if (!out.flush())
+    out.close();  // NFS reports some write errors (a full quota) only here
+    if (out.fail()) {
+      std::error_code ec2;
+      fs::remove(f, ec2);
       return error{errc::failed, f.string() + ": cannot write the checkpoint directory probe"};
+    }
   }
   return guarded("publishing this rank's probe",
                  [&] { kv.set(key_of(p, std::to_string(p.rank)), std::vector<char>(nonce->begin(), nonce->end())); });
@@ -61,12 +67,16 @@ status write_probe(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
 /// Rank 0: which ranks' probe files its directory lacks (or holds with
 /// another nonce) once `settle` has passed.
 result<std::vector<uint32_t>> missing_probes(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
+  std::vector<std::string> keys;
+  for (uint32_t r = 1; r < p.world; ++r) keys.push_back(key_of(p, std::to_string(r)));
+  // One deadline for all: the others wait for the verdict from when they
+  // published, so rank 0 must not wait `timeout` per rank.
+  if (auto st = guarded("waiting for every rank's probe", [&] { kv.wait(keys, p.timeout); }); !st) return st.err();
   std::vector<std::pair<uint32_t, std::string>> expected;
   for (uint32_t r = 1; r < p.world; ++r) {
     std::string nonce;
-    auto st = guarded("waiting for rank " + std::to_string(r) + "'s probe", [&] {
-      kv.wait({key_of(p, std::to_string(r))}, p.timeout);
-      auto v = kv.get(key_of(p, std::to_string(r)));
+    auto st = guarded("reading rank " + std::to_string(r) + "'s probe", [&] {
+      auto v = kv.get(keys[r - 1]);
       nonce.assign(v.begin(), v.end());
     });
     if (!st) return st.err();
@@ -118,9 +128,9 @@ status check_shared_directory(const shared_dir_probe& p, gloo::rendezvous::Store
   if (p.rank != 0) {
     if (auto st = write_probe(p, kv); !st) return st;
     std::string verdict;
-    // Rank 0 waits up to `timeout` for the slowest rank, then settles.
+    // Rank 0 waits up to `timeout` for every rank, then settles.
     auto st = guarded("waiting for rank 0's verdict", [&] {
-      kv.wait({verdict_key}, p.timeout * 2 + p.settle);
+      kv.wait({verdict_key}, p.timeout + p.settle + std::chrono::seconds(5));
       auto v = kv.get(verdict_key);
       verdict.assign(v.begin(), v.end());
     });

@@ -21,7 +21,8 @@
 ///      do not share stops every rank with the same error (exit 2) instead
 ///      of one node stopping and the others restarting after it.
 /// Waits are bounded by `timeout`: a rank that died meanwhile fails the
-/// check with a timeout (errc::failed: the group restarts as for any loss).
+/// check (errc::disconnected, a failed rendezvous: the group restarts, and
+/// the launcher stops after several such groups in a row).
 
 #include "runtime/error.hpp"
 
@@ -50,8 +51,9 @@ struct shared_dir_probe {
 
 /// Runs the probe on this rank (all ranks call it). Ok when every rank's
 /// checkpoint directory is rank 0's; errc::invalid_input naming the ranks
-/// (and nodes) that do not share it; errc::failed on a timeout or an I/O
-/// error.
+/// (and nodes) that do not share it; errc::disconnected when the store
+/// times out or the group breaks; errc::failed when the probe cannot be
+/// written.
 status check_shared_directory(const shared_dir_probe& p, gloo::rendezvous::Store& kv);
 
 /// The verdict from the ranks whose probe rank 0 did not find (pure): empty

@@ -257,13 +257,14 @@ TEST_CASE("a sharded checkpoint keeps each rank's own counters and blobs", "[par
     REQUIRE(b.capture(s.refs()));
     auto meta = meta_of(5, world);
     meta.counters = {{"epoch", 2}, {"rng_offset", 10 + r}};                       // rng_offset differs per rank
-    meta.metadata = {{"grace.blob.rng", r == 2 ? "cmFuazI=" : "c2FtZQ=="}};        // rank 2's blob differs
+    meta.metadata = {{"grace.blob.rng", r == 2 ? "cmFuazI=" : "c2FtZQ=="},         // rank 2's blob differs
+                     {"grace.saved_by_rank", std::to_string(r)}};                 // differs, never kept per rank
     // Rank 1's part records no state of its own (with_rank_state false).
     REQUIRE(store.save_part(b.view(), meta, "t1", r, r == 0, {}, r != 1));
   }
   auto commit = meta_of(5, world);
   commit.counters = {{"epoch", 2}, {"rng_offset", 10}};
-  commit.metadata = {{"grace.blob.rng", "c2FtZQ=="}};
+  commit.metadata = {{"grace.blob.rng", "c2FtZQ=="}, {"grace.saved_by_rank", "0"}};
   REQUIRE(store.commit_parts(commit, "t1"));
   auto m = store.read_manifest(store.step_path(5));
   REQUIRE(m);
