@@ -75,7 +75,7 @@ json part_json(const checkpoint_meta& meta, uint32_t rank, const checkpoint_file
          {"step", meta.step},
          {"file", {{"name", file.name}, {"size", file.size}, {"xxh3", file.xxh3}}},
          {"tensors", std::move(ts)}};
-  if (with_state) j["state"] = {{"counters", meta.counters}, {"metadata", meta.metadata}};
+  if (with_state) j["state"] = rank_state_to_json({meta.counters, meta.metadata});
   return j;
 }
 
@@ -186,8 +186,7 @@ result<part_desc> read_part(const fs::path& dir, uint32_t rank, const checkpoint
     d.tensors = j->at("tensors");
     if (auto st = j->find("state"); st != j->end()) {
       rank_state rs;
-      rs.counters = st->at("counters").get<std::map<std::string, int64_t>>();
-      rs.metadata = st->at("metadata").get<std::map<std::string, std::string>>();
+      if (auto why = rank_state_from_json(*st, rs); !why.empty()) return invalid_file(p, "state: " + why);
       d.state = std::move(rs);
     }
     return d;

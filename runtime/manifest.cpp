@@ -162,7 +162,7 @@ json manifest_to_json(const checkpoint_manifest& m) {
               {"files", files}};
   if (!m.ranks.empty()) {
     json ranks = json::object();
-    for (auto& [r, st] : m.ranks) ranks[std::to_string(r)] = {{"counters", st.counters}, {"metadata", st.metadata}};
+    for (auto& [r, st] : m.ranks) ranks[std::to_string(r)] = rank_state_to_json(st);
     j["ranks"] = std::move(ranks);
   }
   return j;
@@ -177,24 +177,33 @@ rank_state checkpoint_manifest::state_for(uint32_t rank, int world) const {
   return out;
 }
 
-namespace {
+json rank_state_to_json(const rank_state& s) { return json{{"counters", s.counters}, {"metadata", s.metadata}}; }
 
-/// Optional `counters` and `metadata` objects of `j` into `st`.
-status parse_state(const fs::path& p, const json& j, rank_state& st) {
+std::string rank_state_from_json(const json& j, rank_state& st) {
+  if (!j.is_object()) return "counters and metadata are not an object";
   if (auto v = j.find("counters"); v != j.end()) {
-    if (!v->is_object()) return invalid_file(p, "manifest counters is not an object");
+    if (!v->is_object()) return "counters is not an object";
     for (auto& [k, c] : v->items()) {
-      if (!c.is_number_integer()) return invalid_file(p, "manifest counter '" + k + "' is not an integer");
+      if (!c.is_number_integer() || (c.is_number_unsigned() && c.get<uint64_t>() > uint64_t(INT64_MAX)))
+        return "counter '" + k + "' is not a 64-bit integer";
       st.counters[k] = c.get<int64_t>();
     }
   }
   if (auto v = j.find("metadata"); v != j.end()) {
-    if (!v->is_object()) return invalid_file(p, "manifest metadata is not an object");
+    if (!v->is_object()) return "metadata is not an object";
     for (auto& [k, c] : v->items()) {
-      if (!c.is_string()) return invalid_file(p, "manifest metadata '" + k + "' is not a string");
+      if (!c.is_string()) return "metadata '" + k + "' is not a string";
       st.metadata[k] = c.get<std::string>();
     }
   }
+  return "";
+}
+
+namespace {
+
+/// Optional `counters` and `metadata` objects of `j` into `st`.
+status parse_state(const fs::path& p, const json& j, rank_state& st) {
+  if (auto why = rank_state_from_json(j, st); !why.empty()) return invalid_file(p, "manifest " + why);
   return {};
 }
 

@@ -56,6 +56,13 @@ bool safe_file_name(const std::string& n);
 result<nlohmann::json> read_json(const std::filesystem::path& p);
 /// The manifest as written to `grace-manifest.json`.
 nlohmann::json manifest_to_json(const checkpoint_manifest& m);
+/// A rank's counters and metadata as JSON: {"counters": {...}, "metadata":
+/// {...}} (the manifest's top level and `ranks` entries, a part's `state`,
+/// a replica transfer's state).
+nlohmann::json rank_state_to_json(const rank_state& s);
+/// The inverse, strict (integer counters, string metadata; both optional):
+/// empty on success, else what is wrong.
+std::string rank_state_from_json(const nlohmann::json& j, rank_state& s);
 /// Parses a manifest read from `p` (named in errors).
 result<checkpoint_manifest> manifest_from_json(const std::filesystem::path& p, const nlohmann::json& j);
 

@@ -1,6 +1,7 @@
 #include "runtime/replica.hpp"
 
 #include "runtime/job_token.hpp"
+#include "runtime/manifest.hpp"
 #include "runtime/tcp.hpp"
 
 #include <gloo/rendezvous/store.h>
@@ -16,7 +17,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 
 namespace grace {
 
@@ -45,20 +45,15 @@ constexpr uint32_t max_state = 64u << 20;  ///< counters and blobs (each blob at
 /// Never throws on a name that is not UTF-8 (the sender thread has no one
 /// to report to): such bytes are replaced.
 std::string state_to_text(const checkpoint_meta& m) {
-  return json{{"counters", m.counters}, {"metadata", m.metadata}}.dump(-1, ' ', false,
-                                                                       json::error_handler_t::replace);
+  return rank_state_to_json({m.counters, m.metadata}).dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 result<rank_state> state_from_text(const std::string& text) {
-  try {
-    auto j = json::parse(text);
-    rank_state s;
-    s.counters = j.at("counters").get<std::map<std::string, int64_t>>();
-    s.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
-    return s;
-  } catch (const std::exception& e) {
-    return error{errc::invalid_input, std::string("counters and blobs: ") + e.what()};
-  }
+  auto j = json::parse(text, nullptr, false);
+  rank_state s;
+  if (j.is_discarded()) return error{errc::invalid_input, "counters and blobs: not JSON"};
+  if (auto why = rank_state_from_json(j, s); !why.empty()) return error{errc::invalid_input, "counters and blobs: " + why};
+  return s;
 }
 
 std::string layout_to_text(const std::vector<tensor_ref>& layout) {

@@ -294,7 +294,9 @@ TEST_CASE("a manifest's per-rank entries must name ranks of its world", "[parts]
            {{{"-1", nlohmann::json::object()}}, "not a rank of the world"},
            {{{"1x", nlohmann::json::object()}}, "not a rank of the world"},
            {{{"1", 5}}, "is not an object"},
-           {{{"1", {{"counters", {{"a", "b"}}}}}}, "is not an integer"},
+           {{{"1", {{"counters", {{"a", "b"}}}}}}, "is not a 64-bit integer"},
+           {{{"1", {{"counters", {{"a", 18446744073709551615ull}}}}}}, "is not a 64-bit integer"},
+           {{{"1", {{"counters", {{"a", 1.5}}}}}}, "is not a 64-bit integer"},
            {nlohmann::json::array(), "ranks is not an object"}}) {
     auto j = base;
     j["ranks"] = bad;
