@@ -1,8 +1,12 @@
 #include "runtime/shared_dir.hpp"
 
 #include "runtime/job_token.hpp"
+#include "runtime/posix_file.hpp"
 
 #include <gloo/rendezvous/store.h>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <set>
@@ -16,6 +20,7 @@ namespace {
 
 constexpr const char* probe_prefix = ".grace-shared-dir-i";
 constexpr const char* verdict_ok = "ok";
+constexpr const char* failed_mark = "!";  ///< a probe key holding why the probe could not be written
 
 fs::path probe_file(const fs::path& dir, uint32_t incarnation, uint32_t rank) {
   return dir / (probe_prefix + std::to_string(incarnation) + "-r" + std::to_string(rank));
@@ -43,52 +48,69 @@ status guarded(const std::string& what, F&& f) {
   }
 }
 
-/// Ranks > 0: the probe file, then its nonce in the store.
+/// Writes `text` and a newline to `f` (created or truncated); empty on
+/// success, else what failed. close() is checked: NFS reports some write
+/// errors (a full quota) only there. A failed write leaves no file.
+std::string write_text(const fs::path& f, const std::string& text) {
+  int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return "cannot create " + f.string() + ": " + errno_str(errno);
+  const std::string line = text + "\n";
+  std::string why;
+  if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+    why = "cannot write " + f.string() + ": " + errno_str(errno);
+  if (::close(fd) != 0 && why.empty()) why = "cannot write " + f.string() + ": " + errno_str(errno);
+  if (!why.empty()) {
+    std::error_code ec;
+    fs::remove(f, ec);
+  }
+  return why;
+}
+
+/// Ranks > 0: the probe file, then its nonce in the store. A rank that
+/// cannot write its probe publishes why (prefixed with `failed_mark`)
+/// instead of a nonce, so rank 0's verdict names it for every rank: the
+/// directory is unusable for checkpoints, a configuration error, not a
+/// reason to restart the group.
 status write_probe(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
   auto nonce = random_token();
   if (!nonce) return nonce.err();
   std::error_code ec;
   fs::create_directories(p.dir, ec);
-  const auto f = probe_file(p.dir, p.incarnation, p.rank);
-  {
-    std::ofstream out(f, std::ios::binary | std::ios::trunc);
-    out << *nonce << "\n";
-    out.close();  // NFS reports some write errors (a full quota) only here
-    if (out.fail()) {
-      std::error_code ec2;
-      fs::remove(f, ec2);
-      return error{errc::failed, f.string() + ": cannot write the checkpoint directory probe"};
-    }
-  }
+  const auto why = write_text(probe_file(p.dir, p.incarnation, p.rank), *nonce);
+  const std::string value = why.empty() ? *nonce : failed_mark + why;
   return guarded("publishing this rank's probe",
-                 [&] { kv.set(key_of(p, std::to_string(p.rank)), std::vector<char>(nonce->begin(), nonce->end())); });
+                 [&] { kv.set(key_of(p, std::to_string(p.rank)), std::vector<char>(value.begin(), value.end())); });
 }
 
 /// Rank 0: which ranks' probe files its directory lacks (or holds with
-/// another nonce) once `settle` has passed.
-result<std::vector<uint32_t>> missing_probes(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
+/// another nonce) once `settle` has passed, and which ranks could not write
+/// theirs.
+result<probe_findings> check_probes(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
   std::vector<std::string> keys;
   for (uint32_t r = 1; r < p.world; ++r) keys.push_back(key_of(p, std::to_string(r)));
   // One deadline for all: the others wait for the verdict from when they
   // published, so rank 0 must not wait `timeout` per rank.
   if (auto st = guarded("waiting for every rank's probe", [&] { kv.wait(keys, p.timeout); }); !st) return st.err();
+  probe_findings out;
   std::vector<std::pair<uint32_t, std::string>> expected;
   for (uint32_t r = 1; r < p.world; ++r) {
-    std::string nonce;
+    std::string value;
     auto st = guarded("reading rank " + std::to_string(r) + "'s probe", [&] {
       auto v = kv.get(keys[r - 1]);
-      nonce.assign(v.begin(), v.end());
+      value.assign(v.begin(), v.end());
     });
     if (!st) return st.err();
-    expected.emplace_back(r, std::move(nonce));
+    if (value.rfind(failed_mark, 0) == 0)
+      out.unwritable.emplace_back(r, value.substr(1));
+    else
+      expected.emplace_back(r, std::move(value));
   }
   const auto until = std::chrono::steady_clock::now() + p.settle;
-  std::vector<uint32_t> missing;
   for (;;) {
-    missing.clear();
+    out.missing.clear();
     for (auto& [r, nonce] : expected)
-      if (read_text(probe_file(p.dir, p.incarnation, r)) != nonce) missing.push_back(r);
-    if (missing.empty() || std::chrono::steady_clock::now() >= until) return missing;
+      if (read_text(probe_file(p.dir, p.incarnation, r)) != nonce) out.missing.push_back(r);
+    if (out.missing.empty() || std::chrono::steady_clock::now() >= until) return out;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
@@ -105,11 +127,17 @@ void remove_probes(const fs::path& dir) {
 
 }  // namespace
 
-std::string shared_dir_verdict(const std::vector<uint32_t>& missing, uint32_t local_world, const fs::path& dir0) {
-  if (missing.empty()) return "";
+std::string shared_dir_verdict(const probe_findings& f, uint32_t local_world, const fs::path& dir0) {
+  if (!f.unwritable.empty()) {
+    std::string out = "cannot write the checkpoint directory on every rank:";
+    for (auto& [r, why] : f.unwritable) out += " rank " + std::to_string(r) + ": " + why + ";";
+    out.back() = '.';
+    return out + " every rank needs a writable checkpoint directory (its path, permissions and free space)";
+  }
+  if (f.missing.empty()) return "";
   std::string ranks, nodes;
   std::set<uint32_t> node_set;
-  for (auto r : missing) {
+  for (auto r : f.missing) {
     ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     if (local_world > 0) node_set.insert(r / local_world);
   }
@@ -140,10 +168,10 @@ status check_shared_directory(const shared_dir_probe& p, gloo::rendezvous::Store
     if (verdict != verdict_ok) return error{errc::invalid_input, verdict};
     return {};
   }
-  auto missing = missing_probes(p, kv);
-  if (!missing) return missing.err();
+  auto found = check_probes(p, kv);
+  if (!found) return found.err();
   remove_probes(p.dir);
-  const auto why = shared_dir_verdict(*missing, p.local_world, fs::absolute(p.dir));
+  const auto why = shared_dir_verdict(*found, p.local_world, fs::absolute(p.dir));
   const std::string verdict = why.empty() ? verdict_ok : why;
   auto st = guarded("publishing the verdict",
                     [&] { kv.set(verdict_key, std::vector<char>(verdict.begin(), verdict.end())); });

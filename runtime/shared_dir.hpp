@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gloo::rendezvous {
@@ -51,14 +52,20 @@ struct shared_dir_probe {
 
 /// Runs the probe on this rank (all ranks call it). Ok when every rank's
 /// checkpoint directory is rank 0's; errc::invalid_input naming the ranks
-/// (and nodes) that do not share it; errc::disconnected when the store
-/// times out or the group breaks; errc::failed when the probe cannot be
-/// written.
+/// (and nodes) that do not share it, or the ranks that cannot write theirs
+/// (and why); errc::disconnected when the store times out or the group
+/// breaks.
 status check_shared_directory(const shared_dir_probe& p, gloo::rendezvous::Store& kv);
 
-/// The verdict from the ranks whose probe rank 0 did not find (pure): empty
-/// when none, else the error text naming them.
-std::string shared_dir_verdict(const std::vector<uint32_t>& missing, uint32_t local_world,
-                               const std::filesystem::path& dir0);
+/// What rank 0 found.
+struct probe_findings {
+  std::vector<uint32_t> missing;                            ///< probes not in rank 0's directory
+  std::vector<std::pair<uint32_t, std::string>> unwritable;  ///< ranks that could not write theirs, and why
+};
+
+/// The verdict (pure): empty when every probe was found, else the error
+/// text naming the ranks (a rank that cannot write its directory first:
+/// whether that directory is shared cannot be told).
+std::string shared_dir_verdict(const probe_findings& f, uint32_t local_world, const std::filesystem::path& dir0);
 
 }  // namespace grace

@@ -73,9 +73,31 @@ TEST_CASE("shared directory: node-local directories stop every rank with the sam
 
 TEST_CASE("shared directory: the verdict names ranks and nodes", "[shared_dir]") {
   CHECK(shared_dir_verdict({}, 2, "/ck").empty());
-  auto v = shared_dir_verdict({1, 5, 6}, 4, "/ck");
+  auto v = shared_dir_verdict({{1, 5, 6}, {}}, 4, "/ck");
   CHECK(v.find("rank(s) 1, 5, 6 (node 0, 1)") != std::string::npos);
-  CHECK(shared_dir_verdict({3}, 0, "/ck").find("rank(s) 3 wrote") != std::string::npos);  // nodes unknown
+  CHECK(shared_dir_verdict({{3}, {}}, 0, "/ck").find("rank(s) 3 wrote") != std::string::npos);  // nodes unknown
+  auto w = shared_dir_verdict({{3}, {{1, "cannot create /x: Permission denied"}, {2, "cannot write /y: Disk quota exceeded"}}}, 2, "/ck");
+  CHECK(w == "cannot write the checkpoint directory on every rank: rank 1: cannot create /x: Permission denied; "
+             "rank 2: cannot write /y: Disk quota exceeded. every rank needs a writable checkpoint directory (its "
+             "path, permissions and free space)");
+}
+
+TEST_CASE("shared directory: a rank that cannot write its directory stops every rank with one error", "[shared_dir]") {
+  temp_dir d;
+  fs::create_directories(d.path / "ck");
+  std::ofstream(d.path / "file") << "not a directory\n";
+  auto bad = d.path / "file" / "ck";  // fails with ENOTDIR, also as root (permissions would not)
+  auto st = run_ranks({d.path / "ck", d.path / "ck", bad, d.path / "ck"}, 2);
+  for (auto& s : st) {
+    REQUIRE_FALSE(s);
+    CHECK(s.err().code == errc::invalid_input);  // exit 2: no restart
+    CHECK(s.err().message == st[0].err().message);
+  }
+  const auto& m = st[0].err().message;
+  CHECK(m.find("rank 2: cannot create " + (bad / ".grace-shared-dir-i3-r2").string() + ": Not a directory") !=
+        std::string::npos);
+  CHECK(m.find("rank 1") == std::string::npos);
+  CHECK(entries(d.path / "ck") == 0);
 }
 
 TEST_CASE("shared directory: a rank that never reports fails the check with a timeout, not a hang", "[shared_dir]") {
