@@ -12,11 +12,13 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -78,7 +80,7 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
   std::error_code ec;
   struct stat st {};
   ::stat(base.trainer.c_str(), &st);
-  nlohmann::json key = {{"workers", base.workers},
+  nlohmann::json key = {{"workers", base.total_workers()},
                         {"steps", base.steps},
                         {"save_every", base.save_every},
                         {"trainer_args", base.trainer_args},
@@ -112,6 +114,10 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
   }
   run_config rc = base;
   rc.mutant_args.clear();  // the reference is the correct trainer's run
+  // The same world on one host: the weights depend on the world size, not
+  // on where the ranks run.
+  rc.workers = base.total_workers();
+  rc.hosts = 0;
   rc.dir = cache_dir / (std::string("run-") + hex);
   std::fprintf(stderr, "grace-chaos: running the uninterrupted reference (cached as %s)\n", file.c_str());
   auto res = run_job(rc, {});
@@ -193,7 +199,14 @@ struct chaos_args {
 
 void add_job_options(CLI::App& app, chaos_args& a) {
   auto& cfg = a.cfg;
-  app.add_option("--workers", cfg.workers, "workers (grace-launch --nproc)")->check(CLI::Range(1, 64));
+  app.add_option("--workers", cfg.workers, "workers (grace-launch --nproc; per host with --hosts)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--hosts", cfg.hosts,
+                 "run on a multi-host test bed of this many hosts (network namespaces on this machine, one "
+                 "grace-launch each; needs root): host faults host_lost, host_partition, host_freeze")
+      ->check(CLI::Range(2, 16));
+  app.add_option("--dead-after-ms", cfg.dead_after_ms, "--hosts: grace-launch --dead-after-ms")
+      ->check(CLI::Range(200, 600000));
   app.add_option("--steps", cfg.steps, "training steps")->check(CLI::Range(uint64_t(10), uint64_t(1) << 30));
   app.add_option("--save-every", cfg.save_every,
                  "periodic checkpoint interval (bounds work lost to a damaged checkpoint)")
@@ -281,6 +294,31 @@ grace::result<std::vector<fault_kind>> parse_kinds(const std::string& arg) {
   return kinds;
 }
 
+/// What is wrong with a schedule for this job (targets out of range, a
+/// fault the topology cannot carry out), or nullopt.
+std::optional<std::string> check_schedule(const run_config& cfg, const std::vector<fault>& schedule) {
+  const bool bed = cfg.hosts >= 2;
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    auto& f = schedule[i];
+    const std::string which = "entry " + std::to_string(i) + " (" + to_string(f.kind) + "): ";
+    for (int t : f.targets)
+      if (t >= cfg.total_workers())
+        return which + "target rank " + std::to_string(t) + " but only " + std::to_string(cfg.total_workers()) +
+               " workers";
+    if (is_host_fault(f.kind) && !bed) return which + "a host fault needs the multi-host test bed (--hosts N)";
+    if (!bed) continue;
+    auto& ok = multi_host_kinds();
+    if (std::find(ok.begin(), ok.end(), f.kind) == ok.end())
+      return which + "not available on the multi-host test bed (there: host_lost, host_partition, host_freeze, "
+                     "sigterm_worker, sigkill_worker, sigstop_worker)";
+    if (f.grace_ms) return which + "grace_ms is not available on the multi-host test bed";
+    if (is_host_fault(f.kind) && (f.host == 0 || f.host >= cfg.hosts))
+      return which + "host " + std::to_string(f.host) + ": the faults hit hosts 1.." + std::to_string(cfg.hosts - 1) +
+             " (host 0 runs the coordination service; tests/netns/host_faults.sh covers its loss with etcd)";
+  }
+  return std::nullopt;
+}
+
 /// A scripted schedule, checked against the job (targets in range).
 grace::result<std::vector<fault>> load_schedule(const chaos_args& a) {
   if (a.soak)
@@ -296,11 +334,7 @@ grace::result<std::vector<fault>> load_schedule(const chaos_args& a) {
   } catch (const std::exception& e) {
     return grace::error{grace::errc::invalid_input, "--schedule " + a.schedule_file + ": " + e.what()};
   }
-  for (auto& s : scripted)
-    for (int t : s.targets)
-      if (t >= a.cfg.workers)
-        return grace::error{grace::errc::invalid_input, "--schedule: target rank " + std::to_string(t) + " but only " +
-                                                            std::to_string(a.cfg.workers) + " workers"};
+  if (auto why = check_schedule(a.cfg, scripted)) return grace::error{grace::errc::invalid_input, "--schedule: " + *why};
   return scripted;
 }
 
@@ -377,7 +411,8 @@ int main(int argc, char** argv) {
       "  grace-chaos --schedule faults.json --out /tmp/chaos\n"
       "  grace-chaos --soak 50 --seed 1000 --out /tmp/soak\n"
       "  grace-chaos --soak 200 --seed 1 --overlap 0.7 --out /tmp/soak   # faults on top of faults\n"
-      "  grace-chaos --seed 7 --out /tmp/chaos -- /usr/bin/python3 examples/pytorch_train.py"};
+      "  grace-chaos --seed 7 --out /tmp/chaos -- /usr/bin/python3 examples/pytorch_train.py\n"
+      "  grace-chaos --hosts 3 --workers 2 --seed 3 --out /tmp/hosts   # whole hosts lost, cut off, frozen (root)"};
   chaos_args a;
   add_job_options(app, a);
   add_schedule_options(app, a);
@@ -389,6 +424,14 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("[%H:%M:%S.%e] [chaos] %v");
   auto kinds = parse_kinds(a.kinds_arg);
   if (!kinds) return usage_error(kinds.err().message);
+  for (auto k : *kinds) {
+    fault probe;
+    probe.kind = k;
+    if (auto why = check_schedule(a.cfg, {probe}))
+      return usage_error(std::string("--kinds ") + to_string(k) + ": " + why->substr(why->find("): ") + 3));
+  }
+  if (a.cfg.hosts >= 2 && a.overlap > 0)
+    return usage_error("--overlap draws single-host companions; on the test bed script overlaps with after_ms");
   std::vector<fault> scripted;
   if (!a.schedule_file.empty()) {
     auto s = load_schedule(a);
@@ -400,7 +443,8 @@ int main(int argc, char** argv) {
     generate_options g;
     g.seed = seed;
     g.faults = a.faults;
-    g.workers = a.cfg.workers;
+    g.workers = a.cfg.total_workers();
+    g.hosts = a.cfg.hosts;
     g.steps = a.cfg.steps;
     g.kinds = *kinds;
     g.overlap = a.overlap;

@@ -57,6 +57,20 @@ bool stops_launcher(const fault_record& r) {
   }
 }
 
+/// The last launch of each host (one for a single-host run).
+std::vector<const launch_record*> last_launches(const run_result& res) {
+  std::map<int, const launch_record*> last;
+  for (auto& l : res.launches) last[l.host] = &l;
+  std::vector<const launch_record*> out;
+  for (auto& [h, l] : last) out.push_back(l);
+  return out;
+}
+
+std::string launch_outcome(const launch_record& l) {
+  return l.exit_code >= 0 ? "launcher exit " + std::to_string(l.exit_code)
+                          : "launcher killed by signal " + std::to_string(l.signal);
+}
+
 verdict job_finished(const check_input& in) {
   auto& res = *in.res;
   verdict v{"job_finished", verdict_status::skip, ""};
@@ -65,19 +79,25 @@ verdict job_finished(const check_input& in) {
     v.detail = "the launcher never ran";
     return v;
   }
-  auto& last = res.launches.back();
-  std::string how = last.exit_code >= 0 ? "launcher exit " + std::to_string(last.exit_code)
-                                        : "launcher killed by signal " + std::to_string(last.signal);
+  auto lasts = last_launches(res);
+  std::string how;
+  bool all_zero = true, all_three = true;
+  for (auto* l : lasts) {
+    if (lasts.size() > 1) how += (how.empty() ? "" : ", ") + std::string("host ") + std::to_string(l->host) + ": ";
+    how += launch_outcome(*l);
+    all_zero &= l->exit_code == 0;
+    all_three &= l->exit_code == 3;
+  }
   how += " after " + std::to_string(res.launches.size()) + " launch(es)";
   if (res.timed_out) how += "; timed out";
   if (step_error_scheduled(*in.cfg, res)) {
-    bool ok = last.exit_code == 3 && step_error_injected(res);
+    bool ok = all_three && step_error_injected(res);
     v.status = ok ? verdict_status::pass : verdict_status::fail;
     v.detail = how + (ok ? ": stopped with the fatal code for the injected step error"
                          : ": expected exit 3 for the injected step error");
     return v;
   }
-  bool ok = last.exit_code == 0 && !res.out.is_null() && !res.timed_out;
+  bool ok = all_zero && !res.out.is_null() && !res.timed_out;
   v.status = ok ? verdict_status::pass : verdict_status::fail;
   v.detail = how + (res.out.is_null() ? "; no out.json" : "");
   return v;
@@ -253,8 +273,8 @@ verdict exit_codes(const check_input& in) {
                     " (faults in it: " + (causes.empty() ? "none" : causes) + ")");
     }
   }
-  for (size_t i = 0; i < res.launches.size(); ++i) {
-    auto& l = res.launches[i];
+  const auto lasts = last_launches(res);
+  for (auto& l : res.launches) {
     std::vector<const fault_record*> fs;
     for (auto& f : res.faults)
       if (injected(f) && f.launch == l.index) fs.push_back(&f);
@@ -262,14 +282,15 @@ verdict exit_codes(const check_input& in) {
     bool ok = false;
     std::string what = l.exit_code >= 0 ? "exit " + std::to_string(l.exit_code) : "signal " + std::to_string(l.signal);
     if (l.exit_code == 0)
-      ok = i + 1 == res.launches.size();
+      ok = std::any_of(lasts.begin(), lasts.end(), [&](auto* last) { return last == &l; });
     else if (l.exit_code == 42)
       ok = has(stops_launcher);
     else if (l.exit_code == 3)
       ok = has([](const fault_record& f) { return f.f.kind == fault_kind::step_error; });
     else if (l.signal == SIGKILL)
       ok = res.timed_out || has([](const fault_record& f) {
-             return f.f.kind == fault_kind::sigkill_launcher || (f.deadline_kill && stops_launcher(f));
+             return f.f.kind == fault_kind::sigkill_launcher || f.f.kind == fault_kind::host_lost ||
+                    (f.deadline_kill && stops_launcher(f));
            });
     if (!ok) {
       std::string causes;
@@ -287,10 +308,19 @@ verdict exit_codes(const check_input& in) {
   return v;
 }
 
+/// A host cut off or frozen for at least dead-after: its peers declare it
+/// dead and the group restarts without it. Shorter, the group rides it out.
+bool declares_dead(const fault_record& f, const run_config& cfg) {
+  return (f.f.kind == fault_kind::host_partition || f.f.kind == fault_kind::host_freeze) &&
+         f.f.duration_ms >= cfg.dead_after_ms;
+}
+
 /// Steps a fault may cost on its own (-1: not measured).
-int64_t own_bound(const fault_record& f, int save_every) {
+int64_t own_bound(const fault_record& f, const run_config& cfg) {
+  const int save_every = cfg.save_every;
   auto cls = loss_class_of(f.f.kind);
   if (f.f.kind == fault_kind::sigstop_worker && f.f.duration_ms > 0) cls = loss_class::none;
+  if (!declares_dead(f, cfg) && f.f.kind != fault_kind::host_lost && is_host_fault(f.f.kind)) cls = loss_class::none;
   if (!injected(f) || cls == loss_class::terminal || cls == loss_class::none) return -1;
   return cls == loss_class::notice ? 0 : cls == loss_class::hard ? 1 : save_every;
 }
@@ -298,13 +328,13 @@ int64_t own_bound(const fault_record& f, int save_every) {
 /// Overlapping faults (a chain: each chained to the one before) share the
 /// bound of their worst member: a notice with a SIGKILL 1 ms later may cost
 /// what the SIGKILL alone may.
-std::vector<int64_t> group_bounds(const run_result& res, int save_every) {
+std::vector<int64_t> group_bounds(const run_result& res, const run_config& cfg) {
   std::vector<int64_t> bound(res.faults.size(), -1);
   size_t start = 0;
   for (size_t i = 0; i <= res.faults.size(); ++i) {
     if (i < res.faults.size() && (i == 0 || res.faults[i].f.chained())) continue;
     int64_t worst = -1;
-    for (size_t j = start; j < i; ++j) worst = std::max(worst, own_bound(res.faults[j], save_every));
+    for (size_t j = start; j < i; ++j) worst = std::max(worst, own_bound(res.faults[j], cfg));
     for (size_t j = start; j < i; ++j) bound[j] = worst;
     start = i;
   }
@@ -365,13 +395,13 @@ int64_t restored_after(const run_result& res, const fault_record& f, fault_loss&
 
 /// One fault's lost work against its bound (overlapping groups share the
 /// bound of their worst fault).
-fault_loss measure_loss(const run_result& res, const fault_record& f, int64_t bound, int save_every) {
+fault_loss measure_loss(const run_result& res, const fault_record& f, int64_t bound, const run_config& cfg) {
   fault_loss l;
   l.index = f.index;
-  if (own_bound(f, save_every) < 0) return l;
+  if (own_bound(f, cfg) < 0) return l;
   l.applicable = true;
   l.bound = bound;
-  if (l.bound != own_bound(f, save_every)) l.detail = "bound of its overlapping group; ";
+  if (l.bound != own_bound(f, cfg)) l.detail = "bound of its overlapping group; ";
   if (!reached_step(res, f, l)) {
     l.applicable = false;
     l.detail = "hit its group before any worker restored: nothing to lose";
@@ -401,9 +431,9 @@ verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
   verdict v{"work_lost", verdict_status::skip, ""};
   std::vector<std::string> bad;
   int measured = 0;
-  auto bounds = group_bounds(res, in.cfg->save_every);
+  auto bounds = group_bounds(res, *in.cfg);
   for (auto& f : res.faults) {
-    auto l = measure_loss(res, f, bounds[f.index], in.cfg->save_every);
+    auto l = measure_loss(res, f, bounds[f.index], *in.cfg);
     if (l.applicable) ++measured;
     if (l.applicable && !l.ok)
       bad.push_back("fault " + std::to_string(f.index) + " " + to_string(f.f.kind) + ": lost " +
@@ -426,6 +456,37 @@ verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
   return v;
 }
 
+/// Fencing on the test bed: a host cut off or frozen past dead-after never
+/// commits a checkpoint in the incarnation it was declared dead in.
+verdict no_split_brain(const check_input& in) {
+  auto& res = *in.res;
+  verdict v{"no_split_brain", verdict_status::skip, ""};
+  std::vector<std::string> bad;
+  int isolated = 0;
+  for (auto& f : res.faults) {
+    if (!injected(f) || !declares_dead(f, *in.cfg)) continue;
+    ++isolated;
+    for (auto& e : res.events) {
+      if (e.name != "committed_local" || e.incarnation != f.incarnation || e.t_ns <= f.t_ns) continue;
+      if (std::find(f.ranks.begin(), f.ranks.end(), e.rank) == f.ranks.end()) continue;
+      bad.push_back("rank " + std::to_string(e.rank) + " on host " + std::to_string(f.f.host) + " committed " +
+                    e.j.value("path", std::string("?")) + " in incarnation " + std::to_string(e.incarnation) +
+                    " after fault " + std::to_string(f.index) + " (" + to_string(f.f.kind) + ") cut it off");
+      break;
+    }
+  }
+  if (isolated == 0) {
+    v.detail = "no host was cut off or frozen past dead-after";
+    return v;
+  }
+  v.status = bad.empty() ? verdict_status::pass : verdict_status::fail;
+  if (bad.empty())
+    v.detail = std::to_string(isolated) + " host(s) cut off or frozen past dead-after; none committed in the "
+               "incarnation it was declared dead in";
+  for (auto& b : bad) v.detail += (v.detail.empty() ? "" : "; ") + b;
+  return v;
+}
+
 }  // namespace
 
 check_output check_invariants(const check_input& in) {
@@ -437,6 +498,7 @@ check_output check_invariants(const check_input& in) {
   out.verdicts.push_back(no_temp_left(in));
   out.verdicts.push_back(exit_codes(in));
   out.verdicts.push_back(work_lost(in, out.losses));
+  if (in.cfg->hosts >= 2) out.verdicts.push_back(no_split_brain(in));
   return out;
 }
 

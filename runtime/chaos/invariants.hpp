@@ -9,6 +9,8 @@
 ///   exit_codes          every worker and launcher exit code is explained by an injected fault
 ///   work_lost           steps re-run after each fault within its bound
 ///                       (notice 0, kill/freeze 1, damaged checkpoint: the periodic interval)
+///   no_split_brain      (--hosts) a host cut off or frozen past dead-after never commits a
+///                       checkpoint in the incarnation it was declared dead in
 
 #include "runtime/chaos/runner.hpp"
 

@@ -23,6 +23,10 @@ nlohmann::json make_report(const run_config& cfg, const run_result& res, const c
                  {"trainer", cfg.trainer},
                  {"trainer_prefix", cfg.trainer_prefix},
                  {"launcher", cfg.launcher}};
+  if (cfg.hosts >= 2) {
+    j["config"]["hosts"] = cfg.hosts;
+    j["config"]["dead_after_ms"] = cfg.dead_after_ms;
+  }
   auto faults = nlohmann::json::array();
   for (size_t i = 0; i < res.faults.size(); ++i) {
     auto& f = res.faults[i];
@@ -138,7 +142,7 @@ std::string draw_timeline(const fs::path& dir, const run_config& cfg, const run_
   restores.close();
   {
     std::ofstream d(dir / "timeline.dat");
-    for (int r = 0; r < cfg.workers; ++r) {
+    for (int r = 0; r < cfg.total_workers(); ++r) {
       d << "# rank " << r << "\n";
       for (auto& [inc, v] : pts[r]) {
         std::sort(v.begin(), v.end());
@@ -152,7 +156,7 @@ std::string draw_timeline(const fs::path& dir, const run_config& cfg, const run_
   std::ofstream gp(dir / "timeline.gp");
   gp << "set terminal pngcairo size 1400,640 font ',10'\n"
      << "set output '" << (dir / "timeline.png").string() << "'\n"
-     << "set title 'grace-chaos: step of each worker over time (" << cfg.workers << " workers, " << cfg.steps
+     << "set title 'grace-chaos: step of each worker over time  (" << cfg.total_workers() << " workers, " << cfg.steps
      << " steps)'\n"
      << "set xlabel 'seconds since the job started'\nset ylabel 'completed step'\n"
      << "set key outside right top noenhanced\nset termoption noenhanced\nset grid\nset yrange [0:" << cfg.steps + 5
@@ -170,7 +174,7 @@ std::string draw_timeline(const fs::path& dir, const run_config& cfg, const run_
     gp << "set label " << n << " '" << label << "' at " << x << ", graph " << (0.97 - 0.05 * (f.index % 6))
        << " right rotate by 0 tc rgb 'red' front offset -0.3,0\n";
   }
-  gp << "plot for [r=0:" << cfg.workers - 1 << "] '" << (dir / "timeline.dat").string()
+  gp << "plot for [r=0:" << cfg.total_workers() - 1 << "] '" << (dir / "timeline.dat").string()
      << "' index r using 1:2 with linespoints pt 7 ps 0.4 title sprintf('rank %d', r), \\\n"
      << "  '" << (dir / "timeline-saves.dat").string()
      << "' using 1:2 with points pt 5 ps 1.1 lc rgb 'black' title 'checkpoint committed', \\\n"

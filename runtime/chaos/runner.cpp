@@ -1,5 +1,7 @@
 #include "runtime/chaos/runner.hpp"
 
+#include "runtime/chaos/job_support.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -23,61 +25,6 @@ namespace fs = std::filesystem;
 namespace grace::chaos {
 
 namespace {
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
-
-bool alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
-
-/// Alive and not a zombie waiting to be reaped.
-bool running_process(pid_t pid) {
-  if (!alive(pid)) return false;
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(f, line);
-  auto close = line.rfind(')');
-  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
-}
-
-/// Children of `pid`, from /proc/<pid>/task/*/children.
-std::vector<pid_t> children_of(pid_t pid) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (auto it = fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec);
-       !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    std::ifstream f(it->path() / "children");
-    long c;
-    while (f >> c) out.push_back(static_cast<pid_t>(c));
-  }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
-pid_t spawn(const std::vector<std::string>& argv, const fs::path& log, const std::map<std::string, std::string>& env,
-            bool own_group) {
-  pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  if (pid > 0) return pid;
-  if (own_group) ::setpgid(0, 0);
-  int fd = log.empty() ? ::open("/dev/null", O_WRONLY) : ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  if (fd >= 0) {
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::close(fd);
-  }
-  for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-  std::vector<char*> a;
-  for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-  a.push_back(nullptr);
-  ::execvp(a[0], a.data());
-  std::fprintf(stderr, "grace-chaos: cannot run %s: %s\n", a[0], std::strerror(errno));
-  ::_exit(127);
-}
 
 /// A pid that belonged to a process that is gone now.
 long dead_pid() {
@@ -117,66 +64,6 @@ fs::path pick_file(const fs::path& step_dir, const std::string& wanted) {
   if (shards.empty()) return step_dir / "grace-manifest.json";
   return shards.front();
 }
-
-/// The job's state as seen through the events file.
-struct job_view {
-  int workers = 0;
-  int64_t incarnation = -1;  ///< newest group_started
-  int64_t incarnation_start_ns = 0;
-  std::map<int64_t, int64_t> pid_of;  ///< rank -> pid (current incarnation)
-  std::set<int64_t> stepping;         ///< ranks with first_step in the current incarnation
-  std::set<int64_t> exited;           ///< ranks with an exit/finished event in the current incarnation
-  int64_t anchor_step = 0, anchor_ns = 0;
-  int64_t first_step = -1, first_step_ns = 0;
-  double step_ns = 25e6;
-
-  void apply(const event& e) {
-    if (e.name == "group_started") {
-      if (e.incarnation > incarnation) {
-        incarnation = e.incarnation;
-        incarnation_start_ns = e.t_ns;
-        pid_of.clear();
-        stepping.clear();
-        exited.clear();
-        first_step = -1;
-      }
-      // The launcher names its workers' pids: a fault keyed to the restart
-      // can hit a worker before it has said anything.
-      if (e.incarnation == incarnation && e.j.contains("pids") && e.j["pids"].is_object())
-        for (auto& [rank, pid] : e.j["pids"].items())
-          if (pid.is_number_integer()) pid_of[std::stoll(rank)] = pid.get<int64_t>();
-      return;
-    }
-    if (e.rank < 0 || e.incarnation != incarnation) return;
-    pid_of[e.rank] = e.pid;
-    int64_t s = e.step();
-    if (e.name == "first_step") {
-      stepping.insert(e.rank);
-      if (first_step < 0) {
-        first_step = s;
-        first_step_ns = e.t_ns;
-      }
-      anchor(s, e.t_ns);
-    } else if (e.name == "committed_local" || e.name == "reached_agreed_step" || e.name == "restored") {
-      if (e.name == "committed_local" && first_step >= 0 && s - first_step >= 10 && e.t_ns > first_step_ns)
-        step_ns = double(e.t_ns - first_step_ns) / double(s - first_step);
-      anchor(s, e.t_ns);
-    } else if (e.name == "exit" || e.name == "finished") {
-      exited.insert(e.rank);
-    }
-  }
-  void anchor(int64_t s, int64_t t) {
-    if (s >= anchor_step || t > anchor_ns + 2 * int64_t(step_ns)) {
-      anchor_step = s;
-      anchor_ns = t;
-    }
-  }
-  bool running() const { return static_cast<int>(stepping.size()) == workers && exited.empty(); }
-  int64_t estimate(int64_t now) const {
-    if (anchor_ns == 0) return 0;
-    return anchor_step + static_cast<int64_t>(double(now - anchor_ns) / step_ns);
-  }
-};
 
 /// A fault in progress: what remains to do and when it counts as over.
 struct active_fault {
@@ -256,14 +143,7 @@ private:
   }
 
   void note_event(const std::string& what, const nlohmann::json& extra) {
-    nlohmann::json j = {{"event", "chaos_" + what},
-                        {"t_ns", now_ns()},
-                        {"pid", ::getpid()},
-                        {"rank", -2},
-                        {"incarnation", view_.incarnation}};
-    for (auto& [k, v] : extra.items()) j[k] = v;
-    std::ofstream f(events_path_, std::ios::app);
-    f << j.dump() << "\n";
+    append_chaos_event(events_path_, what, view_.incarnation, extra);
   }
 
   /// The next fault not yet handled.
@@ -310,13 +190,7 @@ private:
     }
     a.insert(a.end(), cfg_.launcher_args.begin(), cfg_.launcher_args.end());
     a.push_back("--");
-    a.push_back(cfg_.trainer);
-    a.insert(a.end(), cfg_.trainer_prefix.begin(), cfg_.trainer_prefix.end());
-    for (auto& s :
-         std::vector<std::string>{"--steps", std::to_string(cfg_.steps), "--output", (run_dir_ / "out.json").string(),
-                                  "--save-every", std::to_string(cfg_.save_every), "--step-delay-ms",
-                                  std::to_string(cfg_.step_delay_ms), "--device", cfg_.device})
-      a.push_back(s);
+    for (auto& s : trainer_argv(cfg_, run_dir_ / "out.json")) a.push_back(s);
     if (worker_grace) {
       a.push_back("--grace-period-ms");
       a.push_back(std::to_string(worker_grace));
@@ -352,22 +226,7 @@ private:
     std::string path = e.j.value("path", "");
     for (auto& r : res_.restores)
       if (r.path == path && r.incarnation == e.incarnation) return;
-    restore_check rc;
-    rc.path = path;
-    rc.incarnation = e.incarnation;
-    rc.step = e.step();
-    rc.t_ns = e.t_ns;
-    if (!fs::exists(path)) {
-      rc.detail = "gone before it could be verified";
-    } else {
-      std::string out;
-      int code = run_command({cfg_.ckpt_tool, "verify", path}, &out);
-      rc.checked = true;
-      rc.ok = code == 0;
-      while (!out.empty() && out.back() == '\n') out.pop_back();
-      rc.detail = out;
-    }
-    res_.restores.push_back(rc);
+    res_.restores.push_back(verify_restore(cfg_.ckpt_tool, e));
   }
 
   /// Reaps whatever exited; returns true when the launcher did.
@@ -451,33 +310,12 @@ private:
     return -1;
   }
 
-  /// When the chained fault `r` is due: its predecessor's injection time
-  /// plus after_ms, or its on_event's first occurrence since then plus
-  /// delay_ms; nullopt while unknown. A predecessor that was skipped skips it.
-  std::optional<int64_t> chained_due(fault_record& r) {
-    int64_t ref = res_.start_ns;
-    if (r.index > 0) {
-      auto& prev = res_.faults[r.index - 1];
-      if (prev.status == "skipped") {
-        r.status = "skipped";
-        r.detail = "chained to fault " + std::to_string(prev.index) + ", which was skipped";
-        return std::nullopt;
-      }
-      if (prev.status != "injected") return std::nullopt;
-      ref = prev.t_ns;
-    }
-    if (r.f.after_ms) return ref + *r.f.after_ms * 1000000;
-    for (auto& e : res_.events)
-      if (e.name == r.f.on_event && e.t_ns >= ref) return e.t_ns + int64_t(r.f.delay_ms) * 1000000;
-    return std::nullopt;
-  }
-
   void maybe_fire(launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
     auto* r = next_fault();
     if (!r) return;
     if (r->f.chained()) {
       // Overlapping: fires while earlier faults are still in progress.
-      auto due = chained_due(*r);
+      auto due = chained_due(res_, *r);
       if (due && now >= *due) fire(*r, lr, kids, now);
       return;
     }
@@ -592,6 +430,12 @@ private:
       case fault_kind::fs_full:
         if (!fill_disk(r, a, now)) return;
         break;
+      case fault_kind::host_lost:
+      case fault_kind::host_partition:
+      case fault_kind::host_freeze:
+        r.status = "skipped";
+        r.detail = "a host fault needs the multi-host test bed (--hosts)";
+        return;
     }
     bool worker_fault = f.kind == fault_kind::sigterm_worker || f.kind == fault_kind::sigkill_worker ||
                         f.kind == fault_kind::sigstop_worker ||
@@ -737,32 +581,8 @@ private:
         }
     }
     res_.step_ns = view_.step_ns;
-    std::ifstream f(run_dir_ / "out.json");
-    if (f) {
-      try {
-        f >> res_.out;
-      } catch (...) {
-        res_.notes.push_back("out.json is not valid JSON");
-      }
-    }
+    collect_outcome(run_dir_ / "out.json", ckpt_, res_);
     std::error_code ec;
-    for (auto it = fs::directory_iterator(ckpt_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-      auto name = it->path().filename().string();
-      if (name.rfind(".tmp-", 0) == 0) res_.leftover_temporaries.push_back(name);
-      if (name.rfind("step-", 0) == 0 && name.find(".corrupt-") == std::string::npos) {
-        nlohmann::json c = {{"path", it->path().string()}};
-        std::ifstream m(it->path() / "grace-manifest.json");
-        try {
-          nlohmann::json mj;
-          m >> mj;
-          c["step"] = mj.value("step", 0);
-          c["counters"] = mj.value("counters", nlohmann::json::object());
-        } catch (...) {
-          c["unreadable"] = true;
-        }
-        res_.final_checkpoints.push_back(c);
-      }
-    }
     fs::remove(ckpt_ / ".chaos-filler", ec);
     if (res_.fs_mounted) {
       // Keep the final checkpoints for the user: copy them out first.
@@ -801,6 +621,7 @@ int run_command(const std::vector<std::string>& argv, std::string* output) {
 }
 
 run_result run_job(const run_config& cfg, const std::vector<fault>& schedule) {
+  if (cfg.hosts >= 2) return run_host_job(cfg, schedule);
   job j(cfg, schedule);
   return j.run();
 }

@@ -49,6 +49,13 @@ struct run_config {
   int fs_size_mb = 256;
   std::filesystem::path dir;  ///< the run's directory (created, emptied)
   bool verbose = false;
+  /// >= 2: the job runs on the multi-host test bed (every host a network
+  /// namespace, one grace-launch per host, `workers` per host, checkpoints
+  /// in one directory shared by all); see run_host_job.
+  int hosts = 0;
+  int dead_after_ms = 1500;  ///< grace-launch --dead-after-ms on the test bed
+  /// Workers of the whole job.
+  int total_workers() const noexcept { return hosts >= 2 ? hosts * workers : workers; }
 };
 
 using grace::event;
@@ -72,6 +79,7 @@ struct fault_record {
 
 struct launch_record {
   int index = 0;
+  int host = 0;  ///< the host (node rank) it ran on; 0 for a single-host run
   pid_t pid = -1;
   int64_t start_ns = 0, end_ns = 0;
   int exit_code = -1;  ///< -1: killed by `signal`
@@ -110,8 +118,18 @@ struct run_result {
 };
 
 /// Runs the job under `schedule`; throws std::runtime_error only for
-/// harness problems (cannot create the directory, cannot start a process).
+/// harness problems (cannot create the directory, cannot start a process,
+/// no network namespaces for a multi-host run).
 run_result run_job(const run_config& cfg, const std::vector<fault>& schedule);
+
+/// run_job on the multi-host test bed (cfg.hosts >= 2): a network
+/// namespace per host joined by a bridge, one grace-launch per host
+/// (node rank = host), host 0 running the coordination service. Host
+/// faults kill a host (its launcher is relaunched after the fault's
+/// duration, as a replacement machine would be), cut its link or freeze
+/// it; worker faults hit ranks as on one host. A launcher that exits with
+/// the restart code or was killed is relaunched on its host.
+run_result run_host_job(const run_config& cfg, const std::vector<fault>& schedule);
 
 /// Runs `argv` to completion; stdout+stderr into `output`. Returns the exit
 /// code (128 + signal if killed).

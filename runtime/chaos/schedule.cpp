@@ -17,6 +17,8 @@ const kind_name kind_names[] = {
     {fault_kind::step_error, "step_error"},         {fault_kind::flip_byte, "flip_byte"},
     {fault_kind::truncate_file, "truncate_file"},   {fault_kind::delete_file, "delete_file"},
     {fault_kind::stale_tmp, "stale_tmp"},           {fault_kind::fs_full, "fs_full"},
+    {fault_kind::host_lost, "host_lost"},           {fault_kind::host_partition, "host_partition"},
+    {fault_kind::host_freeze, "host_freeze"},
 };
 }  // namespace
 
@@ -39,6 +41,27 @@ const std::vector<fault_kind>& all_fault_kinds() {
     return v;
   }();
   return all;
+}
+
+bool is_host_fault(fault_kind k) noexcept {
+  return k == fault_kind::host_lost || k == fault_kind::host_partition || k == fault_kind::host_freeze;
+}
+
+const std::vector<fault_kind>& single_host_kinds() {
+  static const std::vector<fault_kind> kinds = [] {
+    std::vector<fault_kind> v;
+    for (auto k : all_fault_kinds())
+      if (!is_host_fault(k)) v.push_back(k);
+    return v;
+  }();
+  return kinds;
+}
+
+const std::vector<fault_kind>& multi_host_kinds() {
+  static const std::vector<fault_kind> kinds = {fault_kind::host_lost, fault_kind::host_partition,
+                                                fault_kind::host_freeze, fault_kind::sigterm_worker,
+                                                fault_kind::sigkill_worker, fault_kind::sigstop_worker};
+  return kinds;
 }
 
 const std::vector<std::string>& trigger_events() {
@@ -64,7 +87,10 @@ loss_class loss_class_of(fault_kind k) noexcept {
     case fault_kind::stale_tmp: return loss_class::notice;
     case fault_kind::sigkill_worker:
     case fault_kind::sigstop_worker:
-    case fault_kind::sigkill_launcher: return loss_class::hard;
+    case fault_kind::sigkill_launcher:
+    case fault_kind::host_lost:
+    case fault_kind::host_partition:
+    case fault_kind::host_freeze: return loss_class::hard;
     case fault_kind::flip_byte:
     case fault_kind::truncate_file:
     case fault_kind::delete_file: return loss_class::periodic;
@@ -90,7 +116,8 @@ nlohmann::json to_json(const fault& f) {
   }
   if (f.include_launcher) j["include_launcher"] = true;
   if (f.grace_ms) j["grace_ms"] = f.grace_ms;
-  if (f.kind == fault_kind::sigstop_worker) j["duration_ms"] = f.duration_ms;
+  if (f.kind == fault_kind::sigstop_worker || is_host_fault(f.kind)) j["duration_ms"] = f.duration_ms;
+  if (f.host >= 0) j["host"] = f.host;
   if (!f.file.empty()) j["file"] = f.file;
   return j;
 }
@@ -102,7 +129,7 @@ fault fault_from_json(const nlohmann::json& j, size_t index) {
   if (!j.is_object()) throw bad("must be an object like {\"at_step\": 50, \"fault\": \"sigterm_worker\"}");
   static const char* known[] = {"fault",       "at_step", "at_ms",   "after_ms",         "on_event",
                                 "delay_ms",    "target",  "targets", "include_launcher", "grace_ms",
-                                "duration_ms", "file",    "comment"};
+                                "duration_ms", "file",    "comment",  "host"};
   for (auto& [k, v] : j.items())
     if (std::find_if(std::begin(known), std::end(known), [&](const char* n) { return k == n; }) == std::end(known))
       throw bad("unknown field '" + k + "'");
@@ -152,6 +179,9 @@ fault fault_from_json(const nlohmann::json& j, size_t index) {
   if (j.contains("include_launcher")) f.include_launcher = j["include_launcher"].get<bool>();
   if (auto v = uint_field("grace_ms")) f.grace_ms = static_cast<int>(*v);
   if (auto v = uint_field("duration_ms")) f.duration_ms = static_cast<int>(*v);
+  if (auto v = uint_field("host")) f.host = static_cast<int>(*v);
+  if (f.host >= 0 && !is_host_fault(f.kind)) throw bad("host is for the host_* faults; a worker fault names its rank");
+  if (is_host_fault(f.kind) && !f.targets.empty()) throw bad("a host fault names its \"host\", not target ranks");
   if (j.contains("file")) f.file = j["file"].get<std::string>();
   if (f.file.find('/') != std::string::npos) throw bad("file is a name inside the step directory, without '/'");
   return f;
@@ -170,9 +200,26 @@ nlohmann::json schedule_to_json(const std::vector<fault>& s) {
   return j;
 }
 
+namespace {
+
+/// A host fault's host and duration: host 1..hosts-1 (host 0 runs the
+/// coordination service); lost: a replacement 0-1.5 s later; partition:
+/// 3-6 s; freeze: half longer than dead-after (3-4 s), half a pause
+/// (0.2-0.8 s) the group rides out.
+void host_fault_params(fault& f, int hosts, splitmix64& rng) {
+  f.host = static_cast<int>(rng.range(1, static_cast<uint64_t>(std::max(1, hosts - 1))));
+  switch (f.kind) {
+    case fault_kind::host_lost: f.duration_ms = static_cast<int>(rng.range(0, 1500)); break;
+    case fault_kind::host_partition: f.duration_ms = static_cast<int>(rng.range(3000, 6000)); break;
+    default: f.duration_ms = static_cast<int>(rng.range(0, 1) ? rng.range(3000, 4000) : rng.range(200, 800)); break;
+  }
+}
+
+}  // namespace
+
 std::vector<fault> generate(const generate_options& o) {
   splitmix64 rng(o.seed * 0x2545f4914f6cdd1dull + 0x9e37);
-  const auto& pool = o.kinds.empty() ? all_fault_kinds() : o.kinds;
+  const auto& pool = !o.kinds.empty() ? o.kinds : o.hosts >= 2 ? multi_host_kinds() : single_host_kinds();
   std::vector<fault> out;
   const int n = std::max(0, o.faults);
   const uint64_t lo = std::max<uint64_t>(2, o.steps / 10), hi = std::max<uint64_t>(lo + 1, o.steps * 85 / 100);
@@ -208,13 +255,17 @@ std::vector<fault> generate(const generate_options& o) {
         f.include_launcher = rng.range(0, 1) == 1;
         break;
       }
+      case fault_kind::host_lost:
+      case fault_kind::host_partition:
+      case fault_kind::host_freeze: host_fault_params(f, o.hosts, rng); break;
       default: break;
     }
-    if (f.kind == fault_kind::sigterm_worker || f.kind == fault_kind::sigterm_launcher)
+    // Grace periods are given at launch: single-host runs only.
+    if (o.hosts < 2 && (f.kind == fault_kind::sigterm_worker || f.kind == fault_kind::sigterm_launcher))
       f.grace_ms = rng.range(0, 1) ? 1500 : 0;
     out.push_back(f);
     if (terminal) break;
-    if (o.overlap > 0 && double(rng.range(0, 999)) < o.overlap * 1000.0)
+    if (o.hosts < 2 && o.overlap > 0 && double(rng.range(0, 999)) < o.overlap * 1000.0)
       for (auto& c : companions(f, w, rng)) out.push_back(c);
   }
   return out;

@@ -41,12 +41,23 @@ enum class fault_kind {
   delete_file,       ///< preempt, then delete a file of the newest checkpoint
   stale_tmp,         ///< preempt, then leave a `.tmp-step-N-<deadpid>-x` directory
   fs_full,           ///< fill the checkpoint file system across a periodic save
+  // Host-level faults: only with --hosts (every host a network namespace).
+  host_lost,       ///< a host's launcher and workers SIGKILLed, its link down; a replacement after duration_ms
+  host_partition,  ///< a host's link down for duration_ms, then up
+  host_freeze,     ///< every process of a host SIGSTOPped for duration_ms, then SIGCONT
 };
 
 const char* to_string(fault_kind k) noexcept;
 std::optional<fault_kind> parse_fault_kind(const std::string& s);
 /// All kinds, in declaration order.
 const std::vector<fault_kind>& all_fault_kinds();
+/// The faults of one machine (everything but the host_* kinds): the
+/// default pool of a single-host run.
+const std::vector<fault_kind>& single_host_kinds();
+/// What a run on the multi-host test bed draws from by default: the host
+/// faults and the worker faults that make sense across hosts.
+const std::vector<fault_kind>& multi_host_kinds();
+bool is_host_fault(fault_kind k) noexcept;
 
 /// How much work a fault may cost, in steps re-run after the restart.
 enum class loss_class { none, notice, hard, periodic, terminal };
@@ -66,7 +77,8 @@ struct fault {
   std::vector<int> targets;       ///< worker ranks; empty = chosen at run time (rank 1 or 0)
   bool include_launcher = false;  ///< sigterm_multi: the launcher gets one too
   int grace_ms = 0;               ///< sigterm_*: grace period given to the job
-  int duration_ms = 0;            ///< sigstop_worker: 0 = frozen for good
+  int duration_ms = 0;            ///< sigstop_worker: 0 = frozen for good; host_*: how long (see fault_kind)
+  int host = -1;                  ///< host_*: the host (node rank); -1 = chosen at run time (host 1)
   std::string file;               ///< checkpoint faults: file name inside the step dir (default: a shard)
 };
 
@@ -80,13 +92,17 @@ nlohmann::json schedule_to_json(const std::vector<fault>& s);
 struct generate_options {
   uint64_t seed = 1;
   int faults = 3;
-  int workers = 4;
+  int workers = 4;  ///< all workers of the job (hosts x per host with hosts)
   uint64_t steps = 200;
+  /// >= 2: the multi-host test bed; host faults hit hosts 1..hosts-1
+  /// (host 0 runs the coordination service).
+  int hosts = 0;
   /// Restrict to these kinds (empty: all). Used by the CI soak to pin coverage.
   std::vector<fault_kind> kinds;
   /// Chance (0..1) that a fault brings one or two overlapping companions
   /// (chained faults a few ms later or keyed to a phase of the agreement,
-  /// the save or the restart that follows).
+  /// the save or the restart that follows). Single-host runs only: on the
+  /// test bed, overlaps are scripted (a host fault chained with after_ms).
   double overlap = 0;
 };
 

@@ -4,6 +4,9 @@
 set(GRACE_CHAOS_SOURCES
   ${PROJECT_SOURCE_DIR}/runtime/chaos/schedule.cpp
   ${PROJECT_SOURCE_DIR}/runtime/chaos/runner.cpp
+  ${PROJECT_SOURCE_DIR}/runtime/chaos/job_support.cpp
+  ${PROJECT_SOURCE_DIR}/runtime/chaos/host_runner.cpp
+  ${PROJECT_SOURCE_DIR}/runtime/chaos/testbed.cpp
   ${PROJECT_SOURCE_DIR}/runtime/chaos/invariants.cpp
   ${PROJECT_SOURCE_DIR}/runtime/chaos/report.cpp
 )

@@ -1,0 +1,71 @@
+#pragma once
+/// What the single-host and multi-host runners share: processes, the job's
+/// view through its events, chained-fault timing, and the outcome on disk.
+
+#include "runtime/chaos/runner.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+namespace grace::chaos {
+
+int64_t now_ns();
+void sleep_ms(int ms);
+bool alive(pid_t pid);
+/// Alive and not a zombie waiting to be reaped.
+bool running_process(pid_t pid);
+/// Children of `pid`, from /proc/<pid>/task/*/children.
+std::vector<pid_t> children_of(pid_t pid);
+/// Forks and execs `argv` with stdout+stderr appended to `log` (or
+/// /dev/null) and `env` added; `own_group`: in a process group of its own.
+pid_t spawn(const std::vector<std::string>& argv, const std::filesystem::path& log,
+            const std::map<std::string, std::string>& env, bool own_group);
+
+/// The trainer's part of a launch: the program, its prefix and the flags
+/// every run gets (steps, output, save interval, delay, device); the
+/// caller appends its own and the extras.
+std::vector<std::string> trainer_argv(const run_config& cfg, const std::filesystem::path& out_json);
+
+/// Appends a `chaos_<what>` event (rank -2) to the job's events file.
+void append_chaos_event(const std::filesystem::path& events, const std::string& what, int64_t incarnation,
+                        const nlohmann::json& extra);
+
+/// Runs `grace-ckpt verify` on a `restored` event's directory.
+restore_check verify_restore(const std::string& ckpt_tool, const event& e);
+
+/// When the chained fault `r` is due: its predecessor's injection time
+/// plus after_ms, or its on_event's first occurrence since then plus
+/// delay_ms; nullopt while unknown. A predecessor that was skipped skips it.
+std::optional<int64_t> chained_due(run_result& res, fault_record& r);
+
+/// Fills res.out from `out_json`, and res.final_checkpoints and
+/// res.leftover_temporaries from the checkpoint directory.
+void collect_outcome(const std::filesystem::path& out_json, const std::filesystem::path& ckpt, run_result& res);
+
+/// The job's state as seen through the events file.
+struct job_view {
+  int workers = 0;
+  int64_t incarnation = -1;  ///< newest group_started
+  int64_t incarnation_start_ns = 0;
+  std::map<int64_t, int64_t> pid_of;  ///< rank -> pid (current incarnation)
+  std::set<int64_t> stepping;         ///< ranks with first_step in the current incarnation
+  std::set<int64_t> exited;           ///< ranks with an exit/finished event in the current incarnation
+  int64_t anchor_step = 0, anchor_ns = 0;
+  int64_t first_step = -1, first_step_ns = 0;
+  double step_ns = 25e6;
+
+  void apply(const event& e);
+  void anchor(int64_t s, int64_t t);
+  bool running() const { return static_cast<int>(stepping.size()) == workers && exited.empty(); }
+  int64_t estimate(int64_t now) const;
+};
+
+}  // namespace grace::chaos
