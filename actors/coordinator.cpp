@@ -186,7 +186,7 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
   auto& st = self->state;
   std::optional<msg<proto::ClaimReply>> reply;
   auto to_all = [&](auto m) {
-    std::set<int32_t> nodes;  // once per node with a relay, directly to the others
+    std::set<int32_t> nodes;  // once per node with a relay, directly to the others; returns those nodes
     for (auto r : st.agree->live()) {
       if (auto n = relay_node(self, r)) {
         nodes.insert(*n);
@@ -196,6 +196,7 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
       if (it != st.workers.end()) self->send(it->second, m);
     }
     for (auto n : nodes) self->send(st.relays[n], m);
+    return nodes;
   };
   auto to_one = [&](uint32_t rank, auto m) {  // directly, also to a relayed member
     auto it = st.workers.find(rank);
@@ -250,17 +251,24 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
           b.setExitAfter(a.exit_after);
         }));
         break;
-      case ty::peer_lost:
+      case ty::peer_lost: {
         st.log->warn("rank {} lost at step {}: {}", a.rank, a.step, a.message);
         emit_event("peer_lost",
                    {{"lost_rank", a.rank}, {"step", a.step}, {"why", a.message}, {"verdict", to_string(a.reason)}});
-        to_all(make<proto::PeerLost>([&](auto b) {
+        auto m = make<proto::PeerLost>([&](auto b) {
           b.setRank(a.rank);
           b.setLastStep(a.step);
           b.setDetail(a.message);
           b.setReason(to_wire(a.reason));
-        }));
+          b.setIncarnation(st.cfg.incarnation);
+        });
+        auto reached = to_all(m);
+        // The lost rank's own node hears it even with no live member left
+        // there (a frozen or cut-off host that comes back): its launcher
+        // stops that worker at once instead of after the worker's waits.
+        if (auto n = relay_node(self, a.rank); n && !reached.count(*n)) self->send(st.relays[*n], m);
         break;
+      }
       case ty::cluster_error:
         st.log->error("cluster error from rank {} at step {}: {}", a.rank, a.step, a.message);
         emit_event("cluster_error", {{"origin", a.rank}, {"step", a.step}, {"message", a.message}});

@@ -47,6 +47,19 @@ void fan_out(self_ptr self, M& m) {
   for (auto& [rank, w] : self->state.workers) self->send(w, m);
 }
 
+/// A verdict on one of this node's ranks, in the current incarnation:
+/// its launcher stops that worker.
+void note_own_loss(self_ptr self, msg<proto::PeerLost>& m) {
+  auto& st = self->state;
+  if (!st.cfg.on_own_rank_lost || !from_service(self)) return;
+  auto r = decode(m);
+  if (!r) return;
+  auto p = r->get();
+  if (static_cast<int64_t>(p.getRank() / static_cast<uint32_t>(st.cfg.nproc)) != st.cfg.node) return;
+  if (p.getIncarnation() != st.batches.incarnation()) return;
+  st.cfg.on_own_rank_lost(p.getRank(), p.getIncarnation(), str(p.getDetail()));
+}
+
 void send_acks(self_ptr self, const std::vector<relay_ack>& acks) {
   auto& st = self->state;
   if (acks.empty() || !st.coord) return;
@@ -161,7 +174,10 @@ node_relay_actor::behavior_type node_relay(self_ptr self, node_relay_config cfg)
       [self](msg<proto::Ack>& m) { on_ack(self, m); },
       [self](msg<proto::CheckpointAt>& m) { fan_out(self, m); },
       [self](msg<proto::Committed>& m) { fan_out(self, m); },
-      [self](msg<proto::PeerLost>& m) { fan_out(self, m); },
+      [self](msg<proto::PeerLost>& m) {
+        note_own_loss(self, m);
+        fan_out(self, m);
+      },
       [self](msg<proto::ClusterError>& m) { fan_out(self, m); },
       [self](msg<proto::DeadlineUpdate>& m) { fan_out(self, m); },
       [self](incarnation_atom, uint32_t inc) {

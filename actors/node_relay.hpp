@@ -7,6 +7,10 @@
 ///   and cluster error once to each node's relay, which hands it to the
 ///   node's workers of the current incarnation (it keeps the service as the
 ///   sender's node in mind: workers accept these from their relay).
+///   A verdict on one of the node's own ranks also goes to its launcher
+///   (`on_own_rank_lost`), which kills that worker: a host that froze or
+///   was cut off past dead-after learns it was declared dead as soon as it
+///   runs again, instead of its workers waiting out their own deadlines.
 /// - Up: the workers' heartbeats leave as one `HeartbeatBatch` per heartbeat
 ///   interval, and the peer watchers' acknowledgements of a proposal as one
 ///   `AckBatch` once all of them acknowledged (a millisecond after the first
@@ -25,6 +29,8 @@
 #include <caf/typed_actor.hpp>
 
 #include <chrono>
+#include <functional>
+#include <string>
 #include <memory>
 
 namespace grace {
@@ -39,6 +45,10 @@ using node_relay_actor = caf::typed_actor<
 struct node_relay_config {
   int32_t node = 0;
   int32_t nproc = 1;
+  /// One of this node's ranks declared lost by the service in the relay's
+  /// current incarnation (rank, incarnation, why): the launcher kills that
+  /// worker. Called on the relay's thread.
+  std::function<void(uint32_t, uint32_t, const std::string&)> on_own_rank_lost;
   std::chrono::milliseconds heartbeat{200};
   std::chrono::microseconds ack_flush{1000};
   std::shared_ptr<spdlog::logger> log;

@@ -67,6 +67,7 @@ struct PeerLost {
   reason @1 :LossReason;
   lastStep @2 :UInt64;
   detail @3 :Text;
+  incarnation @4 :UInt32;     # the group the verdict is about (a relay acts on its own ranks' only in it)
 }
 
 struct Leave {

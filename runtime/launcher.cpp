@@ -66,6 +66,7 @@ struct worker_proc {
   pid_t pid = -1;
   int rank = 0;
   bool exited = false;
+  bool killed_lost = false;  ///< killed on a verdict (the service's and the relay's may both come)
   int code = 0;  ///< exit code, or 128 + signal
   int signal = 0;
 };
@@ -533,6 +534,7 @@ status launcher::start_relay() {
   node_relay_config rc;
   rc.node = o_.node_rank;
   rc.nproc = o_.nproc;
+  rc.on_own_rank_lost = [v = verdicts_](uint32_t rank, uint32_t inc, const std::string& why) { v->push(rank, inc, why); };
   relay_ = spawn_node_relay(rt_->sys(), rc);
   auto p = publish_node_relay(rt_->sys(), relay_);
   if (!p) return p.err();
@@ -691,7 +693,8 @@ void launcher::kill_declared_dead() {
   for (auto& v : verdicts_->take()) {
     if (v.incarnation != incarnation_) continue;
     for (auto& w : workers_) {
-      if (w.rank != static_cast<int>(v.rank) || w.exited) continue;
+      if (w.rank != static_cast<int>(v.rank) || w.exited || w.killed_lost) continue;
+      w.killed_lost = true;
       say("rank " + std::to_string(w.rank) + " declared lost by the coordinator (" + v.why + "): killing it");
       emit_event("kill_lost", {{"worker_rank", w.rank}, {"why", v.why}});
       ::kill(w.pid, SIGKILL);

@@ -71,6 +71,13 @@ std::string launch_outcome(const launch_record& l) {
                           : "launcher killed by signal " + std::to_string(l.signal);
 }
 
+/// A host cut off or frozen for at least dead-after: its peers declare it
+/// dead and the group restarts without it. Shorter, the group rides it out.
+bool declares_dead(const fault_record& f, const run_config& cfg) {
+  return (f.f.kind == fault_kind::host_partition || f.f.kind == fault_kind::host_freeze) &&
+         f.f.duration_ms >= cfg.dead_after_ms;
+}
+
 verdict job_finished(const check_input& in) {
   auto& res = *in.res;
   verdict v{"job_finished", verdict_status::skip, ""};
@@ -256,8 +263,12 @@ verdict exit_codes(const check_input& in) {
     else if (sig == SIGKILL)
       ok = has([&](const fault_record& f) {
         bool targeted = std::find(f.ranks.begin(), f.ranks.end(), rank) != f.ranks.end();
-        return f.deadline_kill || (targeted && (f.f.kind == fault_kind::sigkill_worker ||
-                                                (f.f.kind == fault_kind::sigstop_worker && f.f.duration_ms == 0)));
+        // A worker declared dead (frozen for good, or its host frozen or
+        // cut off past dead-after) is killed by its launcher.
+        return f.deadline_kill ||
+               (targeted && (f.f.kind == fault_kind::sigkill_worker ||
+                             (f.f.kind == fault_kind::sigstop_worker && f.f.duration_ms == 0) ||
+                             declares_dead(f, *in.cfg)));
       });
     // 45: a worker whose rendezvous failed because a fault hit its group
     // while it was connecting: restarted like 42.
@@ -306,13 +317,6 @@ verdict exit_codes(const check_input& in) {
   else
     for (auto& b : bad) v.detail += (v.detail.empty() ? "" : "; ") + b;
   return v;
-}
-
-/// A host cut off or frozen for at least dead-after: its peers declare it
-/// dead and the group restarts without it. Shorter, the group rides it out.
-bool declares_dead(const fault_record& f, const run_config& cfg) {
-  return (f.f.kind == fault_kind::host_partition || f.f.kind == fault_kind::host_freeze) &&
-         f.f.duration_ms >= cfg.dead_after_ms;
 }
 
 /// Steps a fault may cost on its own (-1: not measured).

@@ -1,0 +1,191 @@
+// grace-chaos's pure parts for the multi-host test bed: host faults in
+// schedules (parsing, generation) and the verdicts that depend on hosts.
+#include "runtime/chaos/invariants.hpp"
+#include "runtime/chaos/schedule.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <csignal>
+
+using namespace grace::chaos;
+
+namespace {
+
+constexpr int64_t sec = 1000000000;
+
+grace::event ev(const char* name, double t, int64_t rank, int64_t inc, nlohmann::json fields = nlohmann::json::object()) {
+  grace::event e;
+  e.name = name;
+  e.t_ns = static_cast<int64_t>(t * sec);
+  e.rank = rank;
+  e.incarnation = inc;
+  e.j = std::move(fields);
+  return e;
+}
+
+launch_record launch(int index, int host, int code, int sig = 0) {
+  launch_record l;
+  l.index = index;
+  l.host = host;
+  l.exit_code = code;
+  l.signal = sig;
+  return l;
+}
+
+/// Two hosts of two workers; host 1 cut off for `cut_ms` at 5 s in
+/// incarnation 0 (step 50), the group restarted from step 50 in
+/// incarnation 1 and finished; every launcher exited 0.
+run_result partitioned_run(int cut_ms) {
+  run_result res;
+  fault_record f;
+  f.f.kind = fault_kind::host_partition;
+  f.f.at_step = 50;
+  f.f.host = 1;
+  f.f.duration_ms = cut_ms;
+  f.status = "injected";
+  f.t_ns = 5 * sec;
+  f.est_step = 50;
+  f.incarnation = 0;
+  f.ranks = {2, 3};
+  res.faults.push_back(f);
+  res.launches = {launch(0, 0, 0), launch(1, 1, 0)};
+  for (int r = 0; r < 4; ++r) {
+    res.events.push_back(ev("first_step", 1, r, 0, {{"step", 1}}));
+    res.events.push_back(ev("exit", 7, r, 0, {{"step", 50}, {"code", 42}}));
+    res.events.push_back(ev("restored", 8, r, 1, {{"step", 50}, {"path", "/ck/step-50"}}));
+    res.events.push_back(ev("first_step", 8.1, r, 1, {{"step", 51}}));
+    res.events.push_back(ev("finished", 12, r, 1, {{"step", 100}}));
+  }
+  res.events.push_back(ev("committed_local", 6.5, 0, 0, {{"step", 50}, {"path", "/ck/step-50"}}));
+  res.out = {{"steps_done", 100}, {"step_index_sum", 5050}, {"weights_checksum", "abc"}};
+  return res;
+}
+
+run_config two_hosts() {
+  run_config cfg;
+  cfg.hosts = 2;
+  cfg.workers = 2;
+  cfg.steps = 100;
+  cfg.dead_after_ms = 1500;
+  return cfg;
+}
+
+const verdict& find(const check_output& out, const std::string& name) {
+  auto it = std::find_if(out.verdicts.begin(), out.verdicts.end(), [&](const verdict& v) { return v.name == name; });
+  REQUIRE(it != out.verdicts.end());
+  return *it;
+}
+
+check_output check(const run_config& cfg, const run_result& res) {
+  check_input in;
+  in.cfg = &cfg;
+  in.res = &res;
+  in.reference_checksum = "abc";
+  return check_invariants(in);
+}
+
+}  // namespace
+
+TEST_CASE("host faults round-trip through a schedule and are checked", "[chaos]") {
+  auto s = schedule_from_json(nlohmann::json::parse(
+      R"([{"at_step": 60, "fault": "host_lost", "host": 1, "duration_ms": 500},
+          {"after_ms": 3, "fault": "host_freeze", "host": 2, "duration_ms": 3000}])"));
+  REQUIRE(s.size() == 2);
+  CHECK(s[0].kind == fault_kind::host_lost);
+  CHECK(s[0].host == 1);
+  CHECK(s[1].chained());
+  CHECK(schedule_to_json(s) == schedule_to_json(schedule_from_json(schedule_to_json(s))));
+  CHECK(loss_class_of(fault_kind::host_partition) == loss_class::hard);
+
+  auto bad = [](const char* text) { return schedule_from_json(nlohmann::json::parse(text)); };
+  CHECK_THROWS_WITH(bad(R"([{"at_step": 5, "fault": "sigkill_worker", "host": 1}])"),
+                    Catch::Contains("host is for the host_* faults"));
+  CHECK_THROWS_WITH(bad(R"([{"at_step": 5, "fault": "host_lost", "target": 1}])"),
+                    Catch::Contains("names its \"host\""));
+}
+
+TEST_CASE("random schedules draw host faults only on the test bed", "[chaos]") {
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    generate_options one;
+    one.seed = seed;
+    one.faults = 4;
+    for (auto& f : generate(one)) CHECK_FALSE(is_host_fault(f.kind));
+
+    generate_options bed = one;
+    bed.hosts = 3;
+    bed.workers = 6;
+    for (auto& f : generate(bed)) {
+      auto& ok = multi_host_kinds();
+      CHECK(std::find(ok.begin(), ok.end(), f.kind) != ok.end());
+      CHECK(f.grace_ms == 0);
+      CHECK(f.chained() == false);
+      if (is_host_fault(f.kind)) {
+        CHECK(f.host >= 1);
+        CHECK(f.host <= 2);
+        CHECK(f.duration_ms > 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("a host cut off past dead-after must not commit in the incarnation it was declared dead in", "[chaos]") {
+  auto cfg = two_hosts();
+  auto res = partitioned_run(4000);
+  auto out = check(cfg, res);
+  CHECK(find(out, "no_split_brain").status == verdict_status::pass);
+  CHECK(find(out, "work_lost").status == verdict_status::pass);
+  CHECK(out.passed());
+
+  // Rank 2 (host 1) commits after the cut, still in incarnation 0.
+  res.events.push_back(ev("committed_local", 6, 2, 0, {{"step", 52}, {"path", "/ck/step-52"}}));
+  out = check(cfg, res);
+  CHECK(find(out, "no_split_brain").status == verdict_status::fail);
+  CHECK_THAT(find(out, "no_split_brain").detail, Catch::Contains("rank 2 on host 1 committed /ck/step-52"));
+  CHECK_FALSE(out.passed());
+}
+
+TEST_CASE("a worker of a host declared dead may be killed by its launcher; not one of a host only paused",
+          "[chaos]") {
+  auto killed = [](run_result res) {
+    res.events.push_back(ev("worker_exit", 6.8, -1, 0, {{"worker_rank", 2}, {"code", 137}, {"signal", SIGKILL}}));
+    return res;
+  };
+  auto cfg = two_hosts();
+  CHECK(find(check(cfg, killed(partitioned_run(4000))), "exit_codes").status == verdict_status::pass);
+  auto out = check(cfg, killed(partitioned_run(800)));
+  CHECK(find(out, "exit_codes").status == verdict_status::fail);
+  CHECK_THAT(find(out, "exit_codes").detail, Catch::Contains("rank 2 exited by signal 9"));
+}
+
+TEST_CASE("a host paused for less than dead-after is ridden out: no restart owed, nothing fenced", "[chaos]") {
+  auto cfg = two_hosts();
+  auto res = partitioned_run(800);
+  res.events.push_back(ev("committed_local", 6, 2, 0, {{"step", 52}, {"path", "/ck/step-52"}}));
+  auto out = check(cfg, res);
+  CHECK(find(out, "no_split_brain").status == verdict_status::skip);
+  CHECK(out.losses.at(0).applicable == false);
+}
+
+TEST_CASE("the job finished only when every host's last launcher exited 0", "[chaos]") {
+  auto cfg = two_hosts();
+  auto res = partitioned_run(4000);
+  // Host 1 lost and replaced: its first launcher SIGKILLed by a host_lost.
+  res.faults[0].f.kind = fault_kind::host_lost;
+  res.faults[0].launch = 1;
+  res.launches = {launch(0, 0, 0), launch(1, 1, -1, SIGKILL), launch(2, 1, 0)};
+  auto out = check(cfg, res);
+  CHECK(find(out, "job_finished").status == verdict_status::pass);
+  CHECK(find(out, "exit_codes").status == verdict_status::pass);
+
+  res.launches.back().exit_code = 42;
+  out = check(cfg, res);
+  CHECK(find(out, "job_finished").status == verdict_status::fail);
+  CHECK_THAT(find(out, "job_finished").detail, Catch::Contains("host 1: launcher exit 42"));
+
+  // A launcher killed without a fault that explains it.
+  res.launches.back().exit_code = 0;
+  res.faults[0].f.kind = fault_kind::host_partition;
+  out = check(cfg, res);
+  CHECK(find(out, "exit_codes").status == verdict_status::fail);
+}
