@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# grace-chaos on the multi-host test bed (--hosts: three network-namespace
+# hosts of two workers, one grace-launch each):
+#   1. the scripted schedules/hosts.json (hosts lost, cut off, frozen past
+#      and within dead-after, a host lost with a worker of another killed
+#      2 ms later): every fault injected, every invariant PASS, including
+#      no_split_brain;
+#   2. a random schedule of host and worker faults (fixed seed): PASS;
+#   3. a broken-on-purpose trainer (no just-in-time save) under a host loss:
+#      the harness must catch it (work_lost FAIL, exit 1).
+# Root only (network namespaces); elsewhere "skipped: ..." and exit 77.
+# Env: GRACE_CHAOS GRACE_LAUNCH GRACE_TRAIN GRACE_CKPT (set by CTest).
+set -u
+: "${GRACE_CHAOS:?set GRACE_CHAOS to the grace-chaos binary}"
+HERE=$(cd "$(dirname "$0")" && pwd)
+skip() { echo "skipped: $*"; exit 77; }
+[ "$(id -u)" -eq 0 ] || skip "the multi-host test bed makes network namespaces, which needs root (CI runs as root)"
+command -v ip >/dev/null || skip "no 'ip' command (iproute2)"
+probe="gchprobe$$"
+ip netns add "$probe" 2>/dev/null || skip "cannot create a network namespace here (ip netns add failed)"
+ip netns del "$probe"
+
+OUT=${CHAOS_OUT:-$(mktemp -d /tmp/grace-chaos-hosts.XXXXXX)}
+BED=(--hosts 3 --workers 2 --step-delay-ms 10 --trainer-arg=--batch=96 --cache-dir "$OUT/cache" --timeout-s 240)
+failed=0
+report() { sed -n '/^faults:/,/^RESULT/p' "$1"; }
+
+# verdict LOG NAME: the status of invariant NAME in a grace-chaos log.
+verdict() { awk -v n="$2" '$2 == n {print $1; exit}' "$1"; }
+
+run_expect_pass() { # NAME ARGS...
+  local name=$1; shift
+  "$GRACE_CHAOS" "${BED[@]}" "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "$name: FAIL (grace-chaos exit $rc)"; report "$OUT/$name.log"; failed=1; return
+  fi
+  if sed -n '/^faults:/,/^invariants:/p' "$OUT/$name.log" | grep -qE ' (skipped|not reached) '; then
+    echo "$name: FAIL: a fault was not injected, so the run proves nothing"; report "$OUT/$name.log"; failed=1; return
+  fi
+  echo "$name: PASS ($(grep -c ' injected ' "$OUT/$name.log") faults injected)"
+}
+
+run_expect_pass scripted --steps 400 --schedule "$HERE/schedules/hosts.json"
+[ "$(verdict "$OUT/scripted.log" no_split_brain)" = PASS ] || { echo "scripted: no_split_brain was not checked"; failed=1; }
+run_expect_pass random --steps 400 --seed 4 --faults 3
+
+cat > "$OUT/lost.json" <<'JSON'
+[{"at_step": 90, "fault": "host_lost", "host": 2, "duration_ms": 300}]
+JSON
+"$GRACE_CHAOS" "${BED[@]}" --steps 200 --save-every 50 --schedule "$OUT/lost.json" \
+  --mutant-arg=--broken-no-jit-save --out "$OUT/mutant" > "$OUT/mutant.log" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && [ "$(verdict "$OUT/mutant.log" work_lost)" = FAIL ]; then
+  echo "mutant (no just-in-time save) under a host loss: caught (work_lost FAIL)"
+else
+  echo "mutant: FAIL: expected exit 1 with work_lost FAIL, got exit $rc"; report "$OUT/mutant.log"; failed=1
+fi
+echo "hosts: output in $OUT"
+[ "$failed" = 0 ] && echo "hosts: PASS" || echo "hosts: FAIL"
+exit $failed
