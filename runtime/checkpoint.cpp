@@ -306,15 +306,19 @@ result<bool> settle_existing(const checkpoint_store& store, const fs::path& fina
     }
     return true;
   }
+  if (auto st = move_aside(final_path, v.err().message); !st) return st.err();
+  return false;
+}
+
+status move_aside(const fs::path& step_dir, const std::string& why) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(std::time(nullptr)));
-  fs::path aside = final_path;
+  fs::path aside = step_dir;
   aside += std::string(corrupt_marker) + buf;
-  spdlog::warn("checkpoint step {}: existing {} is invalid ({}); moving it aside to {}", step, final_path.string(),
-               v.err().message, aside.string());
-  if (::rename(final_path.c_str(), aside.c_str()) != 0)
-    return error{errc::failed, final_path.string() + ": cannot move invalid checkpoint aside: " + errno_str(errno)};
-  return false;
+  spdlog::warn("checkpoint {} is invalid ({}); moving it aside to {}", step_dir.string(), why, aside.string());
+  if (::rename(step_dir.c_str(), aside.c_str()) != 0 && errno != ENOENT)
+    return error{errc::failed, step_dir.string() + ": cannot move invalid checkpoint aside: " + errno_str(errno)};
+  return {};
 }
 }  // namespace ckpt_io
 namespace {
@@ -754,8 +758,15 @@ status read_and_scatter(const fs::path& step_dir, const step_contents& c, const 
                         io_staging& io) {
   for (auto& f : c.manifest.files) {
     chunk_sink sink;
+    bool shard = false;
     for (size_t s = 0; s < c.shards.size(); ++s)
-      if (c.shards[s].file == &f && !plan.targets[s].empty()) sink = scatter_into(plan.targets[s]);
+      if (c.shards[s].file == &f) {
+        shard = true;
+        if (!plan.targets[s].empty()) sink = scatter_into(plan.targets[s]);
+      }
+    // A shard none of our tensors comes from (another rank's part of a
+    // sharded checkpoint) is read and verified by the rank that needs it.
+    if (shard && !sink) continue;
     if (auto st = check_file(step_dir, f, io, sink, compare); !st) return st;
   }
   return {};
@@ -820,6 +831,16 @@ result<restored_checkpoint> checkpoint_store::load(const fs::path& step_dir, con
   return copy_out(step_dir, *c, by_name, into, plan);
 }
 
+void checkpoint_store::set_aside_if_invalid(const fs::path& step_dir) const {
+  std::error_code ec;
+  if (!set_aside_damaged_ || !fs::exists(step_dir, ec)) return;  // gone: another rank moved it first
+  // Confirmed by a full verification, so a transient read error never
+  // moves a good checkpoint aside.
+  auto v = verify(step_dir);
+  if (v) return;
+  if (auto st = move_aside(step_dir, v.err().message); !st) spdlog::warn("checkpoint: {}", st.err().message);
+}
+
 result<restored_checkpoint> checkpoint_store::restore_latest(const std::vector<tensor_ref>& into,
                                                              const std::vector<void*>& staging) const {
   auto all = try_list();
@@ -833,6 +854,7 @@ result<restored_checkpoint> checkpoint_store::restore_latest(const std::vector<t
       if (!corrupt) return r.err();
       spdlog::warn("checkpoint {}: skipped on restore: {}", it->path.string(), r.err().message);
       skipped.push_back({it->step, it->path, r.err().message});
+      set_aside_if_invalid(it->path);
       continue;
     }
     r->skipped = std::move(skipped);

@@ -166,6 +166,14 @@ public:
   /// BROKEN ON PURPOSE (a mutant): leftover `.tmp-*` directories are never
   /// removed.
   void break_temporary_cleanup_on_purpose() noexcept { clean_temporaries_ = false; }
+  /// A checkpoint that fails verification on restore_latest is moved aside
+  /// (`step-N.corrupt-<t>`) once a full verification confirms the damage.
+  /// A session's store does this: with sharded state each rank reads and
+  /// verifies only the parts it restores, so the rank that finds a damaged
+  /// part is the only one that knows; moving the step aside makes the whole
+  /// group agree on the previous one at its next restart (the other ranks'
+  /// restore of the damaged step is refused at the join).
+  void set_aside_damaged_on_restore(bool on) noexcept { set_aside_damaged_ = on; }
 
   /// Faults in this store's O_DIRECT staging pair (two 64 MiB buffers kept
   /// for the life of the store, shared by its saves and restores) as far as
@@ -204,7 +212,9 @@ public:
   /// Restores the newest checkpoint that verifies into `into` (host memory,
   /// or device memory through the registered device-copy hook). Checkpoints
   /// that fail verification are skipped (reported in `skipped`), never
-  /// deleted; a checkpoint that verifies but does not match `into` (name,
+  /// deleted (moved aside with set_aside_damaged_on_restore); only the
+  /// files `into` is read from are read and verified (another rank's parts
+  /// of a sharded checkpoint are not); a checkpoint that verifies but does not match `into` (name,
   /// dtype, shape) is an error. Nothing is written into `into` unless the
   /// whole checkpoint verified.
   ///
@@ -270,6 +280,7 @@ private:
   result<restored_checkpoint> load(const std::filesystem::path& step_dir, const std::vector<tensor_ref>& into,
                                    const std::vector<void*>& staging, bool& corrupt) const;
   void prune(uint64_t committed_step);
+  void set_aside_if_invalid(const std::filesystem::path& step_dir) const;
 
   std::filesystem::path dir_;
   int keep_last_;
@@ -277,6 +288,7 @@ private:
   bool direct_io_ = true;
   bool restore_checksums_ = true;
   bool clean_temporaries_ = true;
+  bool set_aside_damaged_ = false;
   std::shared_ptr<io_staging> staging_;  ///< O_DIRECT staging for saves and restores
 };
 

@@ -45,6 +45,10 @@ result<checkpoint_file> write_small(const std::filesystem::path& p, const std::s
 /// fsyncs the directory.
 status write_index_and_manifest(const std::filesystem::path& tmp, const nlohmann::json& index,
                                 const checkpoint_meta& meta, save_stats& stats);
+/// Renames an invalid step directory to `step-N.corrupt-<unix time>` (kept
+/// for inspection, never restored). A directory already gone (another
+/// rank moved it first) is not an error.
+status move_aside(const std::filesystem::path& step_dir, const std::string& why);
 /// Makes way for `final_path`: a valid checkpoint already there wins (true:
 /// `stats` now describe it), an invalid one is renamed aside.
 result<bool> settle_existing(const checkpoint_store& store, const std::filesystem::path& final_path, uint64_t step,

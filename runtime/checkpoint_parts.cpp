@@ -437,15 +437,25 @@ result<std::map<std::string, stored_global>> stored_globals(const fs::path& step
 
 /// Assembles the registered tensor `t` (its slice, or all of it) from the
 /// stored parts that overlap it, into `dst` (t.bytes()).
+std::vector<int64_t> offsets_of(const tensor_ref& t) {
+  return t.sharded() ? t.offsets : std::vector<int64_t>(t.shape.size(), 0);
+}
+
+/// Does stored part `p` hold any element of the caller's tensor `t`?
+bool meets(const stored_part& p, const tensor_ref& t) {
+  const auto my_off = offsets_of(t);
+  for (size_t d = 0; d < my_off.size(); ++d)
+    if (std::max(p.offsets[d], my_off[d]) >= std::min(p.offsets[d] + p.entry->shape[d], my_off[d] + t.shape[d]))
+      return false;
+  return true;
+}
+
 status assemble(const fs::path& step_dir, const stored_global& g, const tensor_ref& t, unsigned char* dst) {
-  const auto my_off = t.sharded() ? t.offsets : std::vector<int64_t>(t.shape.size(), 0);
+  const auto my_off = offsets_of(t);
   uint64_t got = 0;
   std::vector<unsigned char> buf;
   for (auto& p : g.parts) {
-    bool meet = true;
-    for (size_t d = 0; d < my_off.size() && meet; ++d)
-      meet = std::max(p.offsets[d], my_off[d]) < std::min(p.offsets[d] + p.entry->shape[d], my_off[d] + t.shape[d]);
-    if (!meet) continue;
+    if (!meets(p, t)) continue;
     buf.resize(static_cast<size_t>(p.entry->bytes()));
     auto file = step_dir / p.shard->file->name;
     if (auto st = safetensors::read_tensor(file, p.shard->h, *p.entry, buf.data()); !st) return st;
@@ -466,16 +476,38 @@ std::string mismatch(const tensor_ref& t, const stored_global& g) {
          (t.sharded() ? " (global)" : "") + ", checkpoint has " + dtype_name(g.type) + " " + shape_str(g.shape);
 }
 
+/// Verifies the files the caller's tensors are assembled from, and every
+/// file that is not a shard (the index). Another rank's parts of a sharded
+/// checkpoint are its own to read and verify: each rank reads its share
+/// once instead of every file (a rank that finds its part damaged moves the
+/// step aside, see checkpoint_store::set_aside_damaged_on_restore).
+status verify_needed(const fs::path& step_dir, const step_contents& c,
+                     const std::map<std::string, stored_global>& globals, const std::vector<tensor_ref>& into,
+                     bool compare, io_staging& io) {
+  std::set<const checkpoint_file*> needed;
+  for (auto& t : into) {
+    auto g = globals.find(t.name);
+    if (g == globals.end()) continue;  // the caller's error, reported after verification
+    for (auto& p : g->second.parts)
+      if (meets(p, t)) needed.insert(p.shard->file);
+  }
+  for (auto& f : c.manifest.files) {
+    const bool shard = std::any_of(c.shards.begin(), c.shards.end(), [&](const shard_layout& s) { return s.file == &f; });
+    if (shard && !needed.count(&f)) continue;
+    if (auto st = check_file(step_dir, f, io, {}, compare); !st) return st;
+  }
+  return {};
+}
+
 }  // namespace
 
 result<restored_checkpoint> load_resliced(const fs::path& step_dir, step_contents& c,
                                           const std::vector<tensor_ref>& into, bool compare, io_staging& io,
                                           bool& corrupt) {
   corrupt = true;
-  for (auto& f : c.manifest.files)
-    if (auto st = check_file(step_dir, f, io, {}, compare); !st) return st.err();
   auto globals = stored_globals(step_dir, c);
   if (!globals) return globals.err();
+  if (auto st = verify_needed(step_dir, c, *globals, into, compare, io); !st) return st.err();
   corrupt = false;
   std::vector<std::vector<unsigned char>> staged(into.size());
   restored_checkpoint out;

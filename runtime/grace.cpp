@@ -806,6 +806,7 @@ status session::impl::restore() {
     fallback_store = std::make_unique<checkpoint_store>(opts.fallback_checkpoint_dir, opts.keep_last);
   if (opts.broken.restore_without_checksums) store->break_restore_checksums_on_purpose();
   if (opts.broken.keep_stale_temporaries) store->break_temporary_cleanup_on_purpose();
+  store->set_aside_damaged_on_restore(true);
   if (cluster.is_chief()) store->remove_stale_temporaries();
   // The snapshot buffers first: the restore reads into them (warm pages,
   // and a checkpoint that fails verification never touches the tensors).

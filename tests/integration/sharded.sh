@@ -111,9 +111,18 @@ rm -f "$D/events.jsonl" "$D/out.json"
 start_job "$D" 4 -- --steps 70 --step-delay-ms 2 --save-every 10 --shard-optimizer
 wait_job
 [ "$JOB_RC" -eq 0 ] || { tail -20 "$D/log.txt"; fail "damaged: resumed run exit $JOB_RC"; }
-[ "$(first_event_step "$D" restored)" -eq 50 ] || fail "damaged: expected a restore of step 50"
+# Each rank verifies only the parts it restores: rank 3 (whose part is
+# damaged) moves step 60 aside; a rank that restored step 60 before that is
+# refused at the join and the group restarts. Every incarnation that trained
+# restored step 50 on all four ranks, and nothing restored step 60 twice.
+ls -d "$D"/ck/step-0000000060.corrupt-* >/dev/null 2>&1 || fail "damaged: step 60 was not moved aside"
+trained=$(count_events "$D/events.jsonl" "e['event']=='first_step'")
+[ "$trained" -eq 4 ] || fail "damaged: $trained first steps (one group of four expected to train)"
+last=$(events "$D/events.jsonl" "e['event']=='first_step'" | "$PY" -c 'import json,sys; print(json.loads(sys.stdin.readline())["incarnation"])')
+[ "$(count_events "$D/events.jsonl" "e['event']=='restored' and e['incarnation']==$last and e['step']==50")" -eq 4 ] ||
+  fail "damaged: the group that trained did not restore step 50 on all four ranks"
 [ "$(json "$D/out.json" steps_done)" -eq 70 ] || fail "damaged: steps_done != 70 after the fallback"
-pass "a damaged part of rank 2: step 60 skipped, step 50 restored, every step once"
+pass "a damaged part of rank 3: step 60 moved aside by the rank that reads it, step 50 restored by all, every step once"
 
 # 4 -> 2 -> 4 workers, and the same with a SIGTERM during the 2-worker phase.
 resize_run() { # resize_run DIR [fault]

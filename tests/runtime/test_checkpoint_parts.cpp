@@ -203,6 +203,44 @@ TEST_CASE("a damaged part falls back to the previous complete checkpoint", "[par
   CHECK(got->skipped[0].step == 6);
 }
 
+TEST_CASE("on the same world a rank verifies only the parts it restores; the owner of a damaged part sets it aside",
+          "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store store(d.path / "ck");
+  save_all(store, 5, 4, 1);
+  save_all(store, 6, 4, 2);
+  {
+    std::fstream f(store.step_path(6) / "rank-00004-of-00004.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-2, std::ios::end);
+    f.put('\x7f');
+  }
+  // Rank 1 reads rank 0's part (the replicated `w`) and its own: step 6.
+  rank_tensors r1(1, 4);
+  auto got = store.restore_latest(r1.refs());
+  REQUIRE(got);
+  CHECK(got->manifest.step == 6);
+  CHECK(got->skipped.empty());
+  // Rank 3 finds its part damaged: without set-aside it skips step 6 only.
+  rank_tensors r3(3, 4);
+  got = store.restore_latest(r3.refs());
+  REQUIRE(got);
+  CHECK(got->manifest.step == 5);
+  CHECK(fs::exists(store.step_path(6)));
+  // With set-aside (a session's store) step 6 is moved aside, so every
+  // rank agrees on step 5 at the next restore.
+  store.set_aside_damaged_on_restore(true);
+  got = store.restore_latest(r3.refs());
+  REQUIRE(got);
+  CHECK(got->manifest.step == 5);
+  CHECK(!fs::exists(store.step_path(6)));
+  int aside = 0;
+  for (auto& e : fs::directory_iterator(d.path / "ck"))
+    aside += e.path().filename().string().rfind("step-0000000006.corrupt-", 0) == 0;
+  CHECK(aside == 1);
+  check_restore_on(store, 4, 1, 5);
+}
+
 TEST_CASE("a restore whose global shape differs is the caller's error and writes nothing", "[parts]") {
   grace::testing::temp_dir d("grace-parts");
   checkpoint_store store(d.path / "ck");
