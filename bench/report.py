@@ -159,6 +159,18 @@ for b in sorted({r["bytes"] for r in sel("parts")}):
             "%.0f%%" % (100 * got / ddp), ">= 90%", yes(got / ddp >= 0.9))
         add_vs_fio("   3f vs fio, %d jobs writing the same files at once" % n, got, "write", b, n)
 
+for b in sorted({r["bytes"] for r in sel("parts_restore")}):
+    one = med("parts_restore", "gbps", bytes=b, ranks=1)
+    for n in (2, 4):
+        got = med("parts_restore", "gbps", bytes=b, ranks=n)
+        ddp = med("dd_parallel_read", "gbps", bytes=b, files=n)
+        if not got or not one or not ddp:
+            continue
+        add("3g sharded restore %d MiB, %d ranks each its slice vs 1 reader" % (b >> 20, n), fmt(got, "GB/s"),
+            "1 reader %s" % fmt(one, "GB/s"), "%.2fx" % (got / one), ">= 1x", yes(got >= one))
+        add("   3g vs %d dd reading the same files at once" % n, fmt(got, "GB/s"), "dd %s" % fmt(ddp, "GB/s"),
+            "%.0f%%" % (100 * got / ddp), ">= 90%", yes(got / ddp >= 0.9))
+
 ov = med("step", "overhead_ns")
 if ov is not None:
     add("2 per-step cost of run(step_fn), nothing pending", fmt(med("step", "run_ns"), "ns", 1),

@@ -60,6 +60,18 @@ status check_file(const fs::path& step_dir, const checkpoint_file& f, io_staging
   return {};
 }
 
+chunk_sink scatter_into(const std::vector<target>& ts) {
+  return [&ts, first = size_t(0)](uint64_t off, const unsigned char* p, size_t n) mutable {
+    const uint64_t end = off + n;
+    while (first < ts.size() && ts[first].end <= off) ++first;
+    for (size_t k = first; k < ts.size() && ts[k].begin < end; ++k) {
+      const auto& t = ts[k];
+      const uint64_t b = std::max(t.begin, off), e = std::min(t.end, end);
+      std::memcpy(t.dst + (b - t.begin), p + (b - off), static_cast<size_t>(e - b));
+    }
+  };
+}
+
 status check_files(const fs::path& step_dir, const checkpoint_manifest& m, io_staging& io) {
   for (auto& f : m.files)
     if (auto st = check_file(step_dir, f, io); !st) return st;
@@ -699,11 +711,6 @@ status check_request(const fs::path& step_dir, const step_contents& c, const ten
 }
 
 /// A registered tensor's bytes within one shard file.
-struct target {
-  uint64_t begin, end;  ///< absolute file offsets
-  unsigned char* dst;
-};
-
 /// Where the registered tensors' bytes land while the files are read.
 struct read_plan {
   std::unique_ptr<unsigned char[]> own;      ///< when the caller passed no staging
@@ -737,19 +744,6 @@ read_plan plan_reads(const step_contents& c, const tensor_index& by_name, const 
   for (auto& t : plan.targets)
     std::sort(t.begin(), t.end(), [](const target& a, const target& b) { return a.begin < b.begin; });
   return plan;
-}
-
-/// Copies the parts of `targets` (sorted) that fall in each piece read.
-chunk_sink scatter_into(const std::vector<target>& ts) {
-  return [&ts, first = size_t(0)](uint64_t off, const unsigned char* p, size_t n) mutable {
-    const uint64_t end = off + n;
-    while (first < ts.size() && ts[first].end <= off) ++first;
-    for (size_t k = first; k < ts.size() && ts[k].begin < end; ++k) {
-      const auto& t = ts[k];
-      const uint64_t b = std::max(t.begin, off), e = std::min(t.end, end);
-      std::memcpy(t.dst + (b - t.begin), p + (b - off), static_cast<size_t>(e - b));
-    }
-  };
 }
 
 /// One pass over every file: read (O_DIRECT), hash, and scatter the
@@ -821,7 +815,7 @@ result<restored_checkpoint> checkpoint_store::load(const fs::path& step_dir, con
   corrupt = true;
   auto c = check_structure(*this, step_dir, *staging_);
   if (!c) return c.err();
-  if (needs_reslice(step_dir, into)) return load_resliced(step_dir, *c, into, restore_checksums_, *staging_, corrupt);
+  if (needs_reslice(step_dir, into)) return load_resliced(step_dir, *c, into, staging, restore_checksums_, *staging_, corrupt);
   const tensor_index by_name = index_tensors(*c);
   if (auto st = check_request(step_dir, *c, by_name, into, staging, *staging_, corrupt); !st) return st.err();
   // Only when every checksum matched do the bytes move on to the caller's tensors.

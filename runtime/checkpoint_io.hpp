@@ -79,11 +79,24 @@ status check_sharded_index(const std::filesystem::path& ip, const nlohmann::json
 /// sharded tensors or a registered tensor is a slice.
 bool needs_reslice(const std::filesystem::path& step_dir, const std::vector<tensor_ref>& into);
 
-/// Restores a verified step directory into `into`, each registered tensor
-/// (whole or a slice of its global tensor) assembled from the stored parts
-/// that overlap it. `corrupt` as for checkpoint_store::load.
+/// Bytes of a file, [begin, end) at absolute offsets, that land at `dst`
+/// while the file is streamed.
+struct target {
+  uint64_t begin, end;
+  unsigned char* dst;
+};
+/// A sink copying the pieces of `targets` (sorted by begin, disjoint) that
+/// fall in each chunk read; `targets` must outlive it.
+chunk_sink scatter_into(const std::vector<target>& targets);
+
+/// Restores a step directory into `into`, each registered tensor (whole or
+/// a slice of its global tensor) assembled from the stored parts that
+/// overlap it. Only the files those parts are in are read (each once, when
+/// the parts split the global tensor along its first dimension: verified
+/// and scattered into `staging` in one pass) and verified. `staging` as for
+/// checkpoint_store::restore_latest; `corrupt` as for checkpoint_store::load.
 result<restored_checkpoint> load_resliced(const std::filesystem::path& step_dir, step_contents& c,
-                                          const std::vector<tensor_ref>& into, bool compare_checksums,
-                                          io_staging& io, bool& corrupt);
+                                          const std::vector<tensor_ref>& into, const std::vector<void*>& staging,
+                                          bool compare_checksums, io_staging& io, bool& corrupt);
 
 }  // namespace grace::ckpt_io

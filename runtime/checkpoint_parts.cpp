@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -476,59 +477,153 @@ std::string mismatch(const tensor_ref& t, const stored_global& g) {
          (t.sharded() ? " (global)" : "") + ", checkpoint has " + dtype_name(g.type) + " " + shape_str(g.shape);
 }
 
-/// Verifies the files the caller's tensors are assembled from, and every
-/// file that is not a shard (the index). Another rank's parts of a sharded
-/// checkpoint are its own to read and verify: each rank reads its share
-/// once instead of every file (a rank that finds its part damaged moves the
-/// step aside, see checkpoint_store::set_aside_damaged_on_restore).
-status verify_needed(const fs::path& step_dir, const step_contents& c,
-                     const std::map<std::string, stored_global>& globals, const std::vector<tensor_ref>& into,
-                     bool compare, io_staging& io) {
-  std::set<const checkpoint_file*> needed;
-  for (auto& t : into) {
-    auto g = globals.find(t.name);
-    if (g == globals.end()) continue;  // the caller's error, reported after verification
-    for (auto& p : g->second.parts)
-      if (meets(p, t)) needed.insert(p.shard->file);
+/// Where the caller's slices come from: byte ranges of the files streamed
+/// at verification (parts split along the first dimension), or tensors
+/// assembled part by part after it (any other slicing).
+struct slice_plan {
+  std::vector<std::vector<unsigned char>> own;  ///< per tensor, when the caller passed no staging
+  std::vector<unsigned char*> dst;              ///< per tensor: its bytes until every slice is in
+  std::vector<uint64_t> covered;                ///< per tensor: elements the targets fill
+  std::vector<bool> by_part;                    ///< per tensor: assembled part by part
+  std::map<const checkpoint_file*, std::vector<target>> targets;
+  std::set<const checkpoint_file*> needed;      ///< files read and verified
+};
+
+/// Rows [lo, hi) of dimension 0 where part `p` and the caller's `t` meet,
+/// when both hold whole rows of the global tensor (a split along the first
+/// dimension: one contiguous byte range in each); nullopt otherwise.
+std::optional<std::pair<int64_t, int64_t>> row_overlap(const stored_part& p, const tensor_ref& t,
+                                                        const std::vector<int64_t>& global) {
+  if (t.shape.empty()) return std::nullopt;
+  const auto my_off = offsets_of(t);
+  for (size_t d = 1; d < global.size(); ++d)
+    if (p.offsets[d] != 0 || my_off[d] != 0 || p.entry->shape[d] != global[d] || t.shape[d] != global[d])
+      return std::nullopt;
+  return std::make_pair(std::max(p.offsets[0], my_off[0]),
+                        std::min(p.offsets[0] + p.entry->shape[0], my_off[0] + t.shape[0]));
+}
+
+/// Adds the byte ranges tensor `i` takes from the parts it meets, or marks
+/// it to be assembled part by part.
+void plan_slice(slice_plan& plan, size_t i, const stored_global& g, const tensor_ref& t) {
+  const auto my_off = offsets_of(t);
+  uint64_t row_elems = 1;
+  for (size_t d = 1; d < g.shape.size(); ++d) row_elems *= static_cast<uint64_t>(g.shape[d]);
+  const uint64_t row_bytes = row_elems * dtype_size(t.type);
+  std::vector<std::pair<const checkpoint_file*, target>> ranges;
+  for (auto& p : g.parts) {
+    if (!meets(p, t)) continue;
+    plan.needed.insert(p.shard->file);
+    auto rows = row_overlap(p, t, g.shape);
+    if (!rows) {
+      plan.by_part[i] = true;
+      continue;
+    }
+    const uint64_t from = p.shard->h.data_start + p.entry->begin +
+                          static_cast<uint64_t>(rows->first - p.offsets[0]) * row_bytes;
+    const uint64_t n = static_cast<uint64_t>(rows->second - rows->first) * row_bytes;
+    ranges.push_back({p.shard->file, {from, from + n, plan.dst[i] + static_cast<uint64_t>(rows->first - my_off[0]) * row_bytes}});
+    plan.covered[i] += static_cast<uint64_t>(rows->second - rows->first) * row_elems;
   }
+  if (plan.by_part[i]) return;
+  for (auto& [f, r] : ranges) plan.targets[f].push_back(r);
+}
+
+slice_plan plan_slices(const std::map<std::string, stored_global>& globals, const std::vector<tensor_ref>& into,
+                       const std::vector<void*>& staging) {
+  slice_plan plan;
+  plan.own.resize(into.size());
+  plan.dst.resize(into.size());
+  plan.covered.assign(into.size(), 0);
+  plan.by_part.assign(into.size(), false);
+  for (size_t i = 0; i < into.size(); ++i) {
+    if (staging.empty()) {
+      plan.own[i].resize(into[i].bytes());
+      plan.dst[i] = plan.own[i].data();
+    } else {
+      plan.dst[i] = static_cast<unsigned char*>(staging[i]);
+    }
+    plan_slice(plan, i, globals.at(into[i].name), into[i]);
+  }
+  for (auto& [f, ts] : plan.targets)
+    std::sort(ts.begin(), ts.end(), [](const target& a, const target& b) { return a.begin < b.begin; });
+  return plan;
+}
+
+/// Reads and verifies the files the plan needs (scattering their targets
+/// on the way) and every file that is not a shard (the index). Another
+/// rank's parts are its own to read and verify (a rank that finds its part
+/// damaged moves the step aside, see set_aside_damaged_on_restore).
+status verify_needed(const fs::path& step_dir, const step_contents& c, const slice_plan& plan, bool compare,
+                     io_staging& io) {
   for (auto& f : c.manifest.files) {
     const bool shard = std::any_of(c.shards.begin(), c.shards.end(), [&](const shard_layout& s) { return s.file == &f; });
-    if (shard && !needed.count(&f)) continue;
-    if (auto st = check_file(step_dir, f, io, {}, compare); !st) return st;
+    if (shard && !plan.needed.count(&f)) continue;
+    auto t = plan.targets.find(&f);
+    chunk_sink sink = t == plan.targets.end() ? chunk_sink{} : scatter_into(t->second);
+    if (auto st = check_file(step_dir, f, io, sink, compare); !st) return st;
   }
   return {};
+}
+
+/// The caller's tensors against the stored ones: its error, or nullopt.
+std::optional<error> caller_problem(const fs::path& step_dir, const std::map<std::string, stored_global>& globals,
+                                    const std::vector<tensor_ref>& into) {
+  for (auto& t : into) {
+    auto g = globals.find(t.name);
+    if (g == globals.end())
+      return invalid_file(step_dir, "registered tensor '" + t.name + "' is missing from the checkpoint");
+    if (auto why = mismatch(t, g->second); !why.empty()) return invalid_file(step_dir, why);
+    if (!t.data && t.bytes() > 0)
+      return error{errc::invalid_input, "tensor '" + t.name + "' has no memory to restore into"};
+  }
+  return std::nullopt;
 }
 
 }  // namespace
 
 result<restored_checkpoint> load_resliced(const fs::path& step_dir, step_contents& c,
-                                          const std::vector<tensor_ref>& into, bool compare, io_staging& io,
-                                          bool& corrupt) {
+                                          const std::vector<tensor_ref>& into, const std::vector<void*>& staging,
+                                          bool compare, io_staging& io, bool& corrupt) {
   corrupt = true;
   auto globals = stored_globals(step_dir, c);
   if (!globals) return globals.err();
-  if (auto st = verify_needed(step_dir, c, *globals, into, compare, io); !st) return st.err();
+  // A caller's error counts only once the files it would read verified (a
+  // damaged checkpoint is skipped, whatever else is wrong with it).
+  auto problem = caller_problem(step_dir, *globals, into);
+  if (problem) {
+    if (auto st = check_files(step_dir, c.manifest, io); !st) return st.err();
+    corrupt = false;
+    return *problem;
+  }
+  if (!staging.empty() && staging.size() != into.size()) {
+    corrupt = false;
+    return error{errc::invalid_input, "restore staging has " + std::to_string(staging.size()) + " buffers for " +
+                                          std::to_string(into.size()) + " tensors"};
+  }
+  auto plan = plan_slices(*globals, into, staging);
+  if (auto st = verify_needed(step_dir, c, plan, compare, io); !st) return st.err();
   corrupt = false;
-  std::vector<std::vector<unsigned char>> staged(into.size());
+  for (size_t i = 0; i < into.size(); ++i) {
+    auto& t = into[i];
+    if (plan.by_part[i]) {
+      if (auto st = assemble(step_dir, globals->at(t.name), t, plan.dst[i]); !st) return st.err();
+    } else if (plan.covered[i] != t.numel()) {
+      return invalid_file(step_dir, "tensor '" + t.name + "': the stored parts cover " +
+                                        std::to_string(plan.covered[i]) + " of " + std::to_string(t.numel()) +
+                                        " elements of this slice");
+    }
+  }
+  // Every slice complete: only now do the bytes reach the caller's memory.
   restored_checkpoint out;
   for (size_t i = 0; i < into.size(); ++i) {
     auto& t = into[i];
-    auto g = globals->find(t.name);
-    if (g == globals->end())
-      return invalid_file(step_dir, "registered tensor '" + t.name + "' is missing from the checkpoint");
-    if (auto why = mismatch(t, g->second); !why.empty()) return invalid_file(step_dir, why);
-    if (!t.data && t.bytes() > 0) return error{errc::invalid_input, "tensor '" + t.name + "' has no memory to restore into"};
-    staged[i].resize(t.bytes());
-    if (auto st = assemble(step_dir, g->second, t, staged[i].data()); !st) return st.err();
-  }
-  // Every slice assembled: only now do the bytes reach the caller's memory.
-  for (size_t i = 0; i < into.size(); ++i) {
-    auto& t = into[i];
+    const size_t bytes = static_cast<size_t>(t.bytes());
     if (t.memory == memory_kind::device) {
-      if (auto st = device_copy_to_device(t.data, staged[i].data(), staged[i].size(), t.device); !st)
+      if (auto st = device_copy_to_device(t.data, plan.dst[i], bytes, t.device); !st)
         return error{st.err().code, "tensor '" + t.name + "': " + st.err().message};
-    } else if (!staged[i].empty()) {
-      std::memcpy(t.data, staged[i].data(), staged[i].size());
+    } else if (bytes > 0 && t.data != plan.dst[i]) {
+      std::memcpy(t.data, plan.dst[i], bytes);
     }
     out.loaded.push_back(t.name);
   }
