@@ -145,7 +145,7 @@ TEST_CASE("a host cut off past dead-after must not commit in the incarnation it 
   CHECK_FALSE(out.passed());
 }
 
-TEST_CASE("a worker of a host declared dead may be killed by its launcher; not one of a host only paused",
+TEST_CASE("a worker of a host declared dead may be killed by its launcher, but not one of a host only paused",
           "[chaos]") {
   auto killed = [](run_result res) {
     res.events.push_back(ev("worker_exit", 6.8, -1, 0, {{"worker_rank", 2}, {"code", 137}, {"signal", SIGKILL}}));

@@ -203,7 +203,7 @@ TEST_CASE("a damaged part falls back to the previous complete checkpoint", "[par
   CHECK(got->skipped[0].step == 6);
 }
 
-TEST_CASE("on the same world a rank verifies only the parts it restores; the owner of a damaged part sets it aside",
+TEST_CASE("on the same world a rank verifies only the parts it restores, and the owner of a damaged part sets it aside",
           "[parts]") {
   grace::testing::temp_dir d("grace-parts");
   checkpoint_store store(d.path / "ck");
