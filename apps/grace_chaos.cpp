@@ -168,6 +168,7 @@ one_result run_one(const run_config& base, const std::vector<fault>& schedule, c
   // A tmpfs checkpoint directory (fs_full) is copied to ckpt-final and unmounted.
   r.goodput = read_goodput(cfg.dir / "ckpt");
   if (!r.goodput) r.goodput = read_goodput(cfg.dir / "ckpt-final");
+  if (!r.goodput) r.goodput = read_goodput(cfg.dir / "h0" / "ckpt");  // --node-local: host 0's disk
   if (r.goodput) extra["goodput"] = r.goodput->to_json();
   auto report = make_report(cfg, res, chk, extra);
   auto note = draw_timeline(out_dir, cfg, res);
@@ -207,6 +208,13 @@ void add_job_options(CLI::App& app, chaos_args& a) {
       ->check(CLI::Range(2, 16));
   app.add_option("--dead-after-ms", cfg.dead_after_ms, "--hosts: grace-launch --dead-after-ms")
       ->check(CLI::Range(200, 600000));
+  app.add_flag("--etcd", cfg.etcd,
+               "--hosts (3 or more): a three-member etcd on hosts 0..2 elects the coordination host "
+               "(grace-launch --etcd), so host faults may hit host 0, the coordinator's (needs etcd-server)");
+  app.add_option("--etcd-ttl", cfg.etcd_ttl_s, "--etcd: grace-launch --etcd-ttl (seconds)")->check(CLI::Range(1, 60));
+  app.add_flag("--node-local", cfg.node_local,
+               "--hosts: a checkpoint directory per host (node-local disks) instead of one shared by all; a lost "
+               "host's replacement starts with an empty one");
   app.add_option("--steps", cfg.steps, "training steps")->check(CLI::Range(uint64_t(10), uint64_t(1) << 30));
   app.add_option("--save-every", cfg.save_every,
                  "periodic checkpoint interval (bounds work lost to a damaged checkpoint)")
@@ -312,10 +320,23 @@ std::optional<std::string> check_schedule(const run_config& cfg, const std::vect
       return which + "not available on the multi-host test bed (there: host_lost, host_partition, host_freeze, "
                      "sigterm_worker, sigkill_worker, sigstop_worker)";
     if (f.grace_ms) return which + "grace_ms is not available on the multi-host test bed";
-    if (is_host_fault(f.kind) && (f.host == 0 || f.host >= cfg.hosts))
-      return which + "host " + std::to_string(f.host) + ": the faults hit hosts 1.." + std::to_string(cfg.hosts - 1) +
-             " (host 0 runs the coordination service; tests/netns/host_faults.sh covers its loss with etcd)";
+    if (is_host_fault(f.kind) && f.host >= cfg.hosts)
+      return which + "host " + std::to_string(f.host) + " but the test bed has hosts 0.." +
+             std::to_string(cfg.hosts - 1);
+    if (is_host_fault(f.kind) && (f.host == 0 || f.host == coordinator_host) && !cfg.etcd)
+      return which + "host 0 runs the coordination service: faults on it need --etcd (an elected successor)";
   }
+  return std::nullopt;
+}
+
+/// What is wrong with the test bed options (--etcd, --node-local), or nullopt.
+std::optional<std::string> check_test_bed(const run_config& cfg) {
+  if (cfg.node_local && cfg.hosts < 2) return std::string("--node-local needs the multi-host test bed (--hosts N)");
+  if (!cfg.etcd) return std::nullopt;
+  if (cfg.hosts < 3)
+    return std::string("--etcd runs a three-member etcd on hosts 0..2: it needs --hosts 3 or more");
+  if (run_command({"sh", "-c", "command -v etcd && command -v etcdctl"}) != 0)
+    return std::string("--etcd needs etcd and etcdctl (Debian etcd-server, etcd-client)");
   return std::nullopt;
 }
 
@@ -432,6 +453,7 @@ int main(int argc, char** argv) {
   }
   if (a.cfg.hosts >= 2 && a.overlap > 0)
     return usage_error("--overlap draws single-host companions; on the test bed script overlaps with after_ms");
+  if (auto why = check_test_bed(a.cfg)) return usage_error(*why);
   std::vector<fault> scripted;
   if (!a.schedule_file.empty()) {
     auto s = load_schedule(a);
@@ -445,6 +467,7 @@ int main(int argc, char** argv) {
     g.faults = a.faults;
     g.workers = a.cfg.total_workers();
     g.hosts = a.cfg.hosts;
+    g.coordinator_host_faults = a.cfg.etcd;
     g.steps = a.cfg.steps;
     g.kinds = *kinds;
     g.overlap = a.overlap;

@@ -22,6 +22,7 @@ namespace grace::chaos {
 namespace {
 
 constexpr int coordinator_port = 29500;
+constexpr int etcd_members = 3;  ///< on hosts 0..2 with --etcd
 
 /// A random hex secret shared by the hosts of one job (grace-launch
 /// refuses several nodes without one).
@@ -73,8 +74,12 @@ public:
     setup();
     tb_ = std::make_unique<netns_testbed>(cfg_.hosts);
     res_.notes.push_back("test bed: " + std::to_string(cfg_.hosts) + " hosts (network namespaces " + tb_->ns(0) +
-                         ".." + tb_->ns(cfg_.hosts - 1) + "), " + std::to_string(cfg_.workers) +
-                         " workers each, coordinator on host 0 (" + tb_->address(0) + ")");
+                         ".." + tb_->ns(cfg_.hosts - 1) + "), " + std::to_string(cfg_.workers) + " workers each, " +
+                         (cfg_.etcd ? "coordination host elected through etcd (members on hosts 0.." +
+                                          std::to_string(etcd_members - 1) + ")"
+                                    : "coordinator on host 0 (" + tb_->address(0) + ")") +
+                         (cfg_.node_local ? ", a checkpoint directory per host" : ", one shared checkpoint directory"));
+    if (cfg_.etcd) start_etcd_cluster();
     res_.start_ns = now_ns();
     for (int h = 0; h < cfg_.hosts; ++h) start_launcher(h);
     while (!all_done()) {
@@ -88,11 +93,14 @@ public:
       auto* next = next_fault();
       sleep_ms(next && next->f.chained() ? 2 : 10);
     }
+    stop_etcd();
     wait_stragglers();
     poll_events();
     res_.end_ns = now_ns();
     res_.step_ns = view_.step_ns;
-    collect_outcome(run_dir_ / "h0" / "out.json", ckpt_, res_);
+    std::vector<fs::path> dirs;
+    for (int h = 0; h < (cfg_.node_local ? cfg_.hosts : 1); ++h) dirs.push_back(ckpt_of(h));
+    collect_outcome(run_dir_ / "h0" / "out.json", dirs, res_);
     tb_.reset();
     return std::move(res_);
   }
@@ -106,11 +114,79 @@ private:
     if (ec) throw std::runtime_error("cannot create " + run_dir_.string() + ": " + ec.message());
     ckpt_ = run_dir_ / "ckpt";
     fs::create_directories(ckpt_);
-    for (int h = 0; h < cfg_.hosts; ++h) fs::create_directories(run_dir_ / ("h" + std::to_string(h)));
+    for (int h = 0; h < cfg_.hosts; ++h) fs::create_directories(ckpt_of(h));
     events_path_ = run_dir_ / "events.jsonl";
     std::ofstream(events_path_).flush();
     token_ = job_token();
     ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  }
+
+  /// Host h's checkpoint directory: its own node-local one, or the shared one.
+  fs::path ckpt_of(int h) const {
+    return cfg_.node_local ? run_dir_ / ("h" + std::to_string(h)) / "ckpt" : ckpt_;
+  }
+
+  std::string etcd_url(int h, int port) const { return "http://" + tb_->address(h) + ":" + std::to_string(port); }
+
+  std::string etcd_endpoints() const {
+    std::string out;
+    for (int h = 0; h < etcd_members; ++h) out += (out.empty() ? "" : ",") + etcd_url(h, 2379);
+    return out;
+  }
+
+  /// Host h's etcd member (data kept in hN/etcd across a host's loss, as
+  /// a replacement machine re-adding the member would have it).
+  void start_etcd(int h) {
+    std::string cluster;
+    for (int i = 0; i < etcd_members; ++i) cluster += (cluster.empty() ? "" : ",") + ("e" + std::to_string(i)) + "=" + etcd_url(i, 2380);
+    auto dir = run_dir_ / ("h" + std::to_string(h));
+    std::vector<std::string> a = tb_->exec_prefix(h);
+    for (auto& s : std::vector<std::string>{
+             "etcd", "--name", "e" + std::to_string(h), "--data-dir", (dir / "etcd").string(), "--listen-client-urls",
+             etcd_url(h, 2379), "--advertise-client-urls", etcd_url(h, 2379), "--listen-peer-urls", etcd_url(h, 2380),
+             "--initial-advertise-peer-urls", etcd_url(h, 2380), "--initial-cluster", cluster,
+             "--initial-cluster-state", "new", "--initial-cluster-token", tb_->ns(0), "--heartbeat-interval", "50",
+             "--election-timeout", "500", "--pre-vote"})
+      a.push_back(s);
+    etcd_pid_[h] = spawn(a, dir / "etcd.log", {}, true);
+  }
+
+  /// Three members on hosts 0..2, healthy before any launcher starts.
+  void start_etcd_cluster() {
+    for (int h = 0; h < etcd_members; ++h) start_etcd(h);
+    std::vector<std::string> health = tb_->exec_prefix(0);
+    for (auto& s : std::vector<std::string>{"etcdctl", "--endpoints", etcd_endpoints(), "--command-timeout=1s",
+                                            "endpoint", "health"})
+      health.push_back(s);
+    const int64_t deadline = now_ns() + int64_t(30000) * 1000000;
+    std::string out;
+    while (run_command(health, &out) != 0) {
+      if (now_ns() > deadline)
+        throw std::runtime_error("the test bed's etcd did not become healthy within 30 s: " + out + " (logs: " +
+                                 (run_dir_ / "h0" / "etcd.log").string() + ")");
+      sleep_ms(200);
+    }
+    res_.notes.push_back("etcd: " + std::to_string(etcd_members) + " members, " + etcd_endpoints());
+  }
+
+  void stop_etcd() {
+    for (auto& [h, pid] : etcd_pid_)
+      if (pid > 0) ::kill(pid, SIGTERM);
+    const int64_t deadline = now_ns() + int64_t(5000) * 1000000;
+    while (std::any_of(etcd_pid_.begin(), etcd_pid_.end(), [](auto& e) { return e.second > 0; }) && now_ns() < deadline) {
+      reap();
+      sleep_ms(20);
+    }
+  }
+
+  /// Reaped `p` as an etcd member: true (a fault or stop_etcd killed it).
+  bool etcd_exited(pid_t p) {
+    for (auto& [h, pid] : etcd_pid_)
+      if (pid == p) {
+        pid = -1;
+        return true;
+      }
+    return false;
   }
 
   bool all_done() const {
@@ -124,9 +200,10 @@ private:
     lr.host = h;
     std::vector<std::string> a = tb_->exec_prefix(h);
     for (auto& s : std::vector<std::string>{cfg_.launcher, "--nproc", std::to_string(cfg_.workers), "--nnodes",
-                                            std::to_string(cfg_.hosts), "--node-rank", std::to_string(h),
-                                            "--coordinator", tb_->address(0) + ":" + std::to_string(coordinator_port),
-                                            "--run-id", "chaos", "--checkpoint-dir", ckpt_.string(),
+                                            std::to_string(cfg_.hosts), "--node-rank", std::to_string(h)})
+      a.push_back(s);
+    for (auto& s : coordination_args()) a.push_back(s);
+    for (auto& s : std::vector<std::string>{"--run-id", "chaos", "--checkpoint-dir", ckpt_of(h).string(),
                                             "--dead-after-ms", std::to_string(cfg_.dead_after_ms), "--exit-timeout-ms",
                                             std::to_string(cfg_.exit_timeout_ms), "--max-restarts",
                                             std::to_string(cfg_.launcher_max_restarts)})
@@ -151,6 +228,14 @@ private:
     if (cfg_.verbose) spdlog::info("launch {} on host {} (pid {})", lr.index, h, lr.pid);
   }
 
+  /// Where the launchers find the coordination service: host 0, or the
+  /// launcher etcd elects.
+  std::vector<std::string> coordination_args() const {
+    if (!cfg_.etcd) return {"--coordinator", tb_->address(0) + ":" + std::to_string(coordinator_port)};
+    return {"--etcd", etcd_endpoints(), "--etcd-ttl", std::to_string(cfg_.etcd_ttl_s), "--coordinator-port",
+            std::to_string(coordinator_port)};
+  }
+
   void poll_events() {
     for (auto& e : read_events(events_path_, events_offset_)) {
       view_.apply(e);
@@ -173,6 +258,7 @@ private:
     pid_t p;
     while ((p = ::waitpid(-1, &st, WNOHANG)) > 0) {
       const int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1, sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+      if (etcd_exited(p)) continue;
       auto it = std::find_if(slots_.begin(), slots_.end(), [&](const host_slot& s) { return s.pid == p; });
       if (it == slots_.end()) {
         if (!res_.launches.empty())
@@ -297,11 +383,33 @@ private:
     active_.push_back(a);
   }
 
-  /// host_lost / host_partition / host_freeze on host f.host (default 1).
+  /// The host whose launcher runs the coordination service now: the
+  /// endpoint of the newest coordinator_elected event (host 0 without etcd).
+  int coordinator_host_now() const {
+    if (!cfg_.etcd) return 0;
+    for (auto it = res_.events.rbegin(); it != res_.events.rend(); ++it) {
+      if (it->name != "coordinator_elected") continue;
+      auto endpoint = it->j.value("endpoint", std::string());
+      for (int h = 0; h < cfg_.hosts; ++h)
+        if (endpoint.rfind(tb_->address(h) + ":", 0) == 0) return h;
+    }
+    return -1;
+  }
+
+  /// host_lost / host_partition / host_freeze on host f.host (default 1;
+  /// "coordinator": resolved here, and recorded, to the host it is now).
   bool fire_host(fault_record& r, host_active& a, int64_t now) {
+    if (r.f.host == coordinator_host) {
+      r.f.host = coordinator_host_now();
+      if (r.f.host < 0) {
+        r.detail = "no coordinator_elected event yet: the coordination host is unknown";
+        return false;
+      }
+    }
     const int h = r.f.host >= 0 ? r.f.host : 1;
-    if (h <= 0 || h >= cfg_.hosts) {
-      r.detail = "host " + std::to_string(h) + " is not a worker host (1.." + std::to_string(cfg_.hosts - 1) + ")";
+    if (h >= cfg_.hosts || (h == 0 && !cfg_.etcd)) {
+      r.detail = "host " + std::to_string(h) + " cannot be hit (hosts " + (cfg_.etcd ? "0.." : "1..") +
+                 std::to_string(cfg_.hosts - 1) + ")";
       return false;
     }
     auto& slot = slots_[static_cast<size_t>(h)];
@@ -389,12 +497,22 @@ private:
       case fault_kind::host_lost:
         if (slot.pid > 0) return false;
         tb_->set_link(h, true);
-        if (!res_.timed_out) start_launcher(h);
+        if (res_.timed_out) break;
+        if (cfg_.node_local) replace_disk(h);
+        if (cfg_.etcd && h < etcd_members) start_etcd(h);
+        start_launcher(h);
         break;
       case fault_kind::host_partition: tb_->set_link(h, true); break;
       default: tb_->signal_host(h, SIGCONT); break;
     }
     return true;
+  }
+
+  /// A replacement machine's empty node-local checkpoint directory.
+  void replace_disk(int h) {
+    std::error_code ec;
+    fs::remove_all(ckpt_of(h), ec);
+    fs::create_directories(ckpt_of(h), ec);
   }
 
   run_config cfg_;
@@ -406,6 +524,7 @@ private:
   uint64_t events_offset_ = 0;
   std::string token_;
   std::vector<host_active> active_;
+  std::map<int, pid_t> etcd_pid_;  ///< host -> its etcd member (-1: not running)
 };
 
 }  // namespace

@@ -462,6 +462,20 @@ verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
 
 /// Fencing on the test bed: a host cut off or frozen past dead-after never
 /// commits a checkpoint in the incarnation it was declared dead in.
+/// When the rest of the group declared the ranks `f` cut off dead: the
+/// first `peer_lost` (dead) verdict on one of them in f's incarnation;
+/// the fault's own time when none was logged. Until then a cut-off host
+/// may still lead (its coordinator's lease not yet run out) and save its
+/// own ranks just in time; after it, it must not commit.
+int64_t fenced_at(const run_result& res, const fault_record& f) {
+  for (auto& e : res.events)
+    if (e.name == "peer_lost" && e.incarnation == f.incarnation && e.t_ns >= f.t_ns &&
+        e.j.value("verdict", std::string()) == "dead" &&
+        std::find(f.ranks.begin(), f.ranks.end(), e.j.value("lost_rank", int64_t(-1))) != f.ranks.end())
+      return e.t_ns;
+  return f.t_ns;
+}
+
 verdict no_split_brain(const check_input& in) {
   auto& res = *in.res;
   verdict v{"no_split_brain", verdict_status::skip, ""};
@@ -470,12 +484,13 @@ verdict no_split_brain(const check_input& in) {
   for (auto& f : res.faults) {
     if (!injected(f) || !declares_dead(f, *in.cfg)) continue;
     ++isolated;
+    const int64_t fence = fenced_at(res, f);
     for (auto& e : res.events) {
-      if (e.name != "committed_local" || e.incarnation != f.incarnation || e.t_ns <= f.t_ns) continue;
+      if (e.name != "committed_local" || e.incarnation != f.incarnation || e.t_ns <= fence) continue;
       if (std::find(f.ranks.begin(), f.ranks.end(), e.rank) == f.ranks.end()) continue;
       bad.push_back("rank " + std::to_string(e.rank) + " on host " + std::to_string(f.f.host) + " committed " +
                     e.j.value("path", std::string("?")) + " in incarnation " + std::to_string(e.incarnation) +
-                    " after fault " + std::to_string(f.index) + " (" + to_string(f.f.kind) + ") cut it off");
+                    " after fault " + std::to_string(f.index) + " (" + to_string(f.f.kind) + ") cut it off and the group declared it dead");
       break;
     }
   }

@@ -125,7 +125,10 @@ std::optional<int64_t> chained_due(run_result& res, fault_record& r) {
   return std::nullopt;
 }
 
-void collect_outcome(const fs::path& out_json, const fs::path& ckpt, run_result& res) {
+/// The checkpoints and temporaries of one directory into `res`.
+static void collect_checkpoints(const fs::path& ckpt, bool full_names, run_result& res);
+
+void collect_outcome(const fs::path& out_json, const std::vector<fs::path>& ckpts, run_result& res) {
   if (std::ifstream f(out_json); f) {
     try {
       f >> res.out;
@@ -133,10 +136,14 @@ void collect_outcome(const fs::path& out_json, const fs::path& ckpt, run_result&
       res.notes.push_back("out.json is not valid JSON");
     }
   }
+  for (auto& ckpt : ckpts) collect_checkpoints(ckpt, ckpts.size() > 1, res);
+}
+
+static void collect_checkpoints(const fs::path& ckpt, bool full_names, run_result& res) {
   std::error_code ec;
   for (auto it = fs::directory_iterator(ckpt, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     auto name = it->path().filename().string();
-    if (name.rfind(".tmp-", 0) == 0) res.leftover_temporaries.push_back(name);
+    if (name.rfind(".tmp-", 0) == 0) res.leftover_temporaries.push_back(full_names ? it->path().string() : name);
     if (name.rfind("step-", 0) != 0 || name.find(".corrupt-") != std::string::npos) continue;
     nlohmann::json c = {{"path", it->path().string()}};
     std::ifstream m(it->path() / "grace-manifest.json");

@@ -47,8 +47,10 @@ restore_check verify_restore(const std::string& ckpt_tool, const event& e);
 std::optional<int64_t> chained_due(run_result& res, fault_record& r);
 
 /// Fills res.out from `out_json`, and res.final_checkpoints and
-/// res.leftover_temporaries from the checkpoint directory.
-void collect_outcome(const std::filesystem::path& out_json, const std::filesystem::path& ckpt, run_result& res);
+/// res.leftover_temporaries from the checkpoint directories (one, or one
+/// per host: then temporaries are named by their path).
+void collect_outcome(const std::filesystem::path& out_json, const std::vector<std::filesystem::path>& ckpts,
+                     run_result& res);
 
 /// The job's state as seen through the events file.
 struct job_view {

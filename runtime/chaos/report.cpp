@@ -26,6 +26,8 @@ nlohmann::json make_report(const run_config& cfg, const run_result& res, const c
   if (cfg.hosts >= 2) {
     j["config"]["hosts"] = cfg.hosts;
     j["config"]["dead_after_ms"] = cfg.dead_after_ms;
+    j["config"]["etcd"] = cfg.etcd;
+    j["config"]["node_local"] = cfg.node_local;
   }
   auto faults = nlohmann::json::array();
   for (size_t i = 0; i < res.faults.size(); ++i) {

@@ -581,7 +581,7 @@ private:
         }
     }
     res_.step_ns = view_.step_ns;
-    collect_outcome(run_dir_ / "out.json", ckpt_, res_);
+    collect_outcome(run_dir_ / "out.json", {ckpt_}, res_);
     std::error_code ec;
     fs::remove(ckpt_ / ".chaos-filler", ec);
     if (res_.fs_mounted) {

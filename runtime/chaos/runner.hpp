@@ -54,6 +54,15 @@ struct run_config {
   /// in one directory shared by all); see run_host_job.
   int hosts = 0;
   int dead_after_ms = 1500;  ///< grace-launch --dead-after-ms on the test bed
+  /// Test bed: a three-member etcd on hosts 0..2 elects the coordination
+  /// host (grace-launch --etcd) instead of pinning it to host 0, so host
+  /// faults may hit host 0 (needs hosts >= 3 and Debian etcd-server).
+  bool etcd = false;
+  int etcd_ttl_s = 2;  ///< grace-launch --etcd-ttl
+  /// Test bed: every host has its own checkpoint directory (a node-local
+  /// disk) instead of one shared by all; host_lost's replacement starts
+  /// with an empty one, as a new machine would.
+  bool node_local = false;
   /// Workers of the whole job.
   int total_workers() const noexcept { return hosts >= 2 ? hosts * workers : workers; }
 };
@@ -124,7 +133,8 @@ run_result run_job(const run_config& cfg, const std::vector<fault>& schedule);
 
 /// run_job on the multi-host test bed (cfg.hosts >= 2): a network
 /// namespace per host joined by a bridge, one grace-launch per host
-/// (node rank = host), host 0 running the coordination service. Host
+/// (node rank = host), host 0 running the coordination service (with
+/// cfg.etcd: whichever launcher etcd elects, and its successor). Host
 /// faults kill a host (its launcher is relaunched after the fault's
 /// duration, as a replacement machine would be), cut its link or freeze
 /// it; worker faults hit ranks as on one host. A launcher that exits with

@@ -118,6 +118,7 @@ nlohmann::json to_json(const fault& f) {
   if (f.grace_ms) j["grace_ms"] = f.grace_ms;
   if (f.kind == fault_kind::sigstop_worker || is_host_fault(f.kind)) j["duration_ms"] = f.duration_ms;
   if (f.host >= 0) j["host"] = f.host;
+  if (f.host == coordinator_host) j["host"] = "coordinator";
   if (!f.file.empty()) j["file"] = f.file;
   return j;
 }
@@ -179,8 +180,16 @@ fault fault_from_json(const nlohmann::json& j, size_t index) {
   if (j.contains("include_launcher")) f.include_launcher = j["include_launcher"].get<bool>();
   if (auto v = uint_field("grace_ms")) f.grace_ms = static_cast<int>(*v);
   if (auto v = uint_field("duration_ms")) f.duration_ms = static_cast<int>(*v);
-  if (auto v = uint_field("host")) f.host = static_cast<int>(*v);
-  if (f.host >= 0 && !is_host_fault(f.kind)) throw bad("host is for the host_* faults; a worker fault names its rank");
+  if (j.contains("host")) {
+    auto& h = j["host"];
+    if (h == "coordinator")
+      f.host = coordinator_host;
+    else if (h.is_number_integer() && h.get<int64_t>() >= 0 && h.get<int64_t>() < 4096)
+      f.host = h.get<int>();
+    else
+      throw bad("host must be a node rank >= 0 or \"coordinator\" (the coordination service's host)");
+  }
+  if (f.host != -1 && !is_host_fault(f.kind)) throw bad("host is for the host_* faults; a worker fault names its rank");
   if (is_host_fault(f.kind) && !f.targets.empty()) throw bad("a host fault names its \"host\", not target ranks");
   if (j.contains("file")) f.file = j["file"].get<std::string>();
   if (f.file.find('/') != std::string::npos) throw bad("file is a name inside the step directory, without '/'");
@@ -203,11 +212,14 @@ nlohmann::json schedule_to_json(const std::vector<fault>& s) {
 namespace {
 
 /// A host fault's host and duration: host 1..hosts-1 (host 0 runs the
-/// coordination service); lost: a replacement 0-1.5 s later; partition:
-/// 3-6 s; freeze: half longer than dead-after (3-4 s), half a pause
-/// (0.2-0.8 s) the group rides out.
-void host_fault_params(fault& f, int hosts, splitmix64& rng) {
-  f.host = static_cast<int>(rng.range(1, static_cast<uint64_t>(std::max(1, hosts - 1))));
+/// coordination service; with `host0`: 0..hosts-1, or whichever host
+/// runs the coordination service when the fault fires); lost: a
+/// replacement 0-1.5 s later; partition: 3-6 s; freeze: half longer than
+/// dead-after (3-4 s), half a pause (0.2-0.8 s) the group rides out.
+void host_fault_params(fault& f, int hosts, bool host0, splitmix64& rng) {
+  const auto last = static_cast<uint64_t>(std::max(1, hosts - 1));
+  f.host = static_cast<int>(rng.range(host0 ? 0 : 1, host0 ? last + 1 : last));
+  if (f.host == hosts) f.host = coordinator_host;
   switch (f.kind) {
     case fault_kind::host_lost: f.duration_ms = static_cast<int>(rng.range(0, 1500)); break;
     case fault_kind::host_partition: f.duration_ms = static_cast<int>(rng.range(3000, 6000)); break;
@@ -257,7 +269,7 @@ std::vector<fault> generate(const generate_options& o) {
       }
       case fault_kind::host_lost:
       case fault_kind::host_partition:
-      case fault_kind::host_freeze: host_fault_params(f, o.hosts, rng); break;
+      case fault_kind::host_freeze: host_fault_params(f, o.hosts, o.coordinator_host_faults, rng); break;
       default: break;
     }
     // Grace periods are given at launch: single-host runs only.

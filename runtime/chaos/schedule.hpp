@@ -66,6 +66,8 @@ loss_class loss_class_of(fault_kind k) noexcept;
 /// Events a chained fault can be keyed to (the phase it hits).
 const std::vector<std::string>& trigger_events();
 
+constexpr int coordinator_host = -2;
+
 struct fault {
   fault_kind kind = fault_kind::sigterm_worker;
   std::optional<uint64_t> at_step;  ///< fire when the job reaches this step
@@ -78,7 +80,10 @@ struct fault {
   bool include_launcher = false;  ///< sigterm_multi: the launcher gets one too
   int grace_ms = 0;               ///< sigterm_*: grace period given to the job
   int duration_ms = 0;            ///< sigstop_worker: 0 = frozen for good; host_*: how long (see fault_kind)
-  int host = -1;                  ///< host_*: the host (node rank); -1 = chosen at run time (host 1)
+  /// host_*: the host (node rank); -1 = chosen at run time (host 1);
+  /// coordinator_host ("coordinator" in JSON): the host whose launcher
+  /// runs the coordination service when the fault fires (test bed with etcd).
+  int host = -1;
   std::string file;               ///< checkpoint faults: file name inside the step dir (default: a shard)
 };
 
@@ -95,8 +100,10 @@ struct generate_options {
   int workers = 4;  ///< all workers of the job (hosts x per host with hosts)
   uint64_t steps = 200;
   /// >= 2: the multi-host test bed; host faults hit hosts 1..hosts-1
-  /// (host 0 runs the coordination service).
+  /// (host 0 runs the coordination service) ...
   int hosts = 0;
+  /// ... or 0..hosts-1 when an elected coordinator survives its host (etcd).
+  bool coordinator_host_faults = false;
   /// Restrict to these kinds (empty: all). Used by the CI soak to pin coverage.
   std::vector<fault_kind> kinds;
   /// Chance (0..1) that a fault brings one or two overlapping companions

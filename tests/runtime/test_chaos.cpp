@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <set>
 
 using namespace grace::chaos;
 
@@ -143,6 +144,49 @@ TEST_CASE("a host cut off past dead-after must not commit in the incarnation it 
   CHECK(find(out, "no_split_brain").status == verdict_status::fail);
   CHECK_THAT(find(out, "no_split_brain").detail, Catch::Contains("rank 2 on host 1 committed /ck/step-52"));
   CHECK_FALSE(out.passed());
+}
+
+TEST_CASE("a cut-off coordination host may save until the others declare it dead, never after", "[chaos]") {
+  auto cfg = two_hosts();
+  cfg.etcd = true;
+  auto res = partitioned_run(4000);
+  // Host 0 (ranks 0, 1), the coordinator's, is the one cut off: the
+  // successor on host 1 declares its ranks dead at 7.5 s.
+  res.faults[0].f.host = 0;
+  res.faults[0].ranks = {0, 1};
+  res.events.push_back(ev("peer_lost", 7.5, -1, 0, {{"lost_rank", 0}, {"verdict", "dead"}}));
+  res.events.push_back(ev("peer_lost", 7.5, -1, 0, {{"lost_rank", 2}, {"verdict", "suspect"}}));
+  // Its own just-in-time save at 6.5 s (partitioned_run's commit by rank
+  // 0), while its lease still ran: the same state, not a split brain.
+  auto out = check(cfg, res);
+  CHECK(find(out, "no_split_brain").status == verdict_status::pass);
+
+  res.events.push_back(ev("committed_local", 7.6, 1, 0, {{"step", 51}, {"path", "/ck/step-51"}}));
+  out = check(cfg, res);
+  CHECK(find(out, "no_split_brain").status == verdict_status::fail);
+  CHECK_THAT(find(out, "no_split_brain").detail, Catch::Contains("rank 1 on host 0 committed /ck/step-51"));
+}
+
+TEST_CASE("a host fault may name the coordination host, resolved when it fires", "[chaos]") {
+  auto s = schedule_from_json(nlohmann::json::parse(R"([{"at_step": 9, "fault": "host_partition",
+                                                         "host": "coordinator", "duration_ms": 4000}])"));
+  CHECK(s.at(0).host == coordinator_host);
+  CHECK(to_json(s[0])["host"] == "coordinator");
+  CHECK_THROWS_WITH(schedule_from_json(nlohmann::json::parse(R"([{"at_step": 9, "fault": "host_lost", "host": "h1"}])")),
+                    Catch::Contains("host must be a node rank >= 0 or \"coordinator\""));
+
+  std::set<int> hosts;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    generate_options g;
+    g.seed = seed;
+    g.faults = 4;
+    g.hosts = 3;
+    g.workers = 6;
+    g.coordinator_host_faults = true;
+    for (auto& f : generate(g))
+      if (is_host_fault(f.kind)) hosts.insert(f.host);
+  }
+  CHECK(hosts == std::set<int>{coordinator_host, 0, 1, 2});
 }
 
 TEST_CASE("a worker of a host declared dead may be killed by its launcher, but not one of a host only paused",
