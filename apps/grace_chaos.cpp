@@ -168,7 +168,14 @@ one_result run_one(const run_config& base, const std::vector<fault>& schedule, c
   // A tmpfs checkpoint directory (fs_full) is copied to ckpt-final and unmounted.
   r.goodput = read_goodput(cfg.dir / "ckpt");
   if (!r.goodput) r.goodput = read_goodput(cfg.dir / "ckpt-final");
-  if (!r.goodput) r.goodput = read_goodput(cfg.dir / "h0" / "ckpt");  // --node-local: host 0's disk
+  // --node-local: grace-launch keeps the account on host 0's disk, which
+  // a host_lost of host 0 replaces (then it covers only what came after).
+  const bool host0_replaced = std::any_of(res.faults.begin(), res.faults.end(), [](const fault_record& f) {
+    return f.status == "injected" && f.f.kind == fault_kind::host_lost && f.f.host == 0;
+  });
+  if (!r.goodput && !host0_replaced) r.goodput = read_goodput(cfg.dir / "h0" / "ckpt");
+  if (cfg.node_local && host0_replaced)
+    res.notes.push_back("goodput not reported: host 0's node-local disk, which holds the account, was replaced");
   if (r.goodput) extra["goodput"] = r.goodput->to_json();
   auto report = make_report(cfg, res, chk, extra);
   auto note = draw_timeline(out_dir, cfg, res);

@@ -7,7 +7,12 @@
 #      no_split_brain;
 #   2. a random schedule of host and worker faults (fixed seed): PASS;
 #   3. a broken-on-purpose trainer (no just-in-time save) under a host loss:
-#      the harness must catch it (work_lost FAIL, exit 1).
+#      the harness must catch it (work_lost FAIL, exit 1);
+#   4. --etcd --node-local with schedules/hosts-etcd.json: the coordination
+#      host (whichever launcher etcd elected) cut off, lost with its disk
+#      and frozen, each time a successor takes over; replacement hosts start
+#      with empty checkpoint directories and fetch the newest checkpoint
+#      (skipped, saying so, without etcd).
 # Root only (network namespaces); elsewhere "skipped: ..." and exit 77.
 # Env: GRACE_CHAOS GRACE_LAUNCH GRACE_TRAIN GRACE_CKPT (set by CTest).
 set -u
@@ -55,6 +60,14 @@ if [ $rc -eq 1 ] && [ "$(verdict "$OUT/mutant.log" work_lost)" = FAIL ]; then
   echo "mutant (no just-in-time save) under a host loss: caught (work_lost FAIL)"
 else
   echo "mutant: FAIL: expected exit 1 with work_lost FAIL, got exit $rc"; report "$OUT/mutant.log"; failed=1
+fi
+if command -v etcd >/dev/null && command -v etcdctl >/dev/null; then
+  run_expect_pass etcd --steps 460 --etcd --node-local --schedule "$HERE/schedules/hosts-etcd.json"
+  [ "$(verdict "$OUT/etcd.log" no_split_brain)" = PASS ] || { echo "etcd: no_split_brain was not checked"; failed=1; }
+  grep -q "fetched checkpoint step" "$OUT"/etcd/run/h*/launch-*.log ||
+    { echo "etcd: FAIL: no replacement host fetched a checkpoint from a peer"; failed=1; }
+else
+  echo "etcd: skipped: no etcd/etcdctl (Debian etcd-server, etcd-client) for --etcd"
 fi
 echo "hosts: output in $OUT"
 [ "$failed" = 0 ] && echo "hosts: PASS" || echo "hosts: FAIL"
