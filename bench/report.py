@@ -146,30 +146,28 @@ for r in sorted((r for r in sel("scale") if not r.get("per_host")), key=lambda r
             "direct %.1f%%" % (100 * r["idle_cpu"]), "%.2fx" % (h["idle_cpu"] / r["idle_cpu"] if r["idle_cpu"] else 0),
             "< 5% at 1024", yes(n < 1024 or h["idle_cpu"] < 0.05))
 
-for b in sorted({r["bytes"] for r in sel("parts")}):
-    one = med("parts", "gbps", bytes=b, ranks=1)
-    for n in (2, 4):
-        got = med("parts", "gbps", bytes=b, ranks=n)
-        ddp = med("dd_parallel", "gbps", bytes=b, files=n)
-        if not got or not one or not ddp:
-            continue
-        add("3f sharded save %d MiB, %d ranks' parts vs 1 writer" % (b >> 20, n), fmt(got, "GB/s"),
-            "1 writer %s" % fmt(one, "GB/s"), "%.2fx" % (got / one), ">= 1x", yes(got >= one))
-        add("   3f vs %d dd writing the same files at once" % n, fmt(got, "GB/s"), "dd %s" % fmt(ddp, "GB/s"),
-            "%.0f%%" % (100 * got / ddp), ">= 90%", yes(got / ddp >= 0.9))
-        add_vs_fio("   3f vs fio, %d jobs writing the same files at once" % n, got, "write", b, n)
+def sharded_rows(kind, dd_kind, row, verb, one_name, fio_dir=None):
+    """Rows 3f/3g: N ranks' parts against one rank doing it all, and
+    against N dd processes on the same files at once (and fio if given)."""
+    for b in sorted({r["bytes"] for r in sel(kind)}):
+        one = med(kind, "gbps", bytes=b, ranks=1)
+        for n in (2, 4):
+            got = med(kind, "gbps", bytes=b, ranks=n)
+            ddp = med(dd_kind, "gbps", bytes=b, files=n)
+            if not got or not one or not ddp:
+                continue
+            add(row % (b >> 20, n), fmt(got, "GB/s"),
+                "%s %s" % (one_name, fmt(one, "GB/s")), "%.2fx" % (got / one), ">= 1x", yes(got >= one))
+            add("   %s vs %d dd %s the same files at once" % (row[:2], n, verb), fmt(got, "GB/s"),
+                "dd %s" % fmt(ddp, "GB/s"), "%.0f%%" % (100 * got / ddp), ">= 90%", yes(got / ddp >= 0.9))
+            if fio_dir:
+                add_vs_fio("   %s vs fio, %d jobs %s the same files at once" % (row[:2], n, verb), got, fio_dir, b, n)
 
-for b in sorted({r["bytes"] for r in sel("parts_restore")}):
-    one = med("parts_restore", "gbps", bytes=b, ranks=1)
-    for n in (2, 4):
-        got = med("parts_restore", "gbps", bytes=b, ranks=n)
-        ddp = med("dd_parallel_read", "gbps", bytes=b, files=n)
-        if not got or not one or not ddp:
-            continue
-        add("3g sharded restore %d MiB, %d ranks each its slice vs 1 reader" % (b >> 20, n), fmt(got, "GB/s"),
-            "1 reader %s" % fmt(one, "GB/s"), "%.2fx" % (got / one), ">= 1x", yes(got >= one))
-        add("   3g vs %d dd reading the same files at once" % n, fmt(got, "GB/s"), "dd %s" % fmt(ddp, "GB/s"),
-            "%.0f%%" % (100 * got / ddp), ">= 90%", yes(got / ddp >= 0.9))
+
+sharded_rows("parts", "dd_parallel", "3f sharded save %d MiB, %d ranks' parts vs 1 writer", "writing", "1 writer",
+             "write")
+sharded_rows("parts_restore", "dd_parallel_read", "3g sharded restore %d MiB, %d ranks each its slice vs 1 reader",
+             "reading", "1 reader")
 
 ov = med("step", "overhead_ns")
 if ov is not None:

@@ -125,6 +125,21 @@ std::optional<int64_t> chained_due(run_result& res, fault_record& r) {
   return std::nullopt;
 }
 
+void poll_job_events(const fs::path& events, uint64_t& offset, job_view& view, run_result& res,
+                     const std::string& ckpt_tool) {
+  for (auto& e : read_events(events, offset)) {
+    view.apply(e);
+    if (e.name == "restored") {
+      const std::string path = e.j.value("path", "");
+      const bool seen = std::any_of(res.restores.begin(), res.restores.end(), [&](const restore_check& r) {
+        return r.path == path && r.incarnation == e.incarnation;
+      });
+      if (!seen) res.restores.push_back(verify_restore(ckpt_tool, e));
+    }
+    res.events.push_back(std::move(e));
+  }
+}
+
 /// The checkpoints and temporaries of one directory into `res`.
 static void collect_checkpoints(const fs::path& ckpt, bool full_names, run_result& res);
 

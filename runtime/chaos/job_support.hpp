@@ -41,6 +41,13 @@ void append_chaos_event(const std::filesystem::path& events, const std::string& 
 /// Runs `grace-ckpt verify` on a `restored` event's directory.
 restore_check verify_restore(const std::string& ckpt_tool, const event& e);
 
+struct job_view;
+/// Reads the events appended since `offset` into `res.events`, applying
+/// each to `view` and verifying every new `restored` directory once
+/// (verify_restore, while the checkpoint still exists).
+void poll_job_events(const std::filesystem::path& events, uint64_t& offset, job_view& view, run_result& res,
+                     const std::string& ckpt_tool);
+
 /// When the chained fault `r` is due: its predecessor's injection time
 /// plus after_ms, or its on_event's first occurrence since then plus
 /// delay_ms; nullopt while unknown. A predecessor that was skipped skips it.

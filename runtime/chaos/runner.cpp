@@ -214,20 +214,7 @@ private:
     return lr;
   }
 
-  void poll_events() {
-    for (auto& e : read_events(events_path_, events_offset_)) {
-      view_.apply(e);
-      if (e.name == "restored") check_restore(e);
-      res_.events.push_back(std::move(e));
-    }
-  }
-
-  void check_restore(const event& e) {
-    std::string path = e.j.value("path", "");
-    for (auto& r : res_.restores)
-      if (r.path == path && r.incarnation == e.incarnation) return;
-    res_.restores.push_back(verify_restore(cfg_.ckpt_tool, e));
-  }
+  void poll_events() { poll_job_events(events_path_, events_offset_, view_, res_, cfg_.ckpt_tool); }
 
   /// Reaps whatever exited; returns true when the launcher did.
   bool reap(launch_record& lr) {
