@@ -233,6 +233,21 @@ int cmd_export(const fs::path& dir, std::optional<uint64_t> step, const fs::path
   return exit_ok;
 }
 
+/// Reads every rank's own state file into m.ranks (shown inline); the
+/// problems, one per unreadable or damaged file.
+std::vector<std::string> resolve_rank_states(const checkpoint_store& store, const fs::path& step_dir,
+                                             checkpoint_manifest& m) {
+  std::vector<std::string> problems;
+  for (auto& [r, file] : m.rank_files) {
+    auto st = store.read_rank_state(step_dir, m, r);
+    if (st)
+      m.ranks[r] = std::move(*st);
+    else
+      problems.push_back(st.err().message);
+  }
+  return problems;
+}
+
 int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
   auto picked = pick_step(dir, step);
   if (auto* e = std::get_if<std::pair<int, std::string>>(&picked)) return fail(e->first, e->second);
@@ -241,6 +256,8 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
   auto m = store.read_manifest(target);
   if (!m) return fail(exit_invalid, m.err().message);
   auto tensors = store.read_tensors(target);
+  const auto rank_problems = resolve_rank_states(store, target, *m);
+  for (auto& p : rank_problems) std::cerr << "grace-ckpt: " << p << "\n";
 
   if (as_json) {
     json files = json::array();
@@ -257,7 +274,14 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
                 {"metadata", m->metadata},
                 {"files", files},
                 {"total_bytes", m->total_bytes()}};
-    if (auto mj = manifest_to_json(*m); mj.contains("ranks")) out["ranks"] = mj["ranks"];
+    if (!m->ranks.empty()) {
+      json ranks = json::object();
+      for (auto& [r, st] : m->ranks) {
+        ranks[std::to_string(r)] = rank_state_to_json(st);
+        if (auto f = m->rank_files.find(r); f != m->rank_files.end()) ranks[std::to_string(r)]["file"] = f->second;
+      }
+      out["ranks"] = std::move(ranks);
+    }
     if (tensors) {
       json ts = json::array();
       for (auto& t : *tensors)
@@ -270,8 +294,9 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
     } else {
       out["tensors_error"] = tensors.err().message;
     }
+    if (!rank_problems.empty()) out["rank_state_errors"] = rank_problems;
     std::cout << out.dump(2) << "\n";
-    return tensors ? exit_ok : exit_invalid;
+    return tensors && rank_problems.empty() ? exit_ok : exit_invalid;
   }
 
   std::time_t t = static_cast<std::time_t>(m->wall_time);
@@ -295,7 +320,9 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
     for (auto& [k, v] : m->metadata) std::cout << "  " << k << " = " << v << "\n";
   }
   for (auto& [r, st] : m->ranks) {
-    std::cout << "rank " << r << "'s own (where it differs):\n";
+    auto f = m->rank_files.find(r);
+    std::cout << "rank " << r << "'s own (where it differs"
+              << (f == m->rank_files.end() ? "" : ", from " + f->second) << "):\n";
     for (auto& [k, v] : st.counters) std::cout << "  " << k << " = " << v << "\n";
     for (auto& [k, v] : st.metadata) std::cout << "  " << k << " = " << v << "\n";
   }
@@ -310,7 +337,7 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
   for (auto& x : *tensors)
     std::printf("  %-*s %-5s %-20s %12" PRIu64 "  %s\n", int(w), x.name.c_str(), dtype_name(x.type),
                 shape_str(x.shape, ", ").c_str(), x.bytes, x.file.c_str());
-  return exit_ok;
+  return rank_problems.empty() ? exit_ok : exit_invalid;
 }
 
 }  // namespace

@@ -288,7 +288,7 @@ status write_index_and_manifest(const fs::path& tmp, const json& index, const ch
   m.kind = meta.kind;
   m.wall_time = now_unix();
   m.counters = meta.counters;
-  m.ranks = meta.ranks;
+  m.rank_files = meta.rank_files;
   m.metadata = meta.metadata;
   m.files = stats.files;
   auto man = write_small(tmp / manifest_file_name, manifest_to_json(m).dump(2) + "\n", stats);
@@ -810,19 +810,54 @@ result<restored_checkpoint> copy_out(const fs::path& step_dir, step_contents& c,
 
 }  // namespace
 
+result<rank_state> checkpoint_store::read_rank_state(const fs::path& step_dir, const checkpoint_manifest& m,
+                                                     uint32_t rank) const {
+  if (auto inline_state = m.ranks.find(rank); inline_state != m.ranks.end()) return inline_state->second;
+  auto named = m.rank_files.find(rank);
+  if (named == m.rank_files.end()) return rank_state{};
+  auto entry = std::find_if(m.files.begin(), m.files.end(), [&](const checkpoint_file& f) { return f.name == named->second; });
+  if (entry == m.files.end())
+    return invalid_file(step_dir / named->second, "rank " + std::to_string(rank) + "'s state file is not in the manifest's files");
+  if (entry->size > (1u << 30)) return invalid_file(step_dir / entry->name, "a rank state file over 1 GiB");
+  std::string text;
+  auto keep = [&text](uint64_t, const unsigned char* p, size_t n) { text.append(reinterpret_cast<const char*>(p), n); };
+  if (auto st = check_file(step_dir, *entry, *staging_, keep, restore_checksums_); !st) return st.err();
+  auto j = json::parse(text, nullptr, false);
+  rank_state out;
+  if (j.is_discarded()) return invalid_file(step_dir / entry->name, "not JSON");
+  if (auto why = rank_state_from_json(j, out); !why.empty()) return invalid_file(step_dir / entry->name, why);
+  return out;
+}
+
 result<restored_checkpoint> checkpoint_store::load(const fs::path& step_dir, const std::vector<tensor_ref>& into,
                                                    const std::vector<void*>& staging, bool& corrupt) const {
   corrupt = true;
   auto c = check_structure(*this, step_dir, *staging_);
   if (!c) return c.err();
-  if (needs_reslice(step_dir, into)) return load_resliced(step_dir, *c, into, staging, restore_checksums_, *staging_, corrupt);
-  const tensor_index by_name = index_tensors(*c);
-  if (auto st = check_request(step_dir, *c, by_name, into, staging, *staging_, corrupt); !st) return st.err();
+  // The restoring rank's own counters and metadata: checked before any
+  // tensor bytes move, like every file the restore reads.
+  rank_state own;
+  if (restoring_ && restoring_->second == c->manifest.world_size) {
+    auto s = read_rank_state(step_dir, c->manifest, restoring_->first);
+    if (!s) return s.err();
+    own = std::move(*s);
+  }
+  auto r = load_tensors(step_dir, *c, into, staging, corrupt);
+  if (r) r->own = r->manifest.state_for(restoring_ ? restoring_->second : c->manifest.world_size, own);
+  return r;
+}
+
+result<restored_checkpoint> checkpoint_store::load_tensors(const fs::path& step_dir, step_contents& c,
+                                                           const std::vector<tensor_ref>& into,
+                                                           const std::vector<void*>& staging, bool& corrupt) const {
+  if (needs_reslice(step_dir, into)) return load_resliced(step_dir, c, into, staging, restore_checksums_, *staging_, corrupt);
+  const tensor_index by_name = index_tensors(c);
+  if (auto st = check_request(step_dir, c, by_name, into, staging, *staging_, corrupt); !st) return st.err();
   // Only when every checksum matched do the bytes move on to the caller's tensors.
-  const read_plan plan = plan_reads(*c, by_name, into, staging);
-  if (auto st = read_and_scatter(step_dir, *c, plan, restore_checksums_, *staging_); !st) return st.err();
+  const read_plan plan = plan_reads(c, by_name, into, staging);
+  if (auto st = read_and_scatter(step_dir, c, plan, restore_checksums_, *staging_); !st) return st.err();
   corrupt = false;
-  return copy_out(step_dir, *c, by_name, into, plan);
+  return copy_out(step_dir, c, by_name, into, plan);
 }
 
 void checkpoint_store::set_aside_if_invalid(const fs::path& step_dir) const {

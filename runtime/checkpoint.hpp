@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@
 namespace grace {
 
 class io_staging;
+namespace ckpt_io {
+struct step_contents;
+}
 
 /// Why a checkpoint was taken (restart policy and tooling read this).
 
@@ -51,8 +55,9 @@ struct checkpoint_meta {
   checkpoint_kind kind = checkpoint_kind::periodic;
   std::map<std::string, int64_t> counters;      ///< e.g. samples seen, rng offset
   std::map<std::string, std::string> metadata;  ///< free-form user metadata
-  /// Set by a sharded commit: ranks whose own counters or metadata differ.
-  std::map<uint32_t, rank_state> ranks;
+  /// Set by a sharded commit: the file holding each rank's own counters
+  /// and metadata, for the ranks whose differ from the committer's.
+  std::map<uint32_t, std::string> rank_files;
 };
 
 /// One file of a checkpoint as recorded in the manifest.
@@ -75,13 +80,20 @@ struct checkpoint_manifest {
   std::map<std::string, int64_t> counters;
   std::map<std::string, std::string> metadata;
   /// Sharded checkpoints: each rank's counters and metadata that differ
-  /// from the ones above (`ranks` in the file; absent: none differ).
+  /// from the ones above, in a file of its own (`ranks` entries
+  /// `{"file": name}`, the file listed in `files`), so the manifest every
+  /// rank reads does not grow with every rank's blobs ...
+  std::map<uint32_t, std::string> rank_files;
+  /// ... or inline (`ranks` entries with counters and metadata), as
+  /// checkpoints written before per-rank files have them.
   std::map<uint32_t, rank_state> ranks;
   std::vector<checkpoint_file> files;
-  /// The counters and metadata `rank` restores: its own where the
-  /// checkpoint has them and was written by `world` ranks, else the
-  /// committer's (a checkpoint restored on another world size).
-  rank_state state_for(uint32_t rank, int world) const;
+  /// The counters and metadata a rank restores when the checkpoint was
+  /// written by `world` ranks: the committer's overlaid with `own` (the
+  /// rank's differing entries: its `ranks` entry or file,
+  /// checkpoint_store::read_rank_state); on another world size the
+  /// committer's alone.
+  rank_state state_for(int world, const rank_state& own) const;
   uint64_t total_bytes() const noexcept {
     uint64_t n = 0;
     for (auto& f : files) n += f.size;
@@ -127,6 +139,9 @@ struct restored_checkpoint {
   std::vector<std::string> loaded;          ///< registered tensors filled in
   std::vector<std::string> unregistered;    ///< in the checkpoint but not registered: ignored
   std::vector<skipped_checkpoint> skipped;  ///< newer checkpoints that failed verification
+  /// The counters and metadata the restoring rank takes (see
+  /// checkpoint_store::set_restoring_rank; without it the committer's).
+  rank_state own;
 };
 
 /// A tensor as stored in a checkpoint (for tools).
@@ -174,6 +189,11 @@ public:
   /// group agree on the previous one at its next restart (the other ranks'
   /// restore of the damaged step is refused at the join).
   void set_aside_damaged_on_restore(bool on) noexcept { set_aside_damaged_ = on; }
+  /// Restores resolve `restored_checkpoint::own` for this rank of a world
+  /// of `world`: in a sharded checkpoint its own counters and metadata,
+  /// whose file is read and verified with the tensors (a damaged one makes
+  /// the step corrupt, as a damaged part does).
+  void set_restoring_rank(uint32_t rank, int world) noexcept { restoring_ = std::make_pair(rank, world); }
 
   /// Faults in this store's O_DIRECT staging pair (two 64 MiB buffers kept
   /// for the life of the store, shared by its saves and restores) as far as
@@ -229,6 +249,12 @@ public:
   result<restored_checkpoint> restore(uint64_t step, const std::vector<tensor_ref>& into,
                                       const std::vector<void*>& staging = {}) const;
 
+  /// The entries where `rank`'s counters and metadata differ from the
+  /// committer's (its `ranks` entry, or its file, checked against the
+  /// manifest's size and checksum); empty when none differ.
+  result<rank_state> read_rank_state(const std::filesystem::path& step_dir, const checkpoint_manifest& m,
+                                     uint32_t rank) const;
+
   /// Parses `grace-manifest.json` of a step directory.
   result<checkpoint_manifest> read_manifest(const std::filesystem::path& step_dir) const;
   /// Tensors of a step directory, from the index and shard headers.
@@ -279,6 +305,9 @@ private:
   /// the checkpoint's (skip it), not the caller's.
   result<restored_checkpoint> load(const std::filesystem::path& step_dir, const std::vector<tensor_ref>& into,
                                    const std::vector<void*>& staging, bool& corrupt) const;
+  result<restored_checkpoint> load_tensors(const std::filesystem::path& step_dir, ckpt_io::step_contents& c,
+                                           const std::vector<tensor_ref>& into, const std::vector<void*>& staging,
+                                           bool& corrupt) const;
   void prune(uint64_t committed_step);
   void set_aside_if_invalid(const std::filesystem::path& step_dir) const;
 
@@ -289,6 +318,7 @@ private:
   bool restore_checksums_ = true;
   bool clean_temporaries_ = true;
   bool set_aside_damaged_ = false;
+  std::optional<std::pair<uint32_t, int>> restoring_;  ///< set_restoring_rank
   std::shared_ptr<io_staging> staging_;  ///< O_DIRECT staging for saves and restores
 };
 

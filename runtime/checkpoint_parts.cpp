@@ -230,6 +230,26 @@ result<json> index_from_parts(const std::vector<part_desc>& parts, int world) tr
   return error{errc::invalid_input, std::string("malformed part description: ") + e.what()};
 }
 
+/// Each rank's own counters and metadata, where they differ from the
+/// committer's `m`, into a file of its own (listed in `stats.files` and
+/// named in `m.rank_files`): every rank reads the manifest, but only its
+/// own state file.
+status write_rank_states(const fs::path& dir, const std::vector<part_desc>& parts, checkpoint_meta& m,
+                         save_stats& stats) {
+  const auto world = static_cast<uint32_t>(parts.size());
+  for (uint32_t r = 0; r < world; ++r) {
+    if (!parts[r].state) continue;
+    auto d = differing(*parts[r].state, m);
+    if (d.empty()) continue;
+    const auto name = rank_state_file_name(r, world);
+    auto f = write_small(dir / name, rank_state_to_json(d).dump(1) + "\n", stats);
+    if (!f) return f.err();
+    stats.files.push_back(*f);
+    m.rank_files[r] = name;
+  }
+  return {};
+}
+
 /// Renames the parts directory to `step-N` (unless a valid one is there).
 status commit_dir(const checkpoint_store& store, const fs::path& dir, uint64_t step, save_stats& stats) {
   const auto final_path = store.step_path(step);
@@ -263,9 +283,7 @@ result<save_stats> checkpoint_store::commit_parts(const checkpoint_meta& meta, c
   if (!index) return index.err();
   auto m = meta;
   m.metadata["grace.format"] = "sharded";
-  for (int r = 0; r < meta.world_size; ++r)
-    if (parts[r].state)
-      if (auto d = differing(*parts[r].state, m); !d.empty()) m.ranks[static_cast<uint32_t>(r)] = std::move(d);
+  if (auto st = write_rank_states(dir, parts, m, stats); !st) return st.err();
   if (auto st = write_index_and_manifest(dir, *index, m, stats); !st) return st.err();
   // Checked as a reader will (every part's header, the parts tiling every
   // tensor) before it becomes a step.

@@ -802,11 +802,14 @@ result<restored_checkpoint> session::impl::restore_newest() {
 
 status session::impl::restore() {
   store = std::make_unique<checkpoint_store>(opts.checkpoint_dir, opts.keep_last);
-  if (!opts.fallback_checkpoint_dir.empty())
+  if (!opts.fallback_checkpoint_dir.empty()) {
     fallback_store = std::make_unique<checkpoint_store>(opts.fallback_checkpoint_dir, opts.keep_last);
+    fallback_store->set_restoring_rank(cluster.rank, static_cast<int>(cluster.world_size));
+  }
   if (opts.broken.restore_without_checksums) store->break_restore_checksums_on_purpose();
   if (opts.broken.keep_stale_temporaries) store->break_temporary_cleanup_on_purpose();
   store->set_aside_damaged_on_restore(true);
+  store->set_restoring_rank(cluster.rank, static_cast<int>(cluster.world_size));
   if (cluster.is_chief()) store->remove_stale_temporaries();
   // The snapshot buffers first: the restore reads into them (warm pages,
   // and a checkpoint that fails verification never touches the tensors).
@@ -817,7 +820,7 @@ status session::impl::restore() {
   for (auto& s : restored->skipped) log->warn("skipped checkpoint {}: {}", s.path.string(), s.reason);
   if (restored->found) {
     completed = restored->manifest.step;
-    const auto own = restored->manifest.state_for(cluster.rank, static_cast<int>(cluster.world_size));
+    const auto& own = restored->own;
     for (auto& [name, p] : counters) {
       auto it = own.counters.find(name);
       if (it != own.counters.end()) *p = it->second;

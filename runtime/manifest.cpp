@@ -160,21 +160,27 @@ json manifest_to_json(const checkpoint_manifest& m) {
               {"counters", m.counters},
               {"metadata", m.metadata},
               {"files", files}};
-  if (!m.ranks.empty()) {
+  if (!m.ranks.empty() || !m.rank_files.empty()) {
     json ranks = json::object();
     for (auto& [r, st] : m.ranks) ranks[std::to_string(r)] = rank_state_to_json(st);
+    for (auto& [r, file] : m.rank_files) ranks[std::to_string(r)] = json{{"file", file}};
     j["ranks"] = std::move(ranks);
   }
   return j;
 }
 
-rank_state checkpoint_manifest::state_for(uint32_t rank, int world) const {
+rank_state checkpoint_manifest::state_for(int world, const rank_state& own) const {
   rank_state out{counters, metadata};
-  auto it = ranks.find(rank);
-  if (world != world_size || it == ranks.end()) return out;
-  for (auto& [k, v] : it->second.counters) out.counters[k] = v;
-  for (auto& [k, v] : it->second.metadata) out.metadata[k] = v;
+  if (world != world_size) return out;
+  for (auto& [k, v] : own.counters) out.counters[k] = v;
+  for (auto& [k, v] : own.metadata) out.metadata[k] = v;
   return out;
+}
+
+std::string rank_state_file_name(uint32_t rank, uint32_t world) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "rank-%05u-of-%05u.state.json", rank + 1, world);
+  return buf;
 }
 
 json rank_state_to_json(const rank_state& s) { return json{{"counters", s.counters}, {"metadata", s.metadata}}; }
@@ -224,6 +230,12 @@ status parse_maps(const fs::path& p, const json& j, checkpoint_manifest& m) {
         m.world_size < 1 || rank >= static_cast<unsigned long>(m.world_size))
       return invalid_file(p, "manifest ranks has an entry '" + k + "' that is not a rank of the world");
     if (!r.is_object()) return invalid_file(p, "manifest ranks entry '" + k + "' is not an object");
+    if (auto f = r.find("file"); f != r.end()) {
+      if (!f->is_string() || !safe_file_name(f->get<std::string>()) || r.size() != 1)
+        return invalid_file(p, "manifest ranks entry '" + k + "' must be {\"file\": <a file name of the step>}");
+      m.rank_files[static_cast<uint32_t>(rank)] = f->get<std::string>();
+      continue;
+    }
     if (auto st = parse_state(p, r, m.ranks[static_cast<uint32_t>(rank)]); !st) return st;
   }
   return {};

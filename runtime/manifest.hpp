@@ -51,6 +51,9 @@ std::string shard_file_name(size_t index, size_t count);
 bool is_shard(const std::string& name);
 /// A name a manifest may list: no path separators, not `.`/`..`, no NUL.
 bool safe_file_name(const std::string& n);
+/// `rank-<R+1>-of-<W>.state.json`: rank R's own counters and metadata in a
+/// sharded checkpoint (the entries that differ from the committer's).
+std::string rank_state_file_name(uint32_t rank, uint32_t world);
 
 /// Reads a small JSON file defensively (size-limited, no exceptions).
 result<nlohmann::json> read_json(const std::filesystem::path& p);

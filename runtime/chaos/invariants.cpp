@@ -237,13 +237,35 @@ verdict no_temp_left(const check_input& in) {
   return v;
 }
 
+/// The faults that can explain what happened in each incarnation: those
+/// injected in it, and a host fault still in effect when a later one
+/// started (a host cut off, frozen or not yet replaced until its
+/// duration, plus dead-after to notice the end, is missing from the
+/// groups started meanwhile: their rendezvous fails, its ranks are killed
+/// as declared dead).
+std::map<int64_t, std::vector<const fault_record*>> faults_by_incarnation(const run_result& res,
+                                                                          const run_config& cfg) {
+  std::map<int64_t, int64_t> started;  // incarnation -> its first group_started
+  for (auto& e : res.events)
+    if (e.name == "group_started" && (!started.count(e.incarnation) || e.t_ns < started[e.incarnation]))
+      started[e.incarnation] = e.t_ns;
+  std::map<int64_t, std::vector<const fault_record*>> out;
+  for (auto& f : res.faults) {
+    if (!injected(f)) continue;
+    out[f.incarnation].push_back(&f);
+    if (!is_host_fault(f.f.kind)) continue;
+    const int64_t lasts_until = f.t_ns + int64_t(f.f.duration_ms + cfg.dead_after_ms) * 1000000;
+    for (auto& [inc, t] : started)
+      if (inc > f.incarnation && t < lasts_until) out[inc].push_back(&f);
+  }
+  return out;
+}
+
 verdict exit_codes(const check_input& in) {
   auto& res = *in.res;
   verdict v{"exit_codes", verdict_status::skip, ""};
   std::vector<std::string> bad;
-  std::map<int64_t, std::vector<const fault_record*>> by_inc;
-  for (auto& f : res.faults)
-    if (injected(f)) by_inc[f.incarnation].push_back(&f);
+  auto by_inc = faults_by_incarnation(res, *in.cfg);
   // Exit 0 is right only for a worker that finished the job (its
   // `finished` event in that incarnation), never after a save that asked
   // for a restart.

@@ -202,6 +202,23 @@ TEST_CASE("a worker of a host declared dead may be killed by its launcher, but n
   CHECK_THAT(find(out, "exit_codes").detail, Catch::Contains("rank 2 exited by signal 9"));
 }
 
+TEST_CASE("a host still cut off when the next group starts explains that group's failed rendezvous", "[chaos]") {
+  auto cfg = two_hosts();
+  // Cut at 5 s for 4 s: incarnation 1 (started at 8 s in partitioned_run)
+  // begins while host 1 is still unreachable; its rendezvous fails (45)
+  // and the group restarts into incarnation 2.
+  auto res = partitioned_run(4000);
+  for (int r = 0; r < 4; ++r) res.events.push_back(ev("worker_exit", 8.5, -1, 1, {{"worker_rank", r}, {"code", 45}}));
+  res.events.push_back(ev("group_started", 8, -1, 1));
+  CHECK(find(check(cfg, res), "exit_codes").status == verdict_status::pass);
+
+  // Had the cut lasted 1 s (healed, plus dead-after, by 7.5 s), nothing explains it.
+  res.faults[0].f.duration_ms = 1000;
+  auto out = check(cfg, res);
+  CHECK(find(out, "exit_codes").status == verdict_status::fail);
+  CHECK_THAT(find(out, "exit_codes").detail, Catch::Contains("incarnation 1 rank 0 exited with 45 (faults in it: none)"));
+}
+
 TEST_CASE("a host paused for less than dead-after is ridden out: no restart owed, nothing fenced", "[chaos]") {
   auto cfg = two_hosts();
   auto res = partitioned_run(800);

@@ -306,19 +306,55 @@ TEST_CASE("a sharded checkpoint keeps each rank's own counters and blobs", "[par
   REQUIRE(store.commit_parts(commit, "t1"));
   auto m = store.read_manifest(store.step_path(5));
   REQUIRE(m);
-  // Only what differs from the committer's: rank 2's offset and blob.
-  REQUIRE(m->ranks.size() == 1);
-  CHECK(m->ranks.at(2).counters == std::map<std::string, int64_t>{{"rng_offset", 12}});
-  CHECK(m->ranks.at(2).metadata == std::map<std::string, std::string>{{"grace.blob.rng", "cmFuazI="}});
-  auto own2 = m->state_for(2, 3);
+  // Only what differs from the committer's, rank 2's offset and blob, in
+  // a file of rank 2's own: the manifest names it and lists its checksum.
+  CHECK(m->ranks.empty());
+  REQUIRE(m->rank_files == std::map<uint32_t, std::string>{{2, "rank-00003-of-00003.state.json"}});
+  CHECK(std::count_if(m->files.begin(), m->files.end(),
+                      [](const checkpoint_file& f) { return f.name == "rank-00003-of-00003.state.json"; }) == 1);
+  auto diff2 = store.read_rank_state(store.step_path(5), *m, 2);
+  REQUIRE(diff2);
+  CHECK(diff2->counters == std::map<std::string, int64_t>{{"rng_offset", 12}});
+  CHECK(diff2->metadata == std::map<std::string, std::string>{{"grace.blob.rng", "cmFuazI="}});
+
+  // A restore resolves the restoring rank's own state.
+  auto restore_as = [&](uint32_t r, uint32_t w) {
+    checkpoint_store reader(d.path / "ck", 3);
+    reader.set_restoring_rank(r, static_cast<int>(w));
+    rank_tensors t(r, w);
+    auto got = reader.restore_latest(t.refs());
+    REQUIRE(got);
+    REQUIRE(got->found);
+    return got->own;
+  };
+  auto own2 = restore_as(2, 3);
   CHECK(own2.counters.at("epoch") == 2);
   CHECK(own2.counters.at("rng_offset") == 12);
   CHECK(own2.metadata.at("grace.blob.rng") == "cmFuazI=");
-  CHECK(m->state_for(0, 3).counters.at("rng_offset") == 10);
-  CHECK(m->state_for(1, 3).counters.at("rng_offset") == 10);  // none of its own: the committer's
+  CHECK(restore_as(0, 3).counters.at("rng_offset") == 10);
+  CHECK(restore_as(1, 3).counters.at("rng_offset") == 10);  // none of its own: the committer's
   // Restored on another world size, every rank takes the committer's.
-  CHECK(m->state_for(2, 2).counters.at("rng_offset") == 10);
-  CHECK(m->state_for(2, 2).metadata.at("grace.blob.rng") == "c2FtZQ==");
+  auto on_two = restore_as(1, 2);
+  CHECK(on_two.counters.at("rng_offset") == 10);
+  CHECK(on_two.metadata.at("grace.blob.rng") == "c2FtZQ==");
+
+  // Rank 2's state file damaged: rank 2's restore finds the step corrupt
+  // and moves it aside; no rank restores it afterwards.
+  {
+    std::fstream f(store.step_path(5) / "rank-00003-of-00003.state.json", std::ios::in | std::ios::out);
+    f.seekp(3);
+    f.put('#');
+  }
+  checkpoint_store reader(d.path / "ck", 3);
+  reader.set_restoring_rank(2, 3);
+  reader.set_aside_damaged_on_restore(true);
+  rank_tensors t2(2, 3);
+  auto got = reader.restore_latest(t2.refs());
+  REQUIRE(got);
+  CHECK_FALSE(got->found);
+  REQUIRE(got->skipped.size() == 1);
+  CHECK_THAT(got->skipped[0].reason, Catch::Contains("rank-00003-of-00003.state.json"));
+  CHECK_FALSE(fs::exists(store.step_path(5)));
 }
 
 TEST_CASE("a manifest's per-rank entries must name ranks of its world", "[parts]") {
@@ -335,7 +371,10 @@ TEST_CASE("a manifest's per-rank entries must name ranks of its world", "[parts]
            {{{"1", {{"counters", {{"a", "b"}}}}}}, "is not a 64-bit integer"},
            {{{"1", {{"counters", {{"a", 18446744073709551615ull}}}}}}, "is not a 64-bit integer"},
            {{{"1", {{"counters", {{"a", 1.5}}}}}}, "is not a 64-bit integer"},
-           {nlohmann::json::array(), "ranks is not an object"}}) {
+           {nlohmann::json::array(), "ranks is not an object"},
+           {{{"1", {{"file", "../x"}}}}, "must be {\"file\""},
+           {{{"1", {{"file", 3}}}}, "must be {\"file\""},
+           {{{"1", {{"file", "a.json"}, {"counters", nlohmann::json::object()}}}}, "must be {\"file\""}}) {
     auto j = base;
     j["ranks"] = bad;
     auto m = manifest_from_json(p, j);
@@ -351,4 +390,18 @@ TEST_CASE("a manifest's per-rank entries must name ranks of its world", "[parts]
   auto back = manifest_from_json(p, manifest_to_json(*m));  // round trip
   REQUIRE(back);
   CHECK(back->ranks.at(1).counters.at("a") == 7);
+
+  j = base;
+  j["ranks"] = {{"1", {{"file", "rank-00002-of-00002.state.json"}}}};
+  m = manifest_from_json(p, j);
+  REQUIRE(m);
+  CHECK(m->rank_files.at(1) == "rank-00002-of-00002.state.json");
+  back = manifest_from_json(p, manifest_to_json(*m));
+  REQUIRE(back);
+  CHECK(back->rank_files == m->rank_files);
+  // Named but not listed in files: the rank that reads it finds it missing.
+  grace::checkpoint_store store(d.path, 3);
+  auto st = store.read_rank_state(d.path, *m, 1);
+  REQUIRE_FALSE(st);
+  CHECK_THAT(st.err().message, Catch::Contains("not in the manifest's files"));
 }
