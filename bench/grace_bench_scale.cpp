@@ -18,6 +18,9 @@
 // Per rep (a fresh incarnation, so every member joins again):
 //   join_ms     first Join sent -> last Welcome received, all members
 //   agree_ms    rank 0's Claim sent -> the last member holding the agreed step
+//   agree_cpu_ms  the coordinator process's CPU time over that round: its
+//               own share, the rest being the members' work and waits (on a
+//               cluster each host does its share on its own CPUs)
 // Once, with every member heartbeating and nothing else going on:
 //   idle_cpu    the coordinator process's CPU time / wall time (1.0 = a core)
 //   hb_per_s    heartbeats the coordinator accepted per second (check: N * 5)
@@ -395,7 +398,7 @@ int main(int argc, char** argv) {
   if (!port) die("publish: " + sys.render(port.error()));
   for (auto& c : chs) put(c.to, std::to_string(*port));
 
-  std::vector<double> join_ms, agree_ms;
+  std::vector<double> join_ms, agree_ms, agree_cpu_ms;
   idle_sample idle;
   int64_t rss1 = 0;
   for (uint32_t rep = 0; rep < reps; ++rep) {
@@ -410,15 +413,18 @@ int main(int argc, char** argv) {
       idle = measure_idle(heartbeats, idle_s);
       rss1 = rss_kib();
     }
+    const double cpu0 = cpu_s();
     int64_t claimed = round_trip(chs, "claim", true);
     agree_ms.push_back((round_trip(chs, "agreed") - claimed) / 1e6);
+    agree_cpu_ms.push_back((cpu_s() - cpu0) * 1e3);
   }
   for (auto& c : chs) put(c.to, "quit");
   for (auto p : pids) ::waitpid(p, nullptr, 0);
   std::printf(
       "{\"row\":\"scale\",\"members\":%u,\"procs\":%u,\"per_host\":%u,\"reps\":%u,\"join_ms\":%.2f,\"agree_ms\":%.3f,"
-      "\"agree_ms_max\":%.3f,\"idle_cpu\":%.4f,\"hb_per_s\":%.0f,\"rss_per_member_kib\":%.2f}\n",
+      "\"agree_ms_max\":%.3f,\"agree_cpu_ms\":%.3f,\"idle_cpu\":%.4f,\"hb_per_s\":%.0f,\"rss_per_member_kib\":%.2f}\n",
       world, procs, per_host, reps, median(join_ms), median(agree_ms), *std::max_element(agree_ms.begin(), agree_ms.end()),
+      median(agree_cpu_ms),
       idle.cpu, idle.hb_per_s, double(rss1 - rss0) / world);
   std::fflush(stdout);
   // The actor system waits for every actor when it is destroyed.

@@ -132,6 +132,8 @@ for r in sorted((r for r in sel("scale") if not r.get("per_host")), key=lambda r
     grow = "x%.1f for x%d members" % (r["join_ms"] / base["join_ms"], n // base["members"]) if base is not r else "baseline"
     add("1f claim -> agreed, %d members (real sockets, %d processes)" % (n, r["procs"]), fmt(r["agree_ms"], "ms"),
         "join of all %s" % fmt(r["join_ms"], "ms"), grow, "< 10 ms at 1024", yes(n < 1024 or r["agree_ms"] < 10))
+    if "agree_cpu_ms" in r:
+        add("   of which the coordinator's own CPU", fmt(r["agree_cpu_ms"], "ms"), "-", "-", "-", "-")
     rss = r["rss_per_member_kib"] * n  # the coordinator process's RSS growth, KiB
     slope = "" if base is r else ", +%.2f KiB per member beyond %d" % (
         (rss - base["rss_per_member_kib"] * base["members"]) / (n - base["members"]), base["members"])
@@ -142,6 +144,9 @@ for r in sorted((r for r in sel("scale") if not r.get("per_host")), key=lambda r
         add("1f   the same as %d hosts of %d, a node relay each" % (h["procs"], h["per_host"]), fmt(h["agree_ms"], "ms"),
             "direct %s" % fmt(r["agree_ms"], "ms"), "%.2fx" % (h["agree_ms"] / r["agree_ms"]), "< 10 ms at 1024",
             yes(n < 1024 or h["agree_ms"] < 10))
+        if "agree_cpu_ms" in h:
+            add("     of which the coordinator's own CPU", fmt(h["agree_cpu_ms"], "ms"),
+                "direct %s" % fmt(r.get("agree_cpu_ms"), "ms"), "-", "-", "-")
         add("     idle coordinator with relays", "%.1f%% of a core" % (100 * h["idle_cpu"]),
             "direct %.1f%%" % (100 * r["idle_cpu"]), "%.2fx" % (h["idle_cpu"] / r["idle_cpu"] if r["idle_cpu"] else 0),
             "< 5% at 1024", yes(n < 1024 or h["idle_cpu"] < 0.05))

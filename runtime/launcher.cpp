@@ -852,6 +852,7 @@ int launcher::run() {
       return exit_code::unhealthy;
     }
     auto started = std::chrono::steady_clock::now();
+    if (elector_) elector_->joined_group();
     if (keeps_history) record_incarnation_start(o_.checkpoint_dir, incarnation_);
     auto g = watch_group();
     if (keeps_history)
@@ -979,6 +980,9 @@ status launcher::start_election() {
   ec.endpoint = ep_.adv.address + ":" + std::to_string(o_.coordinator_port);
   ec.node = static_cast<uint32_t>(o_.node_rank);
   ec.ttl_seconds = o_.etcd_ttl_seconds;
+  // A replacement launcher joining a job in progress leaves the first
+  // campaign after its leader's loss to the running group's launchers.
+  ec.newcomer_defer = std::chrono::milliseconds(1000 * o_.etcd_ttl_seconds + 2000);
   auto e = leader_elector::create(ec, [this] { fence_service(); });
   if (!e) return error{errc::invalid_input, "--etcd: " + e.err().message};
   elector_ = std::move(*e);

@@ -153,12 +153,20 @@ void leader_elector::follow_once() {
   said_unreachable_ = false;
   std::optional<coordinator_location> seen;
   if (*r) seen = location_from(**r);
+  const int64_t now = mono_now();
+  if (*r) absent_since_ = 0;
   switch (next_follow_action(known_, *r ? seen : std::nullopt)) {
     case follow_action::keep: return;
-    case follow_action::campaign: return campaign();
+    case follow_action::campaign:
+      if (!absent_since_) absent_since_ = now;
+      if (!may_campaign(member_, saw_other_, now - absent_since_,
+                        std::chrono::duration_cast<std::chrono::nanoseconds>(cfg_.newcomer_defer).count()))
+        return;
+      return campaign();
     case follow_action::moved:
       if (!seen) return;  // a malformed value: wait for it to expire
       known_ = seen;
+      saw_other_ = true;
       push({leadership_event::type::following, *seen, {}});
       return;
   }
@@ -177,6 +185,7 @@ void leader_elector::campaign() {
     if (current)
       if (auto loc = location_from(*current); loc && (!known_ || loc->epoch > known_->epoch)) {
         known_ = loc;
+        saw_other_ = true;
         push({leadership_event::type::following, *loc, {}});
       }
     return;

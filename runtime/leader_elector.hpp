@@ -14,6 +14,7 @@
 #include "runtime/etcd_client.hpp"
 #include "runtime/leadership.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -32,6 +33,8 @@ struct elector_config {
   uint32_t node = 0;                ///< this launcher's node rank
   int ttl_seconds = 2;              ///< the leader lease
   std::chrono::milliseconds poll{200};  ///< how often a follower reads the key
+  /// A newcomer's wait before it campaigns (see may_campaign).
+  std::chrono::milliseconds newcomer_defer{0};
 };
 
 struct leadership_event {
@@ -60,6 +63,8 @@ public:
   ~leader_elector();
 
   void start();
+  /// This launcher started a group: it may campaign at once from now on.
+  void joined_group() noexcept { member_ = true; }
   /// Stops the thread; `release`: a leader revokes its lease, so a later
   /// job of the same run id need not wait for it to expire.
   void stop(bool release);
@@ -84,6 +89,9 @@ private:
   int64_t lease_id_ = 0;
   bool leading_ = false;
   bool said_unreachable_ = false;
+  std::atomic<bool> member_{false};  ///< joined_group
+  bool saw_other_ = false;           ///< another launcher led while this one watched
+  int64_t absent_since_ = 0;         ///< when the key was first seen absent (0: present)
   std::optional<coordinator_location> known_;  ///< the leader last seen (ours while leading)
   std::thread thread_;
   std::mutex m_;

@@ -35,4 +35,8 @@ follow_action next_follow_action(const std::optional<coordinator_location>& know
   return follow_action::keep;
 }
 
+bool may_campaign(bool member, bool saw_other_leader, int64_t absent_ns, int64_t defer_ns) {
+  return member || !saw_other_leader || absent_ns >= defer_ns;
+}
+
 } // namespace grace

@@ -64,4 +64,13 @@ enum class follow_action {
 follow_action next_follow_action(const std::optional<coordinator_location>& known,
                                  const std::optional<coordinator_location>& seen);
 
+/// Whether a launcher may campaign now that the leader key is absent. A
+/// newcomer (it saw another launcher lead, and has not started a group
+/// since: a replacement host joining a job in progress) waits `defer_ns`
+/// of absence first, so the survivors of the running group elect one of
+/// theirs, which takes the group over; a newcomer elected in its place
+/// would host a fresh service that refuses their rejoin (their work since
+/// the last checkpoint lost). It still leads when no survivor does.
+bool may_campaign(bool member, bool saw_other_leader, int64_t absent_ns, int64_t defer_ns);
+
 } // namespace grace

@@ -48,6 +48,15 @@ TEST_CASE("a follower keeps its leader, follows a newer one, campaigns when ther
   CHECK(next_follow_action(a, std::nullopt) == follow_action::campaign);
 }
 
+TEST_CASE("a newcomer to a job in progress lets the running group's launchers campaign first", "[leadership]") {
+  const int64_t defer = 6'000'000'000;
+  CHECK(may_campaign(false, false, 0, defer));          // a job's start: nobody led yet
+  CHECK(may_campaign(true, true, 0, defer));            // a member of the running group
+  CHECK_FALSE(may_campaign(false, true, 0, defer));     // a replacement host: waits ...
+  CHECK_FALSE(may_campaign(false, true, defer - 1, defer));
+  CHECK(may_campaign(false, true, defer, defer));       // ... unless no survivor took the key
+}
+
 TEST_CASE("leader key: value without the epoch, location with the key's create revision", "[leadership]") {
   CHECK(leader_value("192.0.2.2:29500", 1) == "192.0.2.2:29500 1");
   etcd_value v;
