@@ -206,10 +206,13 @@ std::vector<std::string> checkpoint_peers(caf::actor_system& sys, coordinator_ac
 /// committed checkpoint a peer has and this node lacks, so every rank
 /// restores the same step (runtime/ckpt_fetch.hpp). A peer that does not
 /// answer is skipped; with a shared directory nothing is ever newer.
+/// `own`: this node's server, registered again on the way (a service
+/// elected since this node last registered would not know it).
 void fetch_newer_checkpoint(caf::actor_system& sys, coordinator_actor& coord, const launch_options& o,
-                            const std::string& token, const std::function<void(const std::string&)>& say) {
+                            const std::string& token, const std::string& own,
+                            const std::function<void(const std::string&)>& say) {
   std::vector<peer_checkpoints> peers;
-  for (auto& ep : checkpoint_peers(sys, coord, o, ""))
+  for (auto& ep : checkpoint_peers(sys, coord, o, own))
     if (auto steps = list_remote(ep, token, std::chrono::seconds(2))) peers.push_back({ep, *steps});
   const uint64_t local = checkpoint_store(o.checkpoint_dir).newest_valid_step();
   auto plan = plan_fetch(local, peers);
@@ -462,6 +465,9 @@ result<coordinator_actor> launcher::connect_as_launcher(std::chrono::millisecond
   if (auto st = register_launcher(sys, *h, o_.node_rank, o_.nproc, token_); !st) return st.err();
   coord_ = *h;
   tell_relay_coordinator();
+  // Whichever service this is (a successor elected since), it learns where
+  // this node's checkpoints are served.
+  if (ckpt_server_) checkpoint_peers(sys, coord_, o_, ckpt_server_->endpoint());
   return *h;
 }
 
@@ -585,7 +591,9 @@ void launcher::enter_incarnation() {
       say("starting the group in incarnation " + std::to_string(incarnation_) +
           ", the coordination service's current one");
   }
-  if (node_local_sync_) fetch_newer_checkpoint(sys, coord_, o_, token_, [this](const std::string& l) { say(l); });
+  if (node_local_sync_)
+    fetch_newer_checkpoint(sys, coord_, o_, token_, ckpt_server_ ? ckpt_server_->endpoint() : std::string(),
+                           [this](const std::string& l) { say(l); });
   tell_relay_incarnation();
   set_event_identity(launcher_rank, incarnation_);
 }
@@ -1069,7 +1077,6 @@ void launcher::on_following(const coordinator_location& where) {
     return;
   }
   coord_ = *h;
-  if (ckpt_server_) checkpoint_peers(rt_->sys(), coord_, o_, ckpt_server_->endpoint());
 }
 
 /// The elector's depose hook (its own thread): the service stops deciding

@@ -96,6 +96,7 @@ void netns_testbed::build() {
   ip({"link", "set", br, "up"});
   for (int h = 0; h < hosts_; ++h) {
     const std::string n = ns(h), v = prefix_ + "v" + std::to_string(h), peer = v + "p";
+    ip_quiet({"link", "del", v});  // left by an earlier run of this process, if any
     ip({"netns", "add", n});
     made_.push_back(n);
     ip({"link", "add", v, "type", "veth", "peer", "name", peer});
@@ -119,6 +120,10 @@ void netns_testbed::teardown() noexcept {
     if (!left) break;
     sleep_ms(100);
   }
+  // The veth pairs first, synchronously: a deleted namespace is torn down
+  // by the kernel later, its link with it, and the next run of this
+  // process (a soak) makes links of the same names at once.
+  for (int h = 0; h < static_cast<int>(made_.size()); ++h) ip_quiet({"link", "del", prefix_ + "v" + std::to_string(h)});
   for (auto& n : made_) ip_quiet({"netns", "del", n});
   made_.clear();
   if (bridge_) ip_quiet({"link", "del", prefix_ + "b"});
