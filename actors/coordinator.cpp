@@ -149,6 +149,10 @@ void reset_incarnation(self_ptr self, uint32_t incarnation) {
   membership_config mc;
   mc.dead_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.dead_after).count();
   mc.hung_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.hung_after).count();
+  // A tick this late means this process was frozen: the members' silence
+  // meanwhile is ours (a thawed service would otherwise declare everyone,
+  // its own node's workers included, dead at once).
+  mc.stall_after_ns = mc.dead_after_ns / 2;
   st.members = std::make_unique<membership>(mc);
   for (auto& [rank, w] : st.workers) self->demonitor(w.address());
   st.workers.clear();
@@ -772,7 +776,12 @@ void on_cutoff(self_ptr self, uint64_t gen) {
 /// Heartbeat silence and hangs, checked every heartbeat_check.
 void on_tick(self_ptr self) {
   auto& st = self->state;
-  for (auto& v : st.members->check(now_ns(self))) {
+  auto verdicts = st.members->check(now_ns(self));
+  if (auto stall = st.members->last_stall_ns())
+    st.log->warn("this coordination service did not run for {} ms (its process stalled): that time is not counted "
+                 "as the members' heartbeat silence",
+                 stall / 1'000'000);
+  for (auto& v : verdicts) {
     if (v.what == verdict::slow) {
       st.log->warn("rank {} is slow: {}", v.rank, v.detail);
       emit_event("slow", {{"slow_rank", v.rank}, {"detail", v.detail}});

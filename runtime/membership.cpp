@@ -56,7 +56,23 @@ uint64_t membership::completed(uint32_t rank) const {
   return it == members_.end() ? 0 : it->second.completed;
 }
 
+/// A gap since the previous check beyond stall_after: this process did not
+/// run, so nobody's heartbeats were read; every member's clocks move on by
+/// the gap (never past now), and only silence outside it counts.
+void membership::discount_stall(int64_t now_ns) {
+  last_stall_ns_ = 0;
+  const int64_t gap = last_check_ns_ > 0 ? now_ns - last_check_ns_ : 0;
+  last_check_ns_ = now_ns;
+  if (cfg_.stall_after_ns <= 0 || gap <= cfg_.stall_after_ns) return;
+  last_stall_ns_ = gap;
+  for (auto& [r, s] : members_) {
+    s.last_seen = std::min(now_ns, s.last_seen + gap);
+    s.last_progress = std::min(now_ns, s.last_progress + gap);
+  }
+}
+
 std::vector<member_verdict> membership::check(int64_t now_ns) {
+  discount_stall(now_ns);
   std::vector<member_verdict> out;
   std::vector<int64_t> step_times;
   for (auto& [r, s] : members_) {
