@@ -114,7 +114,10 @@ private:
     if (ec) throw std::runtime_error("cannot create " + run_dir_.string() + ": " + ec.message());
     ckpt_ = run_dir_ / "ckpt";
     fs::create_directories(ckpt_);
-    for (int h = 0; h < cfg_.hosts; ++h) fs::create_directories(ckpt_of(h));
+    for (int h = 0; h < cfg_.hosts; ++h) {
+      fs::create_directories(run_dir_ / ("h" + std::to_string(h)));
+      fs::create_directories(ckpt_of(h));
+    }
     events_path_ = run_dir_ / "events.jsonl";
     std::ofstream(events_path_).flush();
     token_ = job_token();
