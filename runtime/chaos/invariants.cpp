@@ -485,17 +485,19 @@ verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
 /// Fencing on the test bed: a host cut off or frozen past dead-after never
 /// commits a checkpoint in the incarnation it was declared dead in.
 /// When the rest of the group declared the ranks `f` cut off dead: the
-/// first `peer_lost` (dead) verdict on one of them in f's incarnation;
-/// the fault's own time when none was logged. Until then a cut-off host
-/// may still lead (its coordinator's lease not yet run out) and save its
-/// own ranks just in time; after it, it must not commit.
-int64_t fenced_at(const run_result& res, const fault_record& f) {
+/// first `peer_lost` (dead) verdict on one of them in f's incarnation.
+/// Until then a cut-off host may still lead (its coordinator's lease not
+/// yet run out) and save its own ranks just in time; after it, it must not
+/// commit. None: nobody declared it dead (it came back in time, e.g. a
+/// frozen coordination host thawed within its successor's takeover window
+/// and rejoined), so it was never fenced.
+std::optional<int64_t> fenced_at(const run_result& res, const fault_record& f) {
   for (auto& e : res.events)
     if (e.name == "peer_lost" && e.incarnation == f.incarnation && e.t_ns >= f.t_ns &&
         e.j.value("verdict", std::string()) == "dead" &&
         std::find(f.ranks.begin(), f.ranks.end(), e.j.value("lost_rank", int64_t(-1))) != f.ranks.end())
       return e.t_ns;
-  return f.t_ns;
+  return std::nullopt;
 }
 
 verdict no_split_brain(const check_input& in) {
@@ -505,10 +507,11 @@ verdict no_split_brain(const check_input& in) {
   int isolated = 0;
   for (auto& f : res.faults) {
     if (!injected(f) || !declares_dead(f, *in.cfg)) continue;
+    const auto fence = fenced_at(res, f);
+    if (!fence) continue;
     ++isolated;
-    const int64_t fence = fenced_at(res, f);
     for (auto& e : res.events) {
-      if (e.name != "committed_local" || e.incarnation != f.incarnation || e.t_ns <= fence) continue;
+      if (e.name != "committed_local" || e.incarnation != f.incarnation || e.t_ns <= *fence) continue;
       if (std::find(f.ranks.begin(), f.ranks.end(), e.rank) == f.ranks.end()) continue;
       bad.push_back("rank " + std::to_string(e.rank) + " on host " + std::to_string(f.f.host) + " committed " +
                     e.j.value("path", std::string("?")) + " in incarnation " + std::to_string(e.incarnation) +
@@ -517,13 +520,13 @@ verdict no_split_brain(const check_input& in) {
     }
   }
   if (isolated == 0) {
-    v.detail = "no host was cut off or frozen past dead-after";
+    v.detail = "no host was cut off or frozen past dead-after and declared dead";
     return v;
   }
   v.status = bad.empty() ? verdict_status::pass : verdict_status::fail;
   if (bad.empty())
-    v.detail = std::to_string(isolated) + " host(s) cut off or frozen past dead-after; none committed in the "
-               "incarnation it was declared dead in";
+    v.detail = std::to_string(isolated) + " host(s) cut off or frozen past dead-after and declared dead; none "
+               "committed in that incarnation afterwards";
   for (auto& b : bad) v.detail += (v.detail.empty() ? "" : "; ") + b;
   return v;
 }

@@ -59,6 +59,8 @@ run_result partitioned_run(int cut_ms) {
     res.events.push_back(ev("finished", 12, r, 1, {{"step", 100}}));
   }
   res.events.push_back(ev("committed_local", 6.5, 0, 0, {{"step", 50}, {"path", "/ck/step-50"}}));
+  if (cut_ms >= 1500)  // past dead-after: node 0's service declares host 1's ranks dead
+    for (int r : {2, 3}) res.events.push_back(ev("peer_lost", 6.5, -1, 0, {{"lost_rank", r}, {"verdict", "dead"}}));
   res.out = {{"steps_done", 100}, {"step_index_sum", 5050}, {"weights_checksum", "abc"}};
   return res;
 }
@@ -138,8 +140,20 @@ TEST_CASE("a host cut off past dead-after must not commit in the incarnation it 
   CHECK(find(out, "work_lost").status == verdict_status::pass);
   CHECK(out.passed());
 
-  // Rank 2 (host 1) commits after the cut, still in incarnation 0.
-  res.events.push_back(ev("committed_local", 6, 2, 0, {{"step", 52}, {"path", "/ck/step-52"}}));
+  // Rank 2 (host 1) commits after it was declared dead, still in incarnation 0.
+  res.events.push_back(ev("committed_local", 6.6, 2, 0, {{"step", 52}, {"path", "/ck/step-52"}}));
+  out = check(cfg, res);
+  CHECK(find(out, "no_split_brain").status == verdict_status::fail);
+  // Before the verdict it was not fenced yet; and a host nobody declared
+  // dead (back in time) was never fenced at all.
+  res.events.back().t_ns = static_cast<int64_t>(6.4 * sec);
+  CHECK(find(check(cfg, res), "no_split_brain").status == verdict_status::pass);
+  res.events.back().t_ns = static_cast<int64_t>(6.6 * sec);
+  auto undeclared = res;
+  undeclared.events.erase(std::remove_if(undeclared.events.begin(), undeclared.events.end(),
+                                         [](const grace::event& e) { return e.name == "peer_lost"; }),
+                          undeclared.events.end());
+  CHECK(find(check(cfg, undeclared), "no_split_brain").status == verdict_status::skip);
   out = check(cfg, res);
   CHECK(find(out, "no_split_brain").status == verdict_status::fail);
   CHECK_THAT(find(out, "no_split_brain").detail, Catch::Contains("rank 2 on host 1 committed /ck/step-52"));
