@@ -152,7 +152,8 @@ void reset_incarnation(self_ptr self, uint32_t incarnation) {
   // A tick this late means this process was frozen: the members' silence
   // meanwhile is ours (a thawed service would otherwise declare everyone,
   // its own node's workers included, dead at once).
-  mc.stall_after_ns = mc.dead_after_ns / 2;
+  mc.check_interval_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.heartbeat_check).count();
+  mc.stall_after_ns = std::max(mc.dead_after_ns / 2, 3 * mc.check_interval_ns);
   st.members = std::make_unique<membership>(mc);
   for (auto& [rank, w] : st.workers) self->demonitor(w.address());
   st.workers.clear();
@@ -754,6 +755,7 @@ void on_rescue(self_ptr self, uint64_t gen) {
   if (gen != st.rescue_gen) return;
   // Members silent for a third of dead-after are most likely frozen: the
   // rescue does not wait for them (the cutoff would, briefly).
+  st.members->observe(now_ns(self));  // a timer fired late by a freeze of this process
   auto silent = st.members->silent(now_ns(self),
                                    std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.dead_after).count() / 3);
   auto acts = st.agree->on_rescue(silent);

@@ -2,6 +2,7 @@
 // grace-launch + a trainer, injects faults from a schedule (scripted or
 // random from a seed), and proves the invariants of docs/RELIABILITY.md.
 #include "runtime/chaos/invariants.hpp"
+#include "runtime/chaos/job_support.hpp"
 #include "runtime/error.hpp"
 #include "runtime/goodput.hpp"
 #include "runtime/chaos/report.hpp"
@@ -379,13 +380,21 @@ int run_single(const chaos_args& a, const std::vector<fault>& schedule, const fs
 }
 
 /// Runs seeds seed..seed+soak-1, one line each, and writes soak.json.
+/// SIGINT/SIGTERM: the job was killed and what the harness made removed.
+int interrupted_exit() {
+  std::fprintf(stderr,
+               "grace-chaos: interrupted (SIGINT/SIGTERM): the job was killed and what grace-chaos made (test bed, "
+               "tmpfs) removed; a run cut short proves nothing\n");
+  return 130;
+}
+
 int run_soak(const chaos_args& a, const std::function<std::vector<fault>(uint64_t)>& schedule_for,
              const fs::path& out_dir, const reference& ref) {
   int failed = 0, total_faults = 0;
   std::map<std::string, int> kind_count;
   goodput_account soak_goodput;
   auto runs = nlohmann::json::array();
-  for (int i = 0; i < a.soak; ++i) {
+  for (int i = 0; i < a.soak && !interrupted(); ++i) {
     uint64_t s = a.seed + static_cast<uint64_t>(i);
     auto schedule = schedule_for(s);
     std::string kinds_str;
@@ -450,6 +459,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : exit_usage;
   }
   spdlog::set_pattern("[%H:%M:%S.%e] [chaos] %v");
+  install_interrupt_handlers();
   auto kinds = parse_kinds(a.kinds_arg);
   if (!kinds) return usage_error(kinds.err().message);
   for (auto k : *kinds) {
@@ -502,8 +512,9 @@ int main(int argc, char** argv) {
       ref = get_reference(a.cfg, a.cache_dir);
       if (!ref.checksum) std::fprintf(stderr, "grace-chaos: %s\n", ref.note.c_str());
     }
-    if (a.soak == 0) return run_single(a, schedule_for(a.seed), out_dir, ref);
-    return run_soak(a, schedule_for, out_dir, ref);
+    if (interrupted()) return interrupted_exit();
+    const int code = a.soak == 0 ? run_single(a, schedule_for(a.seed), out_dir, ref) : run_soak(a, schedule_for, out_dir, ref);
+    return interrupted() ? interrupted_exit() : code;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "grace-chaos: %s\n", e.what());
     return exit_harness;

@@ -55,8 +55,9 @@ struct checkpoint_meta {
   checkpoint_kind kind = checkpoint_kind::periodic;
   std::map<std::string, int64_t> counters;      ///< e.g. samples seen, rng offset
   std::map<std::string, std::string> metadata;  ///< free-form user metadata
-  /// Set by a sharded commit: the file holding each rank's own counters
-  /// and metadata, for the ranks whose differ from the committer's.
+  /// Filled in by a sharded commit (commit_parts), ignored on input: the
+  /// file holding each rank's own counters and metadata, for the ranks
+  /// whose differ from the committer's.
   std::map<uint32_t, std::string> rank_files;
 };
 
@@ -69,8 +70,11 @@ struct checkpoint_file {
 
 /// The contents of `grace-manifest.json`.
 struct checkpoint_manifest {
-  static constexpr int current_format_version = 1;
-  int format_version = current_format_version;
+  /// 2: some `ranks` entries name a file (`rank_files`); written only then,
+  /// so readers that know 1 alone refuse such a manifest instead of
+  /// restoring the committer's state for every rank.
+  static constexpr int current_format_version = 2;
+  int format_version = 1;
   uint64_t step = 0;
   int world_size = 1;
   std::string run_id;

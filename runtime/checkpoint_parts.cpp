@@ -31,11 +31,7 @@ namespace {
 
 constexpr const char* parts_prefix = ".parts-step-";
 
-std::string part_file_name(uint32_t rank, uint32_t world) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "rank-%05u-of-%05u.safetensors", rank + 1, world);
-  return buf;
-}
+std::string part_file_name(uint32_t rank, uint32_t world) { return rank_file_name(rank, world, ".safetensors"); }
 
 std::string part_manifest_name(uint32_t rank) {
   char buf[32];
@@ -237,6 +233,7 @@ result<json> index_from_parts(const std::vector<part_desc>& parts, int world) tr
 status write_rank_states(const fs::path& dir, const std::vector<part_desc>& parts, checkpoint_meta& m,
                          save_stats& stats) {
   const auto world = static_cast<uint32_t>(parts.size());
+  m.rank_files.clear();
   for (uint32_t r = 0; r < world; ++r) {
     if (!parts[r].state) continue;
     auto d = differing(*parts[r].state, m);

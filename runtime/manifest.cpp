@@ -177,11 +177,13 @@ rank_state checkpoint_manifest::state_for(int world, const rank_state& own) cons
   return out;
 }
 
-std::string rank_state_file_name(uint32_t rank, uint32_t world) {
+std::string rank_file_name(uint32_t rank, uint32_t world, const char* suffix) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "rank-%05u-of-%05u.state.json", rank + 1, world);
+  std::snprintf(buf, sizeof buf, "rank-%05u-of-%05u%s", rank + 1, world, suffix);
   return buf;
 }
+
+std::string rank_state_file_name(uint32_t rank, uint32_t world) { return rank_file_name(rank, world, ".state.json"); }
 
 json rank_state_to_json(const rank_state& s) { return json{{"counters", s.counters}, {"metadata", s.metadata}}; }
 
@@ -231,9 +233,11 @@ status parse_maps(const fs::path& p, const json& j, checkpoint_manifest& m) {
       return invalid_file(p, "manifest ranks has an entry '" + k + "' that is not a rank of the world");
     if (!r.is_object()) return invalid_file(p, "manifest ranks entry '" + k + "' is not an object");
     if (auto f = r.find("file"); f != r.end()) {
-      if (!f->is_string() || !safe_file_name(f->get<std::string>()) || r.size() != 1)
-        return invalid_file(p, "manifest ranks entry '" + k + "' must be {\"file\": <a file name of the step>}");
-      m.rank_files[static_cast<uint32_t>(rank)] = f->get<std::string>();
+      const auto want = rank_state_file_name(static_cast<uint32_t>(rank), static_cast<uint32_t>(m.world_size));
+      if (m.format_version < 2 || !f->is_string() || *f != want || r.size() != 1)
+        return invalid_file(p, "manifest ranks entry '" + k + "' must be {\"file\": \"" + want +
+                                   "\"} (in format_version 2 and later)");
+      m.rank_files[static_cast<uint32_t>(rank)] = want;
       continue;
     }
     if (auto st = parse_state(p, r, m.ranks[static_cast<uint32_t>(rank)]); !st) return st;
@@ -288,6 +292,10 @@ result<checkpoint_manifest> manifest_from_json(const fs::path& p, const json& j)
   try {
     for (auto part : {parse_scalars, parse_maps, parse_files})
       if (auto st = part(p, j, m); !st) return st.err();
+    // Every rank's state file is listed, so a full verify checks it.
+    for (auto& [r, name] : m.rank_files)
+      if (std::none_of(m.files.begin(), m.files.end(), [&n = name](const checkpoint_file& f) { return f.name == n; }))
+        return invalid_file(p, "manifest names " + name + " for rank " + std::to_string(r) + " but does not list it in files");
   } catch (const json::exception& e) {
     return invalid_file(p, std::string("malformed manifest: ") + e.what());
   }

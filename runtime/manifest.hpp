@@ -51,6 +51,9 @@ std::string shard_file_name(size_t index, size_t count);
 bool is_shard(const std::string& name);
 /// A name a manifest may list: no path separators, not `.`/`..`, no NUL.
 bool safe_file_name(const std::string& n);
+/// `rank-<R+1>-of-<W><suffix>`, 5 digits each: a file of rank R's in a
+/// sharded checkpoint.
+std::string rank_file_name(uint32_t rank, uint32_t world, const char* suffix);
 /// `rank-<R+1>-of-<W>.state.json`: rank R's own counters and metadata in a
 /// sharded checkpoint (the entries that differ from the committer's).
 std::string rank_state_file_name(uint32_t rank, uint32_t world);

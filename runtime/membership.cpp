@@ -56,18 +56,21 @@ uint64_t membership::completed(uint32_t rank) const {
   return it == members_.end() ? 0 : it->second.completed;
 }
 
-/// A gap since the previous check beyond stall_after: this process did not
-/// run, so nobody's heartbeats were read; every member's clocks move on by
-/// the gap (never past now), and only silence outside it counts.
+/// A gap since the previous observation beyond stall_after: this process
+/// did not run, so nobody's heartbeats were read; every member's clocks move
+/// on by the gap less one check interval (never past now), and only silence
+/// outside the stall counts.
 void membership::discount_stall(int64_t now_ns) {
   last_stall_ns_ = 0;
   const int64_t gap = last_check_ns_ > 0 ? now_ns - last_check_ns_ : 0;
   last_check_ns_ = now_ns;
   if (cfg_.stall_after_ns <= 0 || gap <= cfg_.stall_after_ns) return;
-  last_stall_ns_ = gap;
+  const int64_t stall = gap - cfg_.check_interval_ns;
+  if (stall <= 0) return;
+  last_stall_ns_ = stall;
   for (auto& [r, s] : members_) {
-    s.last_seen = std::min(now_ns, s.last_seen + gap);
-    s.last_progress = std::min(now_ns, s.last_progress + gap);
+    s.last_seen = std::min(now_ns, s.last_seen + stall);
+    s.last_progress = std::min(now_ns, s.last_progress + stall);
   }
 }
 

@@ -16,10 +16,12 @@ struct membership_config {
   int64_t dead_after_ns = 5'000'000'000;  ///< silence longer than this: dead
   int64_t hung_after_ns = 0;              ///< no progress longer than this: hung (0: off)
   double slow_factor = 3.0;               ///< step time above factor * median: slow
-  /// Two checks further apart than this: the checking process itself was
-  /// stalled (frozen, suspended), and the members' heartbeats could not be
-  /// read meanwhile; the gap is not counted as their silence (0: off).
+  /// Two observations further apart than this: the observing process
+  /// itself was stalled (frozen, suspended), and the members' heartbeats
+  /// could not be read meanwhile; the gap beyond `check_interval_ns` (the
+  /// usual distance between checks) is not counted as their silence (0: off).
   int64_t stall_after_ns = 0;
+  int64_t check_interval_ns = 0;
 };
 
 enum class verdict : uint8_t { healthy, slow, hung, dead };
@@ -52,8 +54,11 @@ public:
   size_t size() const { return members_.size(); }
   /// Suspends hang detection (e.g. while everyone waits at a save).
   void set_paused(bool p) { paused_ = p; }
-  /// The stall the last check discounted (0: none).
+  /// The stall the last observation discounted (0: none).
   int64_t last_stall_ns() const { return last_stall_ns_; }
+  /// Discounts a stall of this process since the last check or observe
+  /// (check does it itself); call before `silent`.
+  void observe(int64_t now_ns) { discount_stall(now_ns); }
 
 private:
   struct state {

@@ -86,7 +86,7 @@ public:
       poll_events();
       reap();
       const int64_t now = now_ns();
-      if (!res_.timed_out && now - res_.start_ns > cfg_.job_timeout_ms * 1000000) time_out();
+      if (!res_.timed_out && (interrupted() || now - res_.start_ns > cfg_.job_timeout_ms * 1000000)) time_out();
       relaunch_due(now);
       progress_active(now);
       maybe_fire(now);
@@ -289,7 +289,9 @@ private:
 
   void time_out() {
     res_.timed_out = true;
-    res_.notes.push_back("job timed out after " + std::to_string(cfg_.job_timeout_ms) + " ms: killing it");
+    res_.notes.push_back(interrupted() ? std::string("interrupted (SIGINT/SIGTERM): killing the job")
+                                       : "job timed out after " + std::to_string(cfg_.job_timeout_ms) +
+                                             " ms: killing it");
     for (int h = 0; h < cfg_.hosts; ++h) {
       tb_->kill_host(h);
       auto& s = slots_[static_cast<size_t>(h)];
@@ -390,11 +392,12 @@ private:
   /// "coordinator": resolved here, and recorded, to the host it is now).
   bool fire_host(fault_record& r, host_active& a, int64_t now) {
     if (r.f.host == coordinator_host) {
-      r.f.host = coordinator_host_now();
-      if (r.f.host < 0) {
+      const int now_host = coordinator_host_now();
+      if (now_host < 0) {
         r.detail = "no coordinator_elected event yet: the coordination host is unknown";
         return false;
       }
+      r.f.host = now_host;
     }
     const int h = r.f.host >= 0 ? r.f.host : 1;
     if (h >= cfg_.hosts || (h == 0 && !cfg_.etcd)) {

@@ -482,8 +482,6 @@ verdict work_lost(const check_input& in, std::vector<fault_loss>& losses) {
   return v;
 }
 
-/// Fencing on the test bed: a host cut off or frozen past dead-after never
-/// commits a checkpoint in the incarnation it was declared dead in.
 /// When the rest of the group declared the ranks `f` cut off dead: the
 /// first `peer_lost` (dead) verdict on one of them in f's incarnation.
 /// Until then a cut-off host may still lead (its coordinator's lease not
@@ -500,15 +498,22 @@ std::optional<int64_t> fenced_at(const run_result& res, const fault_record& f) {
   return std::nullopt;
 }
 
+/// Fencing on the test bed: a host cut off or frozen past dead-after never
+/// commits a checkpoint in the incarnation it was declared dead in, once
+/// it was (fenced_at).
 verdict no_split_brain(const check_input& in) {
   auto& res = *in.res;
   verdict v{"no_split_brain", verdict_status::skip, ""};
   std::vector<std::string> bad;
+  std::string undeclared;  // past dead-after, yet nobody declared it dead: named in the detail
   int isolated = 0;
   for (auto& f : res.faults) {
     if (!injected(f) || !declares_dead(f, *in.cfg)) continue;
     const auto fence = fenced_at(res, f);
-    if (!fence) continue;
+    if (!fence) {
+      undeclared += (undeclared.empty() ? "" : ", ") + std::string("f") + std::to_string(f.index);
+      continue;
+    }
     ++isolated;
     for (auto& e : res.events) {
       if (e.name != "committed_local" || e.incarnation != f.incarnation || e.t_ns <= *fence) continue;
@@ -519,14 +524,15 @@ verdict no_split_brain(const check_input& in) {
       break;
     }
   }
+  const std::string never = undeclared.empty() ? "" : " (" + undeclared + ": back before anyone declared it dead)";
   if (isolated == 0) {
-    v.detail = "no host was cut off or frozen past dead-after and declared dead";
+    v.detail = "no host was cut off or frozen past dead-after and declared dead" + never;
     return v;
   }
   v.status = bad.empty() ? verdict_status::pass : verdict_status::fail;
   if (bad.empty())
     v.detail = std::to_string(isolated) + " host(s) cut off or frozen past dead-after and declared dead; none "
-               "committed in that incarnation afterwards";
+               "committed in that incarnation afterwards" + never;
   for (auto& b : bad) v.detail += (v.detail.empty() ? "" : "; ") + b;
   return v;
 }

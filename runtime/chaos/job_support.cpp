@@ -16,6 +16,21 @@ namespace fs = std::filesystem;
 
 namespace grace::chaos {
 
+namespace {
+volatile std::sig_atomic_t interrupt_signal = 0;
+void on_interrupt(int sig) { interrupt_signal = sig; }
+}  // namespace
+
+void install_interrupt_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool interrupted() { return interrupt_signal != 0; }
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();

@@ -18,6 +18,11 @@
 namespace grace::chaos {
 
 int64_t now_ns();
+/// SIGINT and SIGTERM to grace-chaos stop the job in progress (killed as on
+/// a timeout) and then the harness, which removes what it made (test bed,
+/// tmpfs) on the way out; `interrupted` says whether one came.
+void install_interrupt_handlers();
+bool interrupted();
 void sleep_ms(int ms);
 bool alive(pid_t pid);
 /// Alive and not a zombie waiting to be reaped.

@@ -245,9 +245,12 @@ private:
       if (!kids.empty()) last_children = kids;
       if (reap(lr)) break;
       int64_t now = now_ns();
-      if (now - res_.start_ns > cfg_.job_timeout_ms * 1000000) {
+      if (interrupted() || now - res_.start_ns > cfg_.job_timeout_ms * 1000000) {
+        if (!res_.timed_out)
+          res_.notes.push_back(interrupted() ? std::string("interrupted (SIGINT/SIGTERM): killing the job")
+                                             : "job timed out after " + std::to_string(cfg_.job_timeout_ms) +
+                                                   " ms: killing it");
         res_.timed_out = true;
-        res_.notes.push_back("job timed out after " + std::to_string(cfg_.job_timeout_ms) + " ms: killing it");
         kill_job(lr.pid, last_children);
       }
       progress_active(lr, last_children, now);

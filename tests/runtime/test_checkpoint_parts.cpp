@@ -309,6 +309,7 @@ TEST_CASE("a sharded checkpoint keeps each rank's own counters and blobs", "[par
   // Only what differs from the committer's, rank 2's offset and blob, in
   // a file of rank 2's own: the manifest names it and lists its checksum.
   CHECK(m->ranks.empty());
+  CHECK(m->format_version == 2);
   REQUIRE(m->rank_files == std::map<uint32_t, std::string>{{2, "rank-00003-of-00003.state.json"}});
   CHECK(std::count_if(m->files.begin(), m->files.end(),
                       [](const checkpoint_file& f) { return f.name == "rank-00003-of-00003.state.json"; }) == 1);
@@ -372,9 +373,11 @@ TEST_CASE("a manifest's per-rank entries must name ranks of its world", "[parts]
            {{{"1", {{"counters", {{"a", 18446744073709551615ull}}}}}}, "is not a 64-bit integer"},
            {{{"1", {{"counters", {{"a", 1.5}}}}}}, "is not a 64-bit integer"},
            {nlohmann::json::array(), "ranks is not an object"},
-           {{{"1", {{"file", "../x"}}}}, "must be {\"file\""},
+           {{{"1", {{"file", "../x"}}}}, "must be {\"file\": \"rank-00002-of-00002.state.json\"}"},
            {{{"1", {{"file", 3}}}}, "must be {\"file\""},
-           {{{"1", {{"file", "a.json"}, {"counters", nlohmann::json::object()}}}}, "must be {\"file\""}}) {
+           {{{"1", {{"file", "rank-00001-of-00002.safetensors"}}}}, "must be {\"file\""},
+           {{{"1", {{"file", "rank-00002-of-00002.state.json"}, {"counters", nlohmann::json::object()}}}},
+            "must be {\"file\""}}) {
     auto j = base;
     j["ranks"] = bad;
     auto m = manifest_from_json(p, j);
@@ -391,17 +394,23 @@ TEST_CASE("a manifest's per-rank entries must name ranks of its world", "[parts]
   REQUIRE(back);
   CHECK(back->ranks.at(1).counters.at("a") == 7);
 
+  // A state file: only in format_version 2, and listed in files.
   j = base;
   j["ranks"] = {{"1", {{"file", "rank-00002-of-00002.state.json"}}}};
+  m = manifest_from_json(p, j);
+  REQUIRE_FALSE(m);
+  CHECK_THAT(m.err().message, Catch::Contains("in format_version 2 and later"));
+  j["format_version"] = 2;
+  m = manifest_from_json(p, j);
+  REQUIRE_FALSE(m);
+  CHECK_THAT(m.err().message, Catch::Contains("does not list it in files"));
+  j["files"] = {{{"name", "rank-00002-of-00002.state.json"}, {"size", 10u}, {"xxh3", "0000000000000000"}}};
   m = manifest_from_json(p, j);
   REQUIRE(m);
   CHECK(m->rank_files.at(1) == "rank-00002-of-00002.state.json");
   back = manifest_from_json(p, manifest_to_json(*m));
   REQUIRE(back);
   CHECK(back->rank_files == m->rank_files);
-  // Named but not listed in files: the rank that reads it finds it missing.
-  grace::checkpoint_store store(d.path, 3);
-  auto st = store.read_rank_state(d.path, *m, 1);
-  REQUIRE_FALSE(st);
-  CHECK_THAT(st.err().message, Catch::Contains("not in the manifest's files"));
+  j["format_version"] = 3;
+  CHECK_FALSE(manifest_from_json(p, j));
 }

@@ -52,6 +52,7 @@ TEST_CASE("membership: much slower steps mean slow, not dead", "[membership]") {
 TEST_CASE("membership: the checker's own stall is not the members' silence", "[membership]") {
   membership_config c{1500 * ms, 0, 3.0};
   c.stall_after_ns = 750 * ms;
+  c.check_interval_ns = 250 * ms;
   membership m(c);
   m.add(0, 0, 0);
   m.add(1, 0, 0);
@@ -60,20 +61,29 @@ TEST_CASE("membership: the checker's own stall is not the members' silence", "[m
   CHECK(m.check(250 * ms).empty());
   // Frozen from 250 ms to 3500 ms: nobody's heartbeats were read.
   CHECK(m.check(3500 * ms).empty());
-  CHECK(m.last_stall_ns() == 3250 * ms);
+  CHECK(m.last_stall_ns() == 3000 * ms);  // the gap less one check interval
   // After the thaw rank 0 is heard, rank 1 stays silent: dead once its
-  // silence outside the stall passes dead-after (200 ms + 3250 ms + 1500 ms).
+  // silence outside the stall passes dead-after (200 ms + 3000 ms + 1500 ms).
   m.heartbeat(0, 3600 * ms, 2, 1 * ms);
   CHECK(m.check(3750 * ms).empty());
   CHECK(m.last_stall_ns() == 0);
   CHECK(m.check(4000 * ms).empty());
   CHECK(m.check(4500 * ms).empty());
   m.heartbeat(0, 4600 * ms, 3, 1 * ms);
-  CHECK(m.check(4750 * ms).empty());
-  auto v = m.check(5000 * ms);
+  auto v = m.check(4750 * ms);
   REQUIRE(v.size() == 1);
   CHECK(v[0].rank == 1);
   CHECK(v[0].what == verdict::dead);
+
+  // Checks at their usual interval never count as a stall, however short
+  // dead-after is: a silent member still dies.
+  membership_config tight{400 * ms, 0, 3.0};
+  tight.stall_after_ns = 750 * ms;
+  tight.check_interval_ns = 250 * ms;
+  membership t(tight);
+  t.add(0, 0, 0);
+  CHECK(t.check(250 * ms).empty());
+  CHECK(t.check(500 * ms).size() == 1);
 
   // Without the setting (0) the same gap is silence.
   membership plain({1500 * ms, 0, 3.0});
