@@ -10,6 +10,7 @@ Run by CTest with /usr/bin/python3 and PYTHONPATH=<build>/python; exits 77
 """
 import ctypes
 import json
+import re
 import os
 import shutil
 import signal
@@ -234,19 +235,24 @@ rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 rows = 8 // world
 m = np.zeros((rows, 2), np.float32)
 tag = [b"none"]
-with grace.Session(sys.argv[2], save_every=5, exit_on_stop=False) as g:
-    g.register_tensor("m", m, global_shape=[8, 2], offsets=[rank * rows, 0])
-    c = g.counter("cursor")
-    g.register_blob("tag", lambda: tag[0], lambda b: tag.__setitem__(0, b))
-    start = g.attach()
-    print(f"RESTORED {rank} {world} {start} {c.value} {tag[0].decode()}", flush=True)
-    for step in g.steps(int(sys.argv[1])):
-        m += 1
-        c.value = 1000 * rank + step
-        tag[0] = f"rank{rank}-step{step}".encode()
-        if len(sys.argv) > 3 and rank == 1 and step == int(sys.argv[3]) and os.environ["GRACE_INCARNATION"] == "0":
-            os.kill(os.getpid(), 9)  # lost: its part comes from its replica on rank 0
-        time.sleep(0.01)
+g = grace.Session(sys.argv[2], save_every=5, exit_on_stop=False)
+try:
+    with g:
+        g.register_tensor("m", m, global_shape=[8, 2], offsets=[rank * rows, 0])
+        c = g.counter("cursor")
+        g.register_blob("tag", lambda: tag[0], lambda b: tag.__setitem__(0, b))
+        start = g.attach()
+        print(f"RESTORED {rank} {world} {start} {c.value} {tag[0].decode()}", flush=True)
+        for step in g.steps(int(sys.argv[1])):
+            m += 1
+            g.all_reduce_(np.ones(1, np.float32))  # in lockstep, as data-parallel training is
+            c.value = 1000 * rank + step
+            tag[0] = f"rank{rank}-step{step}".encode()
+            if len(sys.argv) > 3 and rank == 1 and step == int(sys.argv[3]) and os.environ["GRACE_INCARNATION"] == "0":
+                os.kill(os.getpid(), 9)  # lost: its part comes from its replica on rank 0
+            time.sleep(0.01)
+except grace.CollectiveError:
+    sys.exit(g.exit_code)  # the peer's loss: the session saved just in time
 """
 
     def launch_per_rank(self, d, nproc, total, kill_at=None):
@@ -257,7 +263,10 @@ with grace.Session(sys.argv[2], save_every=5, exit_on_stop=False) as g:
         out = subprocess.run([os.environ["GRACE_LAUNCH"], "--nproc", str(nproc), "--", sys.executable, script,
                               str(total), os.path.join(d, "ck")] + extra, capture_output=True, text=True, timeout=120)
         self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
-        return sorted(l.split()[1:] for l in out.stdout.splitlines() if l.startswith("RESTORED"))
+        # Two workers share the pipe: a log line may land right after a
+        # RESTORED line's last field, so fields are matched, not split.
+        found = re.findall(r"RESTORED (\d+) (\d+) (\d+) (\d+) (none|rank\d+-step\d+)", out.stdout)
+        return sorted(list(f) for f in found)
 
     @unittest.skipUnless(os.environ.get("GRACE_LAUNCH"), "needs grace-launch (GRACE_LAUNCH)")
     def test_each_rank_restores_its_own_counters_and_blobs(self):
