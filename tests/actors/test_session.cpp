@@ -94,11 +94,13 @@ TEST_CASE("session: a grace-period countdown while periodic saves are in flight 
   CHECK(g.exit_code() == exit_code::restart);
   CHECK(g.stop_reason().find("checkpoint at step " + std::to_string(g.completed_steps()) + " committed") !=
         std::string::npos);
-  // Training went on after the notice's first save (agreed at step 6 or 7)
-  // until the final save, committed at the step the worker stopped at.
-  // With a periodic save after every step, both agreed saves found their
-  // step on disk already and reported it instead of writing it again.
-  CHECK(g.completed_steps() > 7);
+  // The final save is committed at the step the worker stopped at, at or
+  // after the notice's first agreed save (step 6 or 7). How far training
+  // went on before it depends on save times against the 800 ms grace
+  // period (under a sanitizer on a loaded machine, not at all). With a
+  // periodic save after every step, the agreed saves found their step on
+  // disk already and reported it instead of writing it again.
+  CHECK(g.completed_steps() >= 6);
   checkpoint_store store(dir.path, 1000);
   uint64_t newest = 0;
   size_t valid = 0;
