@@ -70,6 +70,7 @@ struct coordinator_state {
   uint64_t rescue_gen = 0;       ///< tags the armed timers; older ones are ignored
   int64_t rescue_cutoff_ns = 0;
   int64_t last_saved_ns = 0;                   ///< snapshot + write of the newest agreement save reported
+  bool fenced = false;                         ///< lease lapsed (cfg.lease_holds): decides nothing more
   bool takeover = false;                       ///< survivors of a predecessor service may rejoin
   int64_t takeover_since_ns = 0;
   uint64_t takeover_gen = 0;
@@ -181,7 +182,26 @@ std::optional<int32_t> relay_node(self_ptr self, uint32_t rank) {
 }
 
 /// Carries out the state machine's actions; returns the claim reply if any.
+/// coordinator_config::lease_holds: true once this service lost its lease.
+/// It then stops; its members rejoin the successor elected through etcd.
+bool fenced(self_ptr self) {
+  auto& st = self->state;
+  if (st.fenced) return true;
+  if (!st.cfg.lease_holds || st.cfg.lease_holds()) return false;
+  st.fenced = true;
+  st.log->warn("the leader lease lapsed (this host was frozen or cut off from etcd): this service decides nothing "
+               "more and stops");
+  emit_event("coordinator_fenced", {{"incarnation", st.cfg.incarnation}});
+  self->quit(caf::exit_reason::user_shutdown);
+  return true;
+}
+
 std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& acts) {
+  if (!acts.empty() && fenced(self))
+    return make<proto::ClaimReply>([](auto b) {
+      b.setWon(false);
+      b.setHolder(launcher_rank);
+    });
   auto reply = carry_out(self, acts);
   arm_rescue(self);
   return reply;
@@ -334,6 +354,7 @@ void report_to_host(self_ptr self, uint32_t rank, const std::string& why) {
 
 /// Answers table waiters (gets and barriers) by their ids.
 void deliver(self_ptr self, const std::vector<rendezvous_table::reply>& replies) {
+  if (!replies.empty() && fenced(self)) return;
   auto& st = self->state;
   for (auto& r : replies) {
     if (auto it = st.get_waiters.find(r.waiter); it != st.get_waiters.end()) {

@@ -80,6 +80,12 @@ struct coordinator_config {
   /// duration of that step. grace-launch's metrics and goodput account use
   /// it. Must not block.
   std::function<void(uint32_t rank, uint64_t completed, int64_t last_step_ns)> on_progress;
+  /// The etcd backend's fence (runtime/leader_elector.hpp, lease_holds):
+  /// asked before each decision; once it says no, the service decides
+  /// nothing more (a claim is answered "not won") and stops, so a host
+  /// thawed after its lease ran out cannot agree a save with its own ranks
+  /// in the moment before its elector deposes it. May block briefly.
+  std::function<bool()> lease_holds;
 };
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg);

@@ -248,6 +248,92 @@ std::vector<std::string> resolve_rank_states(const checkpoint_store& store, cons
   return problems;
 }
 
+/// What `show` reads of one checkpoint: its manifest, its tensors (or why
+/// they are unreadable) and the problems with its per-rank state files.
+struct shown {
+  fs::path path;
+  checkpoint_manifest meta;
+  result<std::vector<stored_tensor>> tensors;
+  std::vector<std::string> rank_problems;
+};
+
+int show_json(const shown& s) {
+  const auto& m = s.meta;
+  json files = json::array();
+  for (auto& f : m.files) files.push_back({{"name", f.name}, {"size", f.size}, {"xxh3", f.xxh3}});
+  json out = {{"path", s.path.string()}, {"format_version", m.format_version}, {"step", m.step},
+              {"world_size", m.world_size}, {"run_id", m.run_id},           {"incarnation", m.incarnation},
+              {"kind", to_string(m.kind)},  {"wall_time", m.wall_time},     {"counters", m.counters},
+              {"metadata", m.metadata},     {"files", files},               {"total_bytes", m.total_bytes()}};
+  if (!m.ranks.empty()) {
+    json ranks = json::object();
+    for (auto& [r, st] : m.ranks) {
+      ranks[std::to_string(r)] = rank_state_to_json(st);
+      if (auto f = m.rank_files.find(r); f != m.rank_files.end()) ranks[std::to_string(r)]["file"] = f->second;
+    }
+    out["ranks"] = std::move(ranks);
+  }
+  if (s.tensors) {
+    json ts = json::array();
+    for (auto& t : *s.tensors)
+      ts.push_back({{"name", t.name}, {"dtype", dtype_name(t.type)}, {"shape", t.shape}, {"bytes", t.bytes},
+                    {"file", t.file}});
+    out["tensors"] = ts;
+  } else {
+    out["tensors_error"] = s.tensors.err().message;
+  }
+  if (!s.rank_problems.empty()) out["rank_state_errors"] = s.rank_problems;
+  std::cout << out.dump(2) << "\n";
+  return s.tensors && s.rank_problems.empty() ? exit_ok : exit_invalid;
+}
+
+void print_header(const shown& s) {
+  const auto& m = s.meta;
+  std::time_t t = static_cast<std::time_t>(m.wall_time);
+  char when[64];
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
+  std::cout << "path:        " << s.path.string() << "\n"
+            << "step:        " << m.step << "\n"
+            << "kind:        " << to_string(m.kind) << "\n"
+            << "run_id:      " << m.run_id << "\n"
+            << "incarnation: " << m.incarnation << "\n"
+            << "world_size:  " << m.world_size << "\n"
+            << "written:     " << when << "\n"
+            << "format:      " << m.format_version << "\n"
+            << "size:        " << human(m.total_bytes()) << " in " << m.files.size() << " files\n";
+  if (!m.counters.empty()) {
+    std::cout << "counters:\n";
+    for (auto& [k, v] : m.counters) std::cout << "  " << k << " = " << v << "\n";
+  }
+  if (!m.metadata.empty()) {
+    std::cout << "metadata:\n";
+    for (auto& [k, v] : m.metadata) std::cout << "  " << k << " = " << v << "\n";
+  }
+  for (auto& [r, st] : m.ranks) {
+    auto f = m.rank_files.find(r);
+    std::cout << "rank " << r << "'s own (where it differs"
+              << (f == m.rank_files.end() ? "" : ", from " + f->second) << "):\n";
+    for (auto& [k, v] : st.counters) std::cout << "  " << k << " = " << v << "\n";
+    for (auto& [k, v] : st.metadata) std::cout << "  " << k << " = " << v << "\n";
+  }
+}
+
+int show_text(const shown& s) {
+  print_header(s);
+  std::cout << "files:\n";
+  for (auto& f : s.meta.files)
+    std::printf("  %-40s %12s  xxh3 %s\n", f.name.c_str(), human(f.size).c_str(), f.xxh3.c_str());
+  if (!s.tensors) return fail(exit_invalid, s.tensors.err().message);
+  size_t w = 4;
+  for (auto& x : *s.tensors) w = std::max(w, x.name.size());
+  std::cout << "tensors (" << s.tensors->size() << "):\n";
+  std::printf("  %-*s %-5s %-20s %12s  %s\n", int(w), "NAME", "DTYPE", "SHAPE", "BYTES", "FILE");
+  for (auto& x : *s.tensors)
+    std::printf("  %-*s %-5s %-20s %12" PRIu64 "  %s\n", int(w), x.name.c_str(), dtype_name(x.type),
+                shape_str(x.shape, ", ").c_str(), x.bytes, x.file.c_str());
+  return s.rank_problems.empty() ? exit_ok : exit_invalid;
+}
+
 int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
   auto picked = pick_step(dir, step);
   if (auto* e = std::get_if<std::pair<int, std::string>>(&picked)) return fail(e->first, e->second);
@@ -255,89 +341,10 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
   checkpoint_store store(dir);
   auto m = store.read_manifest(target);
   if (!m) return fail(exit_invalid, m.err().message);
-  auto tensors = store.read_tensors(target);
-  const auto rank_problems = resolve_rank_states(store, target, *m);
-  for (auto& p : rank_problems) std::cerr << "grace-ckpt: " << p << "\n";
-
-  if (as_json) {
-    json files = json::array();
-    for (auto& f : m->files) files.push_back({{"name", f.name}, {"size", f.size}, {"xxh3", f.xxh3}});
-    json out = {{"path", target.string()},
-                {"format_version", m->format_version},
-                {"step", m->step},
-                {"world_size", m->world_size},
-                {"run_id", m->run_id},
-                {"incarnation", m->incarnation},
-                {"kind", to_string(m->kind)},
-                {"wall_time", m->wall_time},
-                {"counters", m->counters},
-                {"metadata", m->metadata},
-                {"files", files},
-                {"total_bytes", m->total_bytes()}};
-    if (!m->ranks.empty()) {
-      json ranks = json::object();
-      for (auto& [r, st] : m->ranks) {
-        ranks[std::to_string(r)] = rank_state_to_json(st);
-        if (auto f = m->rank_files.find(r); f != m->rank_files.end()) ranks[std::to_string(r)]["file"] = f->second;
-      }
-      out["ranks"] = std::move(ranks);
-    }
-    if (tensors) {
-      json ts = json::array();
-      for (auto& t : *tensors)
-        ts.push_back({{"name", t.name},
-                      {"dtype", dtype_name(t.type)},
-                      {"shape", t.shape},
-                      {"bytes", t.bytes},
-                      {"file", t.file}});
-      out["tensors"] = ts;
-    } else {
-      out["tensors_error"] = tensors.err().message;
-    }
-    if (!rank_problems.empty()) out["rank_state_errors"] = rank_problems;
-    std::cout << out.dump(2) << "\n";
-    return tensors && rank_problems.empty() ? exit_ok : exit_invalid;
-  }
-
-  std::time_t t = static_cast<std::time_t>(m->wall_time);
-  char when[64];
-  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
-  std::cout << "path:        " << target.string() << "\n"
-            << "step:        " << m->step << "\n"
-            << "kind:        " << to_string(m->kind) << "\n"
-            << "run_id:      " << m->run_id << "\n"
-            << "incarnation: " << m->incarnation << "\n"
-            << "world_size:  " << m->world_size << "\n"
-            << "written:     " << when << "\n"
-            << "format:      " << m->format_version << "\n"
-            << "size:        " << human(m->total_bytes()) << " in " << m->files.size() << " files\n";
-  if (!m->counters.empty()) {
-    std::cout << "counters:\n";
-    for (auto& [k, v] : m->counters) std::cout << "  " << k << " = " << v << "\n";
-  }
-  if (!m->metadata.empty()) {
-    std::cout << "metadata:\n";
-    for (auto& [k, v] : m->metadata) std::cout << "  " << k << " = " << v << "\n";
-  }
-  for (auto& [r, st] : m->ranks) {
-    auto f = m->rank_files.find(r);
-    std::cout << "rank " << r << "'s own (where it differs"
-              << (f == m->rank_files.end() ? "" : ", from " + f->second) << "):\n";
-    for (auto& [k, v] : st.counters) std::cout << "  " << k << " = " << v << "\n";
-    for (auto& [k, v] : st.metadata) std::cout << "  " << k << " = " << v << "\n";
-  }
-  std::cout << "files:\n";
-  for (auto& f : m->files)
-    std::printf("  %-40s %12s  xxh3 %s\n", f.name.c_str(), human(f.size).c_str(), f.xxh3.c_str());
-  if (!tensors) return fail(exit_invalid, tensors.err().message);
-  size_t w = 4;
-  for (auto& x : *tensors) w = std::max(w, x.name.size());
-  std::cout << "tensors (" << tensors->size() << "):\n";
-  std::printf("  %-*s %-5s %-20s %12s  %s\n", int(w), "NAME", "DTYPE", "SHAPE", "BYTES", "FILE");
-  for (auto& x : *tensors)
-    std::printf("  %-*s %-5s %-20s %12" PRIu64 "  %s\n", int(w), x.name.c_str(), dtype_name(x.type),
-                shape_str(x.shape, ", ").c_str(), x.bytes, x.file.c_str());
-  return rank_problems.empty() ? exit_ok : exit_invalid;
+  shown s{target, *m, store.read_tensors(target), {}};
+  s.rank_problems = resolve_rank_states(store, target, s.meta);
+  for (auto& p : s.rank_problems) std::cerr << "grace-ckpt: " << p << "\n";
+  return as_json ? show_json(s) : show_text(s);
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fcntl.h>
 #include <mutex>
@@ -327,6 +328,7 @@ private:
   void report_goodput(const goodput_account& a) const;
   status host_or_join_coordinator();
   coordinator_config service_config(bool takeover, uint64_t epoch);
+  std::function<bool()> lease_check() const;
   status host_service(bool takeover, uint64_t epoch);
   bool hosts_service() const { return elector_ ? leading_ : o_.node_rank == 0; }
   status start_election();
@@ -382,7 +384,7 @@ private:
   bool spares_said_ready_ = false;
   std::optional<uint32_t> spares_group_;  ///< the incarnation during which spares were last started
   // --etcd: the election of the launcher hosting the service
-  std::unique_ptr<leader_elector> elector_;
+  std::shared_ptr<leader_elector> elector_;  ///< shared with the hosted service's lease check
   bool leading_ = false;
   bool group_running_ = false;
   bool warned_plaintext_ = false;
@@ -511,7 +513,20 @@ coordinator_config launcher::service_config(bool takeover, uint64_t epoch) {
   cc.takeover_window = o_.takeover_window;
   cc.own_node = o_.node_rank;
   cc.nproc = o_.nproc;
+  if (elector_) cc.lease_holds = lease_check();
   return cc;
+}
+
+/// The hosted service's fence (coordinator_config::lease_holds). Its wait
+/// covers the elector's renewal try at its slowest (each etcd endpoint
+/// timing out on connect and on read), so the check reports the outcome
+/// and never gives up while the elector still leads.
+std::function<bool()> launcher::lease_check() const {
+  const auto limit = std::chrono::milliseconds(2000 * (1 + std::count(o_.etcd.begin(), o_.etcd.end(), ',')) + 1000);
+  return [w = std::weak_ptr<leader_elector>(elector_), limit] {
+    auto e = w.lock();
+    return e && e->lease_holds(limit);
+  };
 }
 
 /// Spawns and publishes the coordination service on this node.

@@ -99,6 +99,25 @@ void leader_elector::push(leadership_event e) {
   }
 }
 
+void leader_elector::renewed(int64_t t0) {
+  lease_.renewed(t0);
+  valid_until_ = t0 + lease_.ttl_ns() / 2;
+  ++lease_news_;
+}
+
+bool leader_elector::lease_holds(std::chrono::milliseconds limit) const {
+  const int64_t start = mono_now();
+  const int64_t until = valid_until_;
+  if (until < 0) return false;  // deposed, or never elected
+  if (start < until) return true;
+  // Lapsed: the elector's thread is about to try a renewal (its wait ended
+  // while the host was frozen). Wait for its outcome, not for the clock.
+  const uint64_t seen = lease_news_;
+  const int64_t give_up = start + std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count();
+  while (lease_news_ == seen && mono_now() < give_up) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  return mono_now() < valid_until_;
+}
+
 void leader_elector::etcd_failed(const std::string& why) {
   if (std::exchange(said_unreachable_, true)) return;
   leadership_event e;
@@ -131,7 +150,7 @@ void leader_elector::lead_once() {
   if (t0 >= lease_.renew_at()) {
     auto r = client_.keep_alive(lease_id_);
     if (r) {
-      lease_.renewed(t0);
+      renewed(t0);
       said_unreachable_ = false;
     } else {
       etcd_failed("lease renewal: " + r.err().message);
@@ -139,6 +158,8 @@ void leader_elector::lead_once() {
   }
   if (lease_.may_lead(mono_now())) return;
   leading_ = false;
+  valid_until_ = -1;
+  ++lease_news_;
   if (depose_) depose_();
   leadership_event e;
   e.what = leadership_event::type::deposed;
@@ -200,7 +221,7 @@ void leader_elector::campaign() {
     return etcd_failed("campaign: the leader key could not be read back");
   }
   lease_id_ = *lease;
-  lease_.renewed(t0);
+  renewed(t0);
   leading_ = true;
   known_ = loc;
   push({leadership_event::type::elected, *loc, {}});

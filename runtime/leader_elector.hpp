@@ -69,6 +69,16 @@ public:
   /// job of the same run id need not wait for it to expire.
   void stop(bool release);
 
+  /// Whether the service this launcher hosts may decide now: true while the
+  /// lease was renewed less than half its TTL ago. Once that lapsed (the
+  /// host was frozen, or etcd was out of reach) it waits, at most `limit`,
+  /// for this elector's next renewal try: true if etcd renewed the lease,
+  /// false if it is lost (the elector deposes the service) or the wait
+  /// ran out. Thread-safe; the coordinator calls it before each decision,
+  /// so a host thawed after its lease ran out never decides on the stale
+  /// lease in the moment before the elector's own thread runs.
+  bool lease_holds(std::chrono::milliseconds limit) const;
+
   /// Readable when events are queued (for a launcher's poll loop).
   int fd() const noexcept { return pipe_[0]; }
   std::vector<leadership_event> take();
@@ -81,6 +91,7 @@ private:
   void campaign();
   void push(leadership_event e);
   void etcd_failed(const std::string& why);
+  void renewed(int64_t t0);
 
   elector_config cfg_;
   etcd_client client_;
@@ -88,6 +99,10 @@ private:
   leader_lease lease_;
   int64_t lease_id_ = 0;
   bool leading_ = false;
+  /// What lease_holds() reads: until when the lease lets the service decide
+  /// (steady clock, ns), and a counter bumped at each renewal or deposal.
+  std::atomic<int64_t> valid_until_{-1};
+  std::atomic<uint64_t> lease_news_{0};
   bool said_unreachable_ = false;
   std::atomic<bool> member_{false};  ///< joined_group
   bool saw_other_ = false;           ///< another launcher led while this one watched

@@ -290,6 +290,27 @@ TEST_CASE("coordinator: notice, agreement, acknowledgement, save, commit", "[coo
   }
 }
 
+TEST_CASE("coordinator: a service whose leader lease lapsed decides nothing more and stops", "[coordinator][lease]") {
+  bool lease = true;
+  fixture f(3, "tok", std::chrono::milliseconds(5000),
+            [&](coordinator_config& c) { c.lease_holds = [&lease] { return lease; }; });
+  f.join_all(3);
+  f.w(1)->send(f.coord, claim(1, 10));
+  f.run();
+  CHECK(f.expect<proto::ClaimReply>(1)->getWon());
+  uint64_t id = 0;
+  for (size_t r = 0; r < 3; ++r) id = f.expect<proto::CheckpointAt>(r)->getAgreementId();
+  lease = false;  // the host was frozen past its lease: every ack arrives after the thaw
+  for (uint32_t r = 0; r < 3; ++r) f.w(r)->send(f.coord, ack(id, r, 10));
+  f.run();
+  for (size_t r = 0; r < 3; ++r) CHECK_FALSE(f.next<proto::CheckpointAt>(r));  // no agreement
+  bool down = false;
+  f.w(0)->monitor(f.coord);
+  f.run();
+  f.w(0)->receive([&](caf::down_msg&) { down = true; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+  CHECK(down);
+}
+
 TEST_CASE("coordinator: two notices at once, one wins", "[coordinator][agreement]") {
   fixture f(3);
   f.join_all(3);

@@ -9,13 +9,10 @@
 #   3. a broken-on-purpose trainer (no just-in-time save) under a host loss:
 #      the harness must catch it (work_lost FAIL, exit 1);
 #   4. --etcd --node-local with schedules/hosts-etcd.json: the coordination
-#      host (whichever launcher etcd elected) cut off and lost with its disk,
-#      each time a successor takes over, then paused briefly; replacement
-#      hosts start with empty checkpoint directories and fetch the newest
-#      checkpoint (skipped, saying so, without etcd). A coordination host
-#      frozen past its lease is left out: its service can act for a few ms
-#      after the thaw before its elector deposes it (an open bug, see
-#      docs/RELIABILITY.md).
+#      host (whichever launcher etcd elected) cut off, lost with its disk
+#      and frozen past its lease, each time a successor takes over;
+#      replacement hosts start with empty checkpoint directories and fetch
+#      the newest checkpoint (skipped, saying so, without etcd).
 # Root only (network namespaces); elsewhere "skipped: ..." and exit 77.
 # Env: GRACE_CHAOS GRACE_LAUNCH GRACE_TRAIN GRACE_CKPT (set by CTest).
 set -u
