@@ -1006,6 +1006,8 @@ status launcher::start_election() {
   // A replacement launcher joining a job in progress leaves the first
   // campaign after its leader's loss to the running group's launchers.
   ec.newcomer_defer = std::chrono::milliseconds(1000 * o_.etcd_ttl_seconds + 2000);
+  // ... also when it starts after that leader's lease already ran out.
+  ec.job_key = "/grace/" + o_.run_id + "/job";
   auto e = leader_elector::create(ec, [this] { fence_service(); });
   if (!e) return error{errc::invalid_input, "--etcd: " + e.err().message};
   elector_ = std::move(*e);

@@ -10,6 +10,9 @@
 namespace grace {
 
 namespace {
+/// job_key's value (delete_if_value needs one).
+constexpr const char* job_key_value = "running";
+
 int64_t mono_now() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -73,6 +76,7 @@ void leader_elector::stop(bool release) {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (release && leading_ && lease_id_) {
+    if (!cfg_.job_key.empty()) (void)client_.delete_if_value(cfg_.job_key, job_key_value);
     (void)client_.revoke(lease_id_);
     leading_ = false;
   }
@@ -118,6 +122,24 @@ bool leader_elector::lease_holds(std::chrono::milliseconds limit) const {
   return mono_now() < valid_until_;
 }
 
+/// Before its first campaign: a job in progress makes this launcher a
+/// newcomer (may_campaign), as if it had seen another launcher lead.
+void leader_elector::check_job_key() {
+  if (cfg_.job_key.empty()) {
+    job_key_checked_ = true;
+    return;
+  }
+  auto r = client_.get(cfg_.job_key);
+  if (!r) return;  // asked again at the next poll; a campaign would fail as well
+  job_key_checked_ = true;
+  if (*r) saw_other_ = true;
+}
+
+/// A leader marks the job as running (once; kept after its lease ends).
+void leader_elector::mark_job() {
+  if (cfg_.job_key.empty() || client_.create_if_absent(cfg_.job_key, job_key_value, 0)) job_marked_ = true;
+}
+
 void leader_elector::etcd_failed(const std::string& why) {
   if (std::exchange(said_unreachable_, true)) return;
   leadership_event e;
@@ -146,6 +168,7 @@ void leader_elector::loop() {
 /// Renews the lease when due; once it has gone unrenewed for half the TTL,
 /// stops leading (the hook fences the service first).
 void leader_elector::lead_once() {
+  if (!job_marked_) mark_job();
   const int64_t t0 = mono_now();
   if (t0 >= lease_.renew_at()) {
     auto r = client_.keep_alive(lease_id_);
@@ -180,6 +203,7 @@ void leader_elector::follow_once() {
     case follow_action::keep: return;
     case follow_action::campaign:
       if (!absent_since_) absent_since_ = now;
+      if (!job_key_checked_) check_job_key();
       if (!may_campaign(member_, saw_other_, now - absent_since_,
                         std::chrono::duration_cast<std::chrono::nanoseconds>(cfg_.newcomer_defer).count()))
         return;

@@ -35,6 +35,11 @@ struct elector_config {
   std::chrono::milliseconds poll{200};  ///< how often a follower reads the key
   /// A newcomer's wait before it campaigns (see may_campaign).
   std::chrono::milliseconds newcomer_defer{0};
+  /// A key without a lease that the first leader creates and the last one
+  /// removes when its job ends: a launcher that finds it before its first
+  /// campaign joins a job in progress (a replacement host started after
+  /// the leader's lease ran out), so it counts as a newcomer. Empty: none.
+  std::string job_key;
 };
 
 struct leadership_event {
@@ -92,6 +97,8 @@ private:
   void push(leadership_event e);
   void etcd_failed(const std::string& why);
   void renewed(int64_t t0);
+  void check_job_key();
+  void mark_job();
 
   elector_config cfg_;
   etcd_client client_;
@@ -105,7 +112,9 @@ private:
   std::atomic<uint64_t> lease_news_{0};
   bool said_unreachable_ = false;
   std::atomic<bool> member_{false};  ///< joined_group
-  bool saw_other_ = false;           ///< another launcher led while this one watched
+  bool saw_other_ = false;           ///< another launcher led while this one watched (or job_key existed)
+  bool job_key_checked_ = false;
+  bool job_marked_ = false;          ///< job_key created (or found) while leading
   int64_t absent_since_ = 0;         ///< when the key was first seen absent (0: present)
   std::optional<coordinator_location> known_;  ///< the leader last seen (ours while leading)
   std::thread thread_;
