@@ -181,7 +181,6 @@ std::optional<int32_t> relay_node(self_ptr self, uint32_t rank) {
   return node;
 }
 
-/// Carries out the state machine's actions; returns the claim reply if any.
 /// coordinator_config::lease_holds: true once this service lost its lease.
 /// It then stops; its members rejoin the successor elected through etcd.
 bool fenced(self_ptr self) {
@@ -196,6 +195,7 @@ bool fenced(self_ptr self) {
   return true;
 }
 
+/// Carries out the state machine's actions; returns the claim reply if any.
 std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& acts) {
   if (!acts.empty() && fenced(self))
     return make<proto::ClaimReply>([](auto b) {
