@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <set>
 #include <variant>
@@ -109,6 +110,26 @@ int cmd_list(const fs::path& dir, bool as_json) {
   return exit_ok;
 }
 
+/// Node-local checkpoints: whether this directory holds part `f`.
+bool held_here(const fs::path& step_dir, const checkpoint_file& f) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(step_dir / f.name, ec));
+}
+
+/// A verified node-local step: which parts were not checked, being held
+/// on other nodes' directories.
+std::string elsewhere_note(const checkpoint_store& store, const fs::path& step_dir) {
+  auto m = store.read_manifest(step_dir);
+  if (!m) return "";
+  std::map<int32_t, int> absent;
+  for (auto& f : m->files)
+    if (f.node >= 0 && !held_here(step_dir, f)) ++absent[f.node];
+  std::string out;
+  for (auto& [node, n] : absent)
+    out += (out.empty() ? "" : ", ") + std::to_string(n) + " on node " + std::to_string(node);
+  return out.empty() ? "" : " (node-local: parts held elsewhere not checked here: " + out + ")";
+}
+
 int cmd_verify(const fs::path& dir, std::optional<uint64_t> step) {
   if (auto e = check_dir(dir)) return fail(exit_usage, *e);
   checkpoint_store store(dir);
@@ -116,7 +137,7 @@ int cmd_verify(const fs::path& dir, std::optional<uint64_t> step) {
     // A single step directory.
     auto v = store.verify(dir);
     if (v)
-      std::cout << dir.string() << ": OK\n";
+      std::cout << dir.string() << ": OK" << elsewhere_note(store, dir) << "\n";
     else
       std::cout << dir.string() << ": INVALID: " << v.err().message << "\n";
     return v ? exit_ok : exit_invalid;
@@ -126,7 +147,7 @@ int cmd_verify(const fs::path& dir, std::optional<uint64_t> step) {
     if (!fs::exists(p)) return fail(exit_invalid, p.string() + ": no checkpoint for step " + std::to_string(*step));
     auto v = store.verify(p);
     if (v)
-      std::cout << "step " << *step << ": OK\n";
+      std::cout << "step " << *step << ": OK" << elsewhere_note(store, p) << "\n";
     else
       std::cout << "step " << *step << ": INVALID: " << v.err().message << "\n";
     return v ? exit_ok : exit_invalid;
@@ -147,7 +168,7 @@ int cmd_verify(const fs::path& dir, std::optional<uint64_t> step) {
     ++checked;
     auto v = store.verify(c.path);
     if (v) {
-      std::cout << "step " << c.step << ": OK\n";
+      std::cout << "step " << c.step << ": OK" << elsewhere_note(store, c.path) << "\n";
     } else {
       ++bad;
       std::cout << "step " << c.step << ": INVALID: " << v.err().message << "\n";
@@ -260,7 +281,10 @@ struct shown {
 int show_json(const shown& s) {
   const auto& m = s.meta;
   json files = json::array();
-  for (auto& f : m.files) files.push_back({{"name", f.name}, {"size", f.size}, {"xxh3", f.xxh3}});
+  for (auto& f : m.files) {
+    files.push_back({{"name", f.name}, {"size", f.size}, {"xxh3", f.xxh3}});
+    if (f.node >= 0) files.back()["node"] = f.node, files.back()["here"] = held_here(s.path, f);
+  }
   json out = {{"path", s.path.string()}, {"format_version", m.format_version}, {"step", m.step},
               {"world_size", m.world_size}, {"run_id", m.run_id},           {"incarnation", m.incarnation},
               {"kind", to_string(m.kind)},  {"wall_time", m.wall_time},     {"counters", m.counters},
@@ -321,8 +345,11 @@ void print_header(const shown& s) {
 int show_text(const shown& s) {
   print_header(s);
   std::cout << "files:\n";
-  for (auto& f : s.meta.files)
-    std::printf("  %-40s %12s  xxh3 %s\n", f.name.c_str(), human(f.size).c_str(), f.xxh3.c_str());
+  for (auto& f : s.meta.files) {
+    std::printf("  %-40s %12s  xxh3 %s", f.name.c_str(), human(f.size).c_str(), f.xxh3.c_str());
+    if (f.node >= 0) std::printf("  node %d%s", f.node, held_here(s.path, f) ? "" : " (not in this directory)");
+    std::printf("\n");
+  }
   if (!s.tensors) return fail(exit_invalid, s.tensors.err().message);
   size_t w = 4;
   for (auto& x : *s.tensors) w = std::max(w, x.name.size());

@@ -72,17 +72,26 @@ chunk_sink scatter_into(const std::vector<target>& ts) {
   };
 }
 
+bool held_elsewhere(const fs::path& step_dir, const checkpoint_file& f) {
+  if (f.node < 0) return false;
+  std::error_code ec;
+  return !fs::exists(fs::symlink_status(step_dir / f.name, ec));
+}
+
 status check_files(const fs::path& step_dir, const checkpoint_manifest& m, io_staging& io) {
   for (auto& f : m.files)
-    if (auto st = check_file(step_dir, f, io); !st) return st;
+    if (!held_elsewhere(step_dir, f))
+      if (auto st = check_file(step_dir, f, io); !st) return st;
   return {};
 }
 
-/// Manifest present and parsable; every listed file present with its size.
+/// Manifest present and parsable; every listed file present with its size
+/// (a node-local part held on another node may be absent).
 result<checkpoint_manifest> quick_check(const checkpoint_store& store, const fs::path& d) {
   auto m = store.read_manifest(d);
   if (!m) return m.err();
   for (auto& f : m->files) {
+    if (held_elsewhere(d, f)) continue;
     std::error_code ec;
     auto p = d / f.name;
     auto st = fs::status(p, ec);
@@ -289,9 +298,9 @@ status write_index_and_manifest(const fs::path& tmp, const json& index, const ch
   m.wall_time = now_unix();
   m.counters = meta.counters;
   m.rank_files = meta.rank_files;
-  m.format_version = m.rank_files.empty() ? 1 : 2;
   m.metadata = meta.metadata;
   m.files = stats.files;
+  m.format_version = m.node_local() ? 3 : m.rank_files.empty() ? 1 : 2;
   auto man = write_small(tmp / manifest_file_name, manifest_to_json(m).dump(2) + "\n", stats);
   if (!man) return man.err();
   if (auto st = timed(stats.fsync_seconds, [&] { return fsync_dir(tmp); }); !st) return st;
@@ -563,7 +572,7 @@ result<std::vector<stored_tensor>> checkpoint_store::read_tensors(const fs::path
   if (!m) return m.err();
   std::vector<stored_tensor> out;
   for (auto& f : m->files) {
-    if (!is_shard(f.name)) continue;
+    if (!is_shard(f.name) || held_elsewhere(step_dir, f)) continue;  // another node's part: its header is there
     auto h = safetensors::read_header(step_dir / f.name);
     if (!h) return h.err();
     for (auto& t : h->tensors) out.push_back({t.name, t.type, t.shape, t.bytes(), f.name});
@@ -576,8 +585,9 @@ result<std::vector<stored_tensor>> checkpoint_store::read_tensors(const fs::path
 namespace {
 
 /// Every `weight_map` entry of the index at `ip` names the shard that holds
-/// the tensor.
-status check_index(const fs::path& ip, const std::vector<shard_layout>& shards) {
+/// the tensor (or a part this directory lacks, held on another node).
+status check_index(const fs::path& ip, const step_contents& c) {
+  const auto& shards = c.shards;
   auto j = read_json(ip);
   if (!j) return j.err();
   auto wm = j->find("weight_map");
@@ -587,6 +597,7 @@ status check_index(const fs::path& ip, const std::vector<shard_layout>& shards) 
     for (auto& t : s.h.tensors) where[t.name] = s.file->name;
   for (auto& [name, file] : wm->items()) {
     if (!file.is_string()) return invalid_file(ip, "weight_map entry '" + name + "' is not a string");
+    if (c.absent_holder(file.get<std::string>())) continue;
     auto it = where.find(name);
     if (it == where.end() || it->second != file.get<std::string>())
       return invalid_file(
@@ -617,6 +628,10 @@ result<step_contents> check_structure(const checkpoint_store& store, const fs::p
   const checkpoint_file* index = nullptr;
   for (auto& f : out.manifest.files) {
     auto p = step_dir / f.name;
+    if (held_elsewhere(step_dir, f)) {
+      out.absent.push_back(f);
+      continue;
+    }
     std::error_code ec;
     auto st = fs::symlink_status(p, ec);
     if (fs::is_symlink(st)) return invalid_file(p, open_failure(ELOOP));
@@ -632,10 +647,10 @@ result<step_contents> check_structure(const checkpoint_store& store, const fs::p
   }
   if (index) {
     const auto ip = step_dir / index_file_name;
-    auto st = check_index(ip, out.shards);
+    auto st = check_index(ip, out);
     if (st) {
       auto j = read_json(ip);
-      st = j ? check_sharded_index(ip, *j, out.shards) : status(j.err());
+      st = j ? check_sharded_index(ip, *j, out) : status(j.err());
     }
     if (!st) {
       if (auto c = check_file(step_dir, *index, io); !c) return c.err();
@@ -765,7 +780,7 @@ status read_and_scatter(const fs::path& step_dir, const step_contents& c, const 
       }
     // A shard none of our tensors comes from (another rank's part of a
     // sharded checkpoint) is read and verified by the rank that needs it.
-    if (shard && !sink) continue;
+    if ((shard && !sink) || c.absent_holder(f.name)) continue;
     if (auto st = check_file(step_dir, f, io, sink, compare); !st) return st;
   }
   return {};

@@ -66,6 +66,10 @@ struct checkpoint_file {
   std::string name;
   uint64_t size = 0;
   std::string xxh3;  ///< xxh3-64 of the full contents, 16 lowercase hex digits
+  /// Node-local sharded checkpoints: the node whose directory holds this
+  /// part (another node's directory may lack it; a copy fetched there
+  /// must match the checksum). -1: every directory of the step holds it.
+  int32_t node = -1;
 };
 
 /// The contents of `grace-manifest.json`.
@@ -73,7 +77,10 @@ struct checkpoint_manifest {
   /// 2: some `ranks` entries name a file (`rank_files`); written only then,
   /// so readers that know 1 alone refuse such a manifest instead of
   /// restoring the committer's state for every rank.
-  static constexpr int current_format_version = 2;
+  /// 3: some files name the node holding them (node-local sharded
+  /// checkpoints), so a directory may lack them; older readers would call
+  /// such a step corrupt and must refuse it instead.
+  static constexpr int current_format_version = 3;
   int format_version = 1;
   uint64_t step = 0;
   int world_size = 1;
@@ -98,6 +105,12 @@ struct checkpoint_manifest {
   /// checkpoint_store::read_rank_state); on another world size the
   /// committer's alone.
   rank_state state_for(int world, const rank_state& own) const;
+  /// Whether parts of this checkpoint live on several nodes' directories.
+  bool node_local() const noexcept {
+    for (auto& f : files)
+      if (f.node >= 0) return true;
+    return false;
+  }
   uint64_t total_bytes() const noexcept {
     uint64_t n = 0;
     for (auto& f : files) n += f.size;
@@ -261,7 +274,8 @@ public:
 
   /// Parses `grace-manifest.json` of a step directory.
   result<checkpoint_manifest> read_manifest(const std::filesystem::path& step_dir) const;
-  /// Tensors of a step directory, from the index and shard headers.
+  /// Tensors of a step directory, from its shard headers (a node-local
+  /// step: of the parts this directory holds).
   result<std::vector<stored_tensor>> read_tensors(const std::filesystem::path& step_dir) const;
 
   /// `.tmp-*` directories left by processes that are gone.
@@ -294,6 +308,21 @@ public:
   /// global index and manifest (every part's file and checksum), renames
   /// the directory to `step-N` and fsyncs the parent. Then prunes.
   result<save_stats> commit_parts(const checkpoint_meta& meta, const std::string& tag);
+  /// Node-local directories (a disk per node), phase 2 on one rank per
+  /// node once every part is durable: `descriptions[r]` is rank r's part
+  /// description (part_description, as its own node read it) and
+  /// `holders[r]` the node whose directory holds rank r's part. Writes the
+  /// global index and manifest (every part with its checksum and holder)
+  /// beside this node's parts, checks the parts held here, and renames
+  /// them to `step-<N>`. Every node's step then has the same index and
+  /// manifest and the parts that node holds.
+  result<save_stats> commit_node_parts(const checkpoint_meta& meta, const std::string& tag,
+                                       const std::vector<std::string>& descriptions,
+                                       const std::vector<int32_t>& holders, int32_t node);
+  /// Rank `rank`'s part description of round `tag` of `step` in this
+  /// directory (the text of its `part-<R>.json`): errc::failed when that
+  /// part is not durable here.
+  result<std::string> part_description(uint64_t step, const std::string& tag, uint32_t rank) const;
   /// `<dir>/.parts-step-<N>-<tag>`.
   std::filesystem::path parts_path(uint64_t step, const std::string& tag) const;
   /// Removes every parts directory of a step at or below `step` (rounds

@@ -4,6 +4,7 @@
 /// save's two phases and a restore share. Not part of the embedding API.
 
 #include <chrono>
+#include <optional>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -63,6 +64,15 @@ struct shard_layout {
 struct step_contents {
   checkpoint_manifest manifest;
   std::vector<shard_layout> shards;
+  /// Node-local sharded checkpoints: listed parts this directory lacks
+  /// (held on another node's directory: `node`).
+  std::vector<checkpoint_file> absent;
+  /// The node holding `file` when this directory lacks it, else nothing.
+  std::optional<int32_t> absent_holder(const std::string& file) const {
+    for (auto& f : absent)
+      if (f.name == file) return f.node;
+    return std::nullopt;
+  }
 };
 
 /// Manifest, directory name, files present, shard headers and the index
@@ -71,9 +81,9 @@ result<step_contents> check_structure(const checkpoint_store& store, const std::
                                       io_staging& io);
 
 /// The index's `grace_sharded` section agrees with the shard headers and
-/// every sharded tensor's parts tile its global shape exactly.
-status check_sharded_index(const std::filesystem::path& ip, const nlohmann::json& index,
-                           const std::vector<shard_layout>& shards);
+/// every sharded tensor's parts tile its global shape exactly (a part in a
+/// file this directory lacks counts with the box the index gives it).
+status check_sharded_index(const std::filesystem::path& ip, const nlohmann::json& index, const step_contents& c);
 
 /// Whether a restore of `c` into `into` must reslice: the checkpoint holds
 /// sharded tensors or a registered tensor is a slice.

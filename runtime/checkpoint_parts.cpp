@@ -168,9 +168,9 @@ rank_state differing(const rank_state& own, const checkpoint_meta& meta) {
   return d;
 }
 
-result<part_desc> read_part(const fs::path& dir, uint32_t rank, const checkpoint_meta& meta) {
-  const auto p = dir / part_manifest_name(rank);
-  auto j = read_json(p);
+/// A part description (`part-<R>.json`'s contents) checked against the
+/// round it is meant for; `p` names it in errors.
+result<part_desc> parse_part(const fs::path& p, const result<json>& j, uint32_t rank, const checkpoint_meta& meta) {
   if (!j) return error{errc::failed, "the part of rank " + std::to_string(rank) + " is not durable: " + j.err().message};
   try {
     if (j->at("step").get<uint64_t>() != meta.step || j->at("rank").get<uint32_t>() != rank ||
@@ -190,6 +190,11 @@ result<part_desc> read_part(const fs::path& dir, uint32_t rank, const checkpoint
   } catch (const json::exception& e) {
     return invalid_file(p, std::string("malformed part description: ") + e.what());
   }
+}
+
+result<part_desc> read_part(const fs::path& dir, uint32_t rank, const checkpoint_meta& meta) {
+  const auto p = dir / part_manifest_name(rank);
+  return parse_part(p, read_json(p), rank, meta);
 }
 
 /// The global index from every rank's part: replicated tensors in
@@ -298,6 +303,77 @@ result<save_stats> checkpoint_store::commit_parts(const checkpoint_meta& meta, c
   return stats;
 }
 
+result<std::string> checkpoint_store::part_description(uint64_t step, const std::string& tag, uint32_t rank) const {
+  if (!safe_tag(tag)) return error{errc::invalid_input, "parts tag '" + tag + "' is not a safe file-name part"};
+  const auto p = parts_path(step, tag) / part_manifest_name(rank);
+  auto j = read_json(p);
+  if (!j) return error{errc::failed, "the part of rank " + std::to_string(rank) + " is not durable: " + j.err().message};
+  return j->dump();
+}
+
+namespace {
+
+/// Every rank's part from the descriptions the nodes exchanged; the parts
+/// held on `node` must be here, with the size their description gives.
+result<std::vector<part_desc>> node_parts(const fs::path& dir, const checkpoint_meta& meta,
+                                          const std::vector<std::string>& descriptions,
+                                          const std::vector<int32_t>& holders, int32_t node, save_stats& stats) {
+  const auto world = static_cast<size_t>(meta.world_size);
+  if (descriptions.size() != world || holders.size() != world)
+    return error{errc::invalid_input, "a node-local commit needs a part description and a holder for each of the " +
+                                          std::to_string(world) + " ranks"};
+  std::vector<part_desc> parts;
+  for (uint32_t r = 0; r < world; ++r) {
+    const auto named = dir / ("rank " + std::to_string(r) + "'s part description");
+    result<json> j = json::parse(descriptions[r], nullptr, false);
+    if (j->is_discarded()) j = invalid_file(named, "not valid JSON");
+    auto p = parse_part(named, j, r, meta);
+    if (!p) return p.err();
+    if (holders[r] < 0) return error{errc::invalid_input, "rank " + std::to_string(r) + "'s part has no holder node"};
+    if (holders[r] == node) {
+      std::error_code ec;
+      if (fs::file_size(dir / p->file.name, ec) != p->file.size || ec)
+        return invalid_file(dir / p->file.name, "missing or not the size its part description says");
+    }
+    stats.files.push_back(p->file);
+    stats.files.back().node = holders[r];
+    parts.push_back(std::move(*p));
+  }
+  return parts;
+}
+
+}  // namespace
+
+result<save_stats> checkpoint_store::commit_node_parts(const checkpoint_meta& meta, const std::string& tag,
+                                                       const std::vector<std::string>& descriptions,
+                                                       const std::vector<int32_t>& holders, int32_t node) {
+  if (!safe_tag(tag)) return error{errc::invalid_input, "parts tag '" + tag + "' is not a safe file-name part"};
+  const auto dir = parts_path(meta.step, tag);
+  save_stats stats;
+  stats.step = meta.step;
+  std::error_code ec;
+  fs::create_directories(dir, ec);  // a node that holds no part still commits the index and manifest
+  if (ec) return error{errc::failed, dir.string() + ": cannot create the parts directory: " + ec.message()};
+  auto parts = node_parts(dir, meta, descriptions, holders, node, stats);
+  if (!parts) return parts.err();
+  auto index = index_from_parts(*parts, meta.world_size);
+  if (!index) return index.err();
+  auto m = meta;
+  m.metadata["grace.format"] = "sharded";
+  if (auto st = write_rank_states(dir, *parts, m, stats); !st) return st.err();
+  if (auto st = write_index_and_manifest(dir, *index, m, stats); !st) return st.err();
+  if (auto c = check_structure(*this, dir, *staging_); !c)
+    return error{errc::invalid_input, "the parts of step " + std::to_string(meta.step) + " on node " +
+                                          std::to_string(node) + " do not form a checkpoint: " + c.err().message};
+  for (int r = 0; r < meta.world_size; ++r) std::remove((dir / part_manifest_name(r)).c_str());
+  if (auto st = commit_dir(*this, dir, meta.step, stats); !st) return st.err();
+  spdlog::info("checkpoint step {} committed on node {} (its parts of {}): {}", meta.step, node, meta.world_size,
+               stats.path.string());
+  if (!stats.already_existed) prune(meta.step);
+  if (meta.step > 0) remove_parts_up_to(meta.step - 1);
+  return stats;
+}
+
 void checkpoint_store::remove_parts_up_to(uint64_t step) {
   std::error_code ec;
   for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
@@ -351,12 +427,12 @@ std::string tiling_problem(const std::vector<int64_t>& shape,
 
 }  // namespace
 
-status check_sharded_index(const fs::path& ip, const json& index, const std::vector<shard_layout>& shards) {
+status check_sharded_index(const fs::path& ip, const json& index, const step_contents& c) {
   auto it = index.find("grace_sharded");
   if (it == index.end()) return {};
   if (!it->is_object()) return invalid_file(ip, "grace_sharded is not an object");
   std::map<std::string, const safetensors::header*> by_file;
-  for (auto& s : shards) by_file[s.file->name] = &s.h;
+  for (auto& s : c.shards) by_file[s.file->name] = &s.h;
   try {
     for (auto& item : it->items()) {
       const std::string name = item.key();  // a plain variable: the lambda below captures it
@@ -367,13 +443,16 @@ status check_sharded_index(const fs::path& ip, const json& index, const std::vec
       std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> boxes;
       for (auto& p : t.at("parts")) {
         auto file = p.at("file").get<std::string>();
-        auto h = by_file.find(file);
-        if (h == by_file.end()) return invalid_file(ip, "'" + name + "': part in " + file + ", not a listed shard");
-        auto e = std::find_if(h->second->tensors.begin(), h->second->tensors.end(),
-                              [&](const safetensors::tensor_entry& x) { return x.name == name; });
         auto ext = dims_of(p.at("shape"));
-        if (e == h->second->tensors.end() || e->type != ty || e->shape != ext)
-          return invalid_file(ip, "'" + name + "': " + file + " does not hold the part the index describes");
+        auto h = by_file.find(file);
+        if (h == by_file.end() && !c.absent_holder(file))
+          return invalid_file(ip, "'" + name + "': part in " + file + ", not a listed shard");
+        if (h != by_file.end()) {
+          auto e = std::find_if(h->second->tensors.begin(), h->second->tensors.end(),
+                                [&](const safetensors::tensor_entry& x) { return x.name == name; });
+          if (e == h->second->tensors.end() || e->type != ty || e->shape != ext)
+            return invalid_file(ip, "'" + name + "': " + file + " does not hold the part the index describes");
+        }
         boxes.emplace_back(dims_of(p.at("offsets")), std::move(ext));
       }
       if (auto why = tiling_problem(shape, boxes); !why.empty()) return invalid_file(ip, "'" + name + "': " + why);
@@ -401,10 +480,19 @@ struct stored_part {
   const safetensors::tensor_entry* entry;
   std::vector<int64_t> offsets;
 };
+/// A piece in a file this directory lacks (node-local checkpoints): its
+/// box, when the index gives one (a whole tensor's has none: it meets
+/// every slice).
+struct absent_part {
+  std::string file;
+  int32_t node = -1;
+  std::vector<int64_t> offsets, shape;
+};
 struct stored_global {
   dtype type = dtype::f32;
   std::vector<int64_t> shape;
   std::vector<stored_part> parts;
+  std::vector<absent_part> elsewhere;
 };
 
 const safetensors::tensor_entry* entry_in(const shard_layout& s, const std::string& name) {
@@ -429,16 +517,24 @@ result<std::map<std::string, stored_global>> stored_globals(const fs::path& step
   };
   try {
     for (auto& [name, file] : section("weight_map").items()) {
+      if (auto node = c.absent_holder(file.get<std::string>())) {
+        out[name].elsewhere.push_back({file.get<std::string>(), *node, {}, {}});
+        continue;
+      }
       auto s = by_file.at(file.get<std::string>());
       auto e = entry_in(*s, name);
       if (!e) return invalid_file(ip, "'" + name + "' is not in " + file.get<std::string>());
-      out[name] = {e->type, e->shape, {{s, e, std::vector<int64_t>(e->shape.size(), 0)}}};
+      out[name] = {e->type, e->shape, {{s, e, std::vector<int64_t>(e->shape.size(), 0)}}, {}};
     }
     for (auto& [name, t] : section("grace_sharded").items()) {
       auto& g = out[name];
       parse_dtype(t.at("dtype").get<std::string>(), g.type);
       g.shape = dims_of(t.at("shape"));
       for (auto& p : t.at("parts")) {
+        if (auto node = c.absent_holder(p.at("file").get<std::string>())) {
+          g.elsewhere.push_back({p.at("file").get<std::string>(), *node, dims_of(p.at("offsets")), dims_of(p.at("shape"))});
+          continue;
+        }
         auto s = by_file.at(p.at("file").get<std::string>());
         auto e = entry_in(*s, name);
         if (!e) return invalid_file(ip, "'" + name + "' is not in " + s->file->name);
@@ -572,6 +668,7 @@ slice_plan plan_slices(const std::map<std::string, stored_global>& globals, cons
 status verify_needed(const fs::path& step_dir, const step_contents& c, const slice_plan& plan, bool compare,
                      io_staging& io) {
   for (auto& f : c.manifest.files) {
+    if (c.absent_holder(f.name)) continue;
     const bool shard = std::any_of(c.shards.begin(), c.shards.end(), [&](const shard_layout& s) { return s.file == &f; });
     if (shard && !plan.needed.count(&f)) continue;
     auto t = plan.targets.find(&f);
@@ -579,6 +676,27 @@ status verify_needed(const fs::path& step_dir, const step_contents& c, const sli
     if (auto st = check_file(step_dir, f, io, sink, compare); !st) return st;
   }
   return {};
+}
+
+/// A node-local checkpoint: the first caller's tensor that needs a part
+/// this directory lacks (grace-launch fetches those before a group
+/// starts), as an error naming the file and the node holding it.
+std::optional<error> needs_absent_part(const fs::path& step_dir, const std::map<std::string, stored_global>& globals,
+                                       const std::vector<tensor_ref>& into) {
+  for (auto& t : into) {
+    auto g = globals.find(t.name);
+    if (g == globals.end()) continue;
+    const auto my_off = offsets_of(t);
+    for (auto& a : g->second.elsewhere) {
+      bool meet = true;
+      for (size_t d = 0; d < a.offsets.size() && d < my_off.size() && d < t.shape.size() && meet; ++d)
+        meet = std::max(a.offsets[d], my_off[d]) < std::min(a.offsets[d] + a.shape[d], my_off[d] + t.shape[d]);
+      if (meet)
+        return error{errc::failed, step_dir.string() + ": tensor '" + t.name + "' needs " + a.file + ", held on node " +
+                                       std::to_string(a.node) + " and not in this directory (copy it here first)"};
+    }
+  }
+  return std::nullopt;
 }
 
 /// The caller's tensors against the stored ones: its error, or nullopt.
@@ -603,6 +721,10 @@ result<restored_checkpoint> load_resliced(const fs::path& step_dir, step_content
   corrupt = true;
   auto globals = stored_globals(step_dir, c);
   if (!globals) return globals.err();
+  if (auto absent = needs_absent_part(step_dir, *globals, into)) {
+    corrupt = false;
+    return *absent;
+  }
   // A caller's error counts only once the files it would read verified (a
   // damaged checkpoint is skipped, whatever else is wrong with it).
   auto problem = caller_problem(step_dir, *globals, into);

@@ -142,7 +142,10 @@ result<json> read_json(const fs::path& p) {
 
 json manifest_to_json(const checkpoint_manifest& m) {
   json files = json::array();
-  for (auto& f : m.files) files.push_back({{"name", f.name}, {"size", f.size}, {"xxh3", f.xxh3}});
+  for (auto& f : m.files) {
+    files.push_back({{"name", f.name}, {"size", f.size}, {"xxh3", f.xxh3}});
+    if (f.node >= 0) files.back()["node"] = static_cast<uint32_t>(f.node);
+  }
   std::time_t t = static_cast<std::time_t>(m.wall_time);
   std::tm tm{};
   gmtime_r(&t, &tm);
@@ -255,6 +258,13 @@ status parse_files(const fs::path& p, const json& j, checkpoint_manifest& m) {
       return invalid_file(p, "manifest has a malformed files entry");
     checkpoint_file cf{f["name"].get<std::string>(), f["size"].get<uint64_t>(), f["xxh3"].get<std::string>()};
     if (!safe_file_name(cf.name)) return invalid_file(p, "manifest names an unsafe file '" + cf.name + "'");
+    if (auto n = f.find("node"); n != f.end()) {
+      if (m.format_version < 3 || !n->is_number_unsigned() || n->get<uint64_t>() > uint64_t(INT32_MAX) ||
+          !is_shard(cf.name))
+        return invalid_file(p, "manifest files entry '" + cf.name +
+                                   "' has a node that is not a node rank of a part (format_version 3 and later)");
+      cf.node = static_cast<int32_t>(n->get<uint64_t>());
+    }
     m.files.push_back(std::move(cf));
   }
   return {};

@@ -411,6 +411,166 @@ TEST_CASE("a manifest's per-rank entries must name ranks of its world", "[parts]
   back = manifest_from_json(p, manifest_to_json(*m));
   REQUIRE(back);
   CHECK(back->rank_files == m->rank_files);
-  j["format_version"] = 3;
+  j["format_version"] = checkpoint_manifest::current_format_version + 1;
   CHECK_FALSE(manifest_from_json(p, j));
+}
+
+namespace {
+
+/// World 4 on two nodes with a directory each: ranks 0 and 1 write their
+/// parts into `a`, ranks 2 and 3 into `b`; both nodes then commit step
+/// `step` from the exchanged descriptions.
+void save_node_local(checkpoint_store& a, checkpoint_store& b, uint64_t step, float salt) {
+  std::vector<std::string> descs;
+  for (uint32_t r = 0; r < 4; ++r) {
+    auto& store = r < 2 ? a : b;
+    rank_tensors s(r, 4);
+    s.fill(salt);
+    snapshot_buffers buf(s.refs());
+    REQUIRE(buf.capture(s.refs()));
+    REQUIRE(store.save_part(buf.view(), meta_of(step, 4), "t1", r, r == 0));
+    auto d = store.part_description(step, "t1", r);
+    REQUIRE(d);
+    descs.push_back(*d);
+  }
+  const std::vector<int32_t> holders{0, 0, 1, 1};
+  REQUIRE(a.commit_node_parts(meta_of(step, 4), "t1", descs, holders, 0));
+  REQUIRE(b.commit_node_parts(meta_of(step, 4), "t1", descs, holders, 1));
+}
+
+void copy_part(const checkpoint_store& from, const checkpoint_store& to, uint64_t step, const std::string& name) {
+  fs::copy_file(from.step_path(step) / name, to.step_path(step) / name);
+}
+
+}  // namespace
+
+TEST_CASE("node-local parts: every node commits the global manifest beside the parts it holds", "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store a(d.path / "node0"), b(d.path / "node1");
+  save_node_local(a, b, 7, 0.5f);
+  for (auto* s : {&a, &b}) {
+    CHECK(s->verify(7));
+    CHECK(s->newest_valid_step() == 7);
+    CHECK(!fs::exists(s->parts_path(7, "t1")));
+    auto m = s->read_manifest(s->step_path(7));
+    REQUIRE(m);
+    CHECK(m->format_version == 3);
+    CHECK(m->node_local());
+    std::map<std::string, int32_t> where;
+    for (auto& f : m->files) where[f.name] = f.node;
+    CHECK(where == std::map<std::string, int32_t>{{"rank-00001-of-00004.safetensors", 0},
+                                                   {"rank-00002-of-00004.safetensors", 0},
+                                                   {"rank-00003-of-00004.safetensors", 1},
+                                                   {"rank-00004-of-00004.safetensors", 1},
+                                                   {index_file_name, -1}});
+  }
+  CHECK(fs::exists(a.step_path(7) / "rank-00002-of-00004.safetensors"));
+  CHECK(!fs::exists(a.step_path(7) / "rank-00003-of-00004.safetensors"));
+  CHECK(fs::exists(b.step_path(7) / "rank-00004-of-00004.safetensors"));
+  CHECK(!fs::exists(b.step_path(7) / "rank-00001-of-00004.safetensors"));
+  // Node 0's ranks restore from their own directory.
+  for (uint32_t r = 0; r < 2; ++r) {
+    rank_tensors s(r, 4);
+    auto got = a.restore_latest(s.refs());
+    REQUIRE(got);
+    CHECK(got->manifest.step == 7);
+  }
+}
+
+TEST_CASE("node-local parts: a restore that needs a part held on another node names it, and works once it is copied",
+          "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store a(d.path / "node0"), b(d.path / "node1");
+  save_node_local(a, b, 7, 0.5f);
+  // Rank 2 needs the replicated `w`, in rank 0's part on node 0.
+  rank_tensors s(2, 4);
+  auto got = b.restore_latest(s.refs());
+  REQUIRE(!got);
+  CHECK(got.err().message.find("needs rank-00001-of-00004.safetensors, held on node 0") != std::string::npos);
+  CHECK(s.m == std::vector<float>(s.m.size(), -1.f));  // nothing written into the caller's memory
+  CHECK(b.verify(7));                                   // and nothing set aside
+  copy_part(a, b, 7, "rank-00001-of-00004.safetensors");
+  CHECK(b.verify(7));
+  for (uint32_t r = 2; r < 4; ++r) {
+    rank_tensors got_r(r, 4), want(r, 4);
+    want.fill(0.5f);  // what the rank held when it saved
+    REQUIRE(b.restore_latest(got_r.refs()));
+    CHECK(got_r.m == want.m);
+    CHECK(got_r.w == want.w);
+  }
+  // On two ranks, rank 1 (rows 5-9) needs rows held on node 1.
+  rank_tensors half(1, 2);
+  auto resliced = a.restore_latest(half.refs());
+  REQUIRE(!resliced);
+  CHECK(resliced.err().message.find("held on node 1") != std::string::npos);
+  copy_part(b, a, 7, "rank-00003-of-00004.safetensors");
+  copy_part(b, a, 7, "rank-00004-of-00004.safetensors");
+  check_restore_on(a, 2, 0.5f, 7);
+}
+
+TEST_CASE("node-local parts: a copied part that does not match the manifest fails verification", "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store a(d.path / "node0"), b(d.path / "node1");
+  save_node_local(a, b, 7, 0.5f);
+  copy_part(a, b, 7, "rank-00001-of-00004.safetensors");
+  {
+    std::fstream f(b.step_path(7) / "rank-00001-of-00004.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-2, std::ios::end);
+    f.put('\x7f');
+  }
+  auto v = b.verify(7);
+  REQUIRE(!v);
+  CHECK(v.err().message.find("checksum mismatch") != std::string::npos);
+  CHECK(a.verify(7));
+}
+
+TEST_CASE("node-local parts: a node commit refuses a missing local part and bad descriptions", "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store a(d.path / "node0");
+  std::vector<std::string> descs;
+  for (uint32_t r = 0; r < 2; ++r) {
+    rank_tensors s(r, 2);
+    s.fill(1);
+    snapshot_buffers buf(s.refs());
+    REQUIRE(buf.capture(s.refs()));
+    REQUIRE(a.save_part(buf.view(), meta_of(4, 2), "t1", r, r == 0));
+    descs.push_back(*a.part_description(4, "t1", r));
+  }
+  auto wrong_holder = a.commit_node_parts(meta_of(4, 2), "t1", descs, {0, -1}, 0);
+  REQUIRE(!wrong_holder);
+  CHECK(wrong_holder.err().message.find("no holder") != std::string::npos);
+  auto garbled = a.commit_node_parts(meta_of(4, 2), "t1", {descs[0], "{not json"}, {0, 0}, 0);
+  REQUIRE(!garbled);
+  CHECK(garbled.err().message.find("not valid JSON") != std::string::npos);
+  auto swapped = a.commit_node_parts(meta_of(4, 2), "t1", {descs[1], descs[0]}, {0, 0}, 0);
+  REQUIRE(!swapped);
+  CHECK(swapped.err().message.find("another step, rank or world size") != std::string::npos);
+  fs::remove(a.parts_path(4, "t1") / "rank-00002-of-00002.safetensors");
+  auto missing = a.commit_node_parts(meta_of(4, 2), "t1", descs, {0, 0}, 0);
+  REQUIRE(!missing);
+  CHECK(missing.err().message.find("rank-00002-of-00002.safetensors") != std::string::npos);
+  CHECK(a.newest_valid_step() == 0);
+  // Held on another node, the same part is not needed here.
+  REQUIRE(a.commit_node_parts(meta_of(4, 2), "t1", descs, {0, 1}, 0));
+  CHECK(a.verify(4));
+}
+
+TEST_CASE("a manifest names a part's node only in format_version 3 and only for parts", "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  auto parse = [&](int version, const std::string& name) {
+    nlohmann::json file{{"name", name}, {"size", 1u}, {"xxh3", "0000000000000000"}, {"node", 1u}};
+    nlohmann::json j{{"format", "grace-checkpoint"}, {"format_version", version}, {"step", 1u}, {"world_size", 2},
+                     {"kind", "periodic"}, {"files", nlohmann::json::array({file})}};
+    return manifest_from_json(d.path / "m.json", j);
+  };
+  auto ok = parse(3, "rank-00002-of-00002.safetensors");
+  REQUIRE(ok);
+  CHECK(ok->files[0].node == 1);
+  CHECK(ok->node_local());
+  CHECK(!parse(2, "rank-00002-of-00002.safetensors"));
+  CHECK(!parse(3, "model.safetensors.index.json"));
+  auto back = manifest_from_json(d.path / "m.json", manifest_to_json(*ok));
+  INFO((back ? std::string() : back.err().message));
+  REQUIRE(back);
+  CHECK(back->files[0].node == 1);
 }
