@@ -187,6 +187,7 @@ actions agreement::maybe_agree() {
   a.exit_after = kind_ == checkpoint_kind::final || deadline_ns_ == 0;
   a.all_save = parts_;
   parts_in_.clear();
+  commits_pending_.clear();
   agreed_step_ = a.step;
   saver_ = a.saver;
   exit_after_ = a.exit_after;
@@ -295,6 +296,7 @@ actions agreement::agree_from_copies() {
     agreed_step_ = step;
     saver_ = a.saver;
     parts_in_.clear();
+    commits_pending_.clear();
     part_writers_ = std::move(writers);
     phase_ = agreement_phase::saving;
     return {a};
@@ -308,8 +310,10 @@ actions agreement::on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, 
   if (part) return on_part(rank, id, step, ok, error);
   // A commit of every part, even one a later round overtook (a loss during
   // the commit): the step is durable, and copies of it are not written again.
-  if (parts_ && ok) committed_step_ = std::max(committed_step_, step);
-  if (id != id_ || phase_ != agreement_phase::saving || rank != saver_) return {};
+  // (In node-local directories one node's commit is only its share.)
+  if (parts_ && ok && !local_world_) committed_step_ = std::max(committed_step_, step);
+  const bool committer = parts_ && local_world_ ? commits_pending_.count(rank) > 0 : rank == saver_;
+  if (id != id_ || phase_ != agreement_phase::saving || !committer) return {};
   if (!ok) {
     phase_ = agreement_phase::failed;
     agreement_action e{ty::cluster_error};
@@ -318,6 +322,7 @@ actions agreement::on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, 
     e.message = "checkpoint save at step " + std::to_string(step) + " failed: " + error;
     return {e};
   }
+  if (commits_pending_.erase(rank) && !commits_pending_.empty()) return {};
   committed_step_ = std::max(committed_step_, step);
   agreement_action c{ty::committed};
   c.id = id;
@@ -351,17 +356,46 @@ actions agreement::on_part(uint32_t rank, uint64_t id, uint64_t step, bool ok, c
                             : !std::includes(parts_in_.begin(), parts_in_.end(), part_writers_.begin(),
                                              part_writers_.end()))
     return {};
-  agreement_action c{ty::commit_parts};
-  c.rank = saver_;
-  c.id = id_;
-  c.step = step;
-  return {c};
+  commits_pending_ = committers(part_writers_.empty() ? live_ : part_writers_, saver_);
+  return order_commits(id_, step, commits_pending_);
+}
+
+/// Who commits the parts `writers` wrote: `single` when every rank shares
+/// one directory, else the lowest live rank of every node a writer is on.
+std::set<uint32_t> agreement::committers(const std::set<uint32_t>& writers, uint32_t single) const {
+  if (!local_world_) return {single};
+  std::set<uint32_t> nodes, out;
+  for (auto w : writers) nodes.insert(w / local_world_);
+  for (auto r : live_)
+    if (nodes.erase(r / local_world_)) out.insert(r);  // live_ is ordered: the node's lowest rank first
+  return out;
+}
+
+actions agreement::order_commits(uint64_t id, uint64_t step, const std::set<uint32_t>& committers) {
+  actions out;
+  for (auto r : committers) {
+    agreement_action c{ty::commit_parts};
+    c.rank = r;
+    c.id = id;
+    c.step = step;
+    out.push_back(c);
+  }
+  return out;
 }
 
 actions agreement::on_periodic(uint32_t rank, uint64_t step, bool ok, bool part) {
   if (!parts_ || !live_.count(rank)) return {};
   if (!part) {
-    if (ok && rank == chief()) committed_step_ = std::max(committed_step_, step);
+    if (!ok) return {};
+    if (!local_world_) {
+      if (rank == chief()) committed_step_ = std::max(committed_step_, step);
+      return {};
+    }
+    auto c = periodic_commits_.find(step);
+    if (c != periodic_commits_.end() && c->second.erase(rank) && c->second.empty()) {
+      committed_step_ = std::max(committed_step_, step);
+      periodic_commits_.erase(c);
+    }
     return {};
   }
   // A failed part is not counted; the rank may write it again (its final
@@ -375,11 +409,12 @@ actions agreement::on_periodic(uint32_t rank, uint64_t step, bool ok, bool part)
   auto it = periodic_parts_.find(step);
   if (it == periodic_parts_.end() || !all_live_in(it->second)) return {};
   periodic_parts_.erase(it);
-  agreement_action c{ty::commit_parts};
-  c.rank = chief();
-  c.id = 0;
-  c.step = step;
-  return {c};
+  auto who = committers(live_, chief());
+  if (local_world_) {
+    periodic_commits_[step] = who;
+    while (periodic_commits_.size() > kept) periodic_commits_.erase(periodic_commits_.begin());
+  }
+  return order_commits(0, step, who);
 }
 
 actions agreement::on_propose_final(uint32_t rank, uint64_t started) {
@@ -401,7 +436,8 @@ actions agreement::member_gone(uint32_t rank) {
       // Writing kept copies: without this member's part (or its commit)
       // the round cannot complete; the durable step is the restart point.
       if (!part_writers_.empty()) {
-        if (rank == saver_ || (part_writers_.count(rank) && !parts_in_.count(rank))) append(out, stop_at_durable());
+        if (rank == saver_ || commits_pending_.count(rank) || (part_writers_.count(rank) && !parts_in_.count(rank)))
+          append(out, stop_at_durable());
         break;
       }
       // A just-in-time saver needs nobody else: it stopped at a step

@@ -135,6 +135,15 @@
 /// |              |   live member's of its step   |               |                                           |
 /// | any          | periodic commit ok            | (same)        | - (the step is durable)                   |
 ///
+/// ### Node-local directories
+/// With `set_node_local(k)` a node's parts are in its own directory, so no
+/// single rank can commit them all: once every part is durable,
+/// `commit_parts` goes to one committer per node that holds parts (its
+/// lowest live rank; a part written from a replica is held on its
+/// writer's node), and the round, or the periodic step, is committed only
+/// when every committer reported its commit. A committer lost before its
+/// report counts as a lost saver.
+///
 /// ## A save that respects its deadline
 /// With a grace period the platform kills the job at the deadline, whether
 /// or not the agreement finished: a member frozen after the notice holds the
@@ -262,6 +271,11 @@ public:
   /// commits them (see "Sharded state").
   void set_parts(bool on) noexcept { parts_ = on; }
   bool parts() const noexcept { return parts_; }
+  /// Sharded state in node-local directories: a node's `local_world`
+  /// ranks share one directory (the node of rank r is r / local_world) and
+  /// every node holding parts of a step commits them in its own (see
+  /// "Node-local directories"). 0: one directory every rank shares.
+  void set_node_local(uint32_t local_world) noexcept { local_world_ = local_world; }
   /// The chief says the grace period's margin is reached.
   actions on_propose_final(uint32_t rank, uint64_t started);
   /// A member (joined or not yet joined) was declared lost with its last
@@ -324,11 +338,15 @@ public:
     put(committed_step_);
     put(parts_), put(parts_in_.size());
     for (auto r : parts_in_) put(r);
-    put(periodic_parts_.size());
-    for (auto& [step, ranks] : periodic_parts_) {
-      put(step), put(ranks.size());
-      for (auto r : ranks) put(r);
+    for (auto* m : {&periodic_parts_, &periodic_commits_}) {
+      put(m->size());
+      for (auto& [step, ranks] : *m) {
+        put(step), put(ranks.size());
+        for (auto r : ranks) put(r);
+      }
     }
+    put(local_world_), put(commits_pending_.size());
+    for (auto r : commits_pending_) put(r);
   }
 
 private:
@@ -343,6 +361,8 @@ private:
   actions on_periodic(uint32_t rank, uint64_t step, bool ok, bool part);
   bool all_live_in(const std::set<uint32_t>& s) const;
   uint32_t chief() const;
+  std::set<uint32_t> committers(const std::set<uint32_t>& writers, uint32_t single) const;
+  static actions order_commits(uint64_t id, uint64_t step, const std::set<uint32_t>& committers);
 
   uint32_t world_size_;
   agreement_phase phase_ = agreement_phase::idle;
@@ -372,6 +392,10 @@ private:
   std::set<uint32_t> part_writers_;
   /// Periodic sharded saves: the members whose part of each step is durable.
   std::map<uint64_t, std::set<uint32_t>> periodic_parts_;
+  uint32_t local_world_ = 0;              ///< node-local directories: ranks per node (0: shared)
+  std::set<uint32_t> commits_pending_;    ///< committers of the agreed step yet to report
+  /// Node-local periodic saves: the committers of each step yet to report.
+  std::map<uint64_t, std::set<uint32_t>> periodic_commits_;
 };
 
 }  // namespace grace

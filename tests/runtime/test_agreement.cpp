@@ -733,3 +733,110 @@ TEST_CASE("replicas: a part writer or the committer lost while writing stops at 
     REQUIRE(find(a.on_saved(0, id, 8, true, "", true), ty::commit_parts));
   }
 }
+
+namespace {
+
+std::vector<uint32_t> commit_ranks(const actions& acts) {
+  std::vector<uint32_t> out;
+  for (auto& a : acts)
+    if (a.what == ty::commit_parts) out.push_back(a.rank);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("node-local parts: every node's lowest rank commits, the round commits when all reported",
+          "[agreement][parts][node-local]") {
+  auto a = joined(4);  // nodes of two: {0, 1} and {2, 3}
+  a.set_parts(true);
+  a.set_node_local(2);
+  a.on_claim(3, 5, 0);
+  const auto id = a.current_id();
+  actions last;
+  for (uint32_t r = 0; r < 4; ++r) last = a.on_ack(r, id, 5);
+  REQUIRE(find(last, ty::agreed));
+  for (uint32_t r = 0; r < 3; ++r) CHECK(a.on_saved(r, id, 5, true, "", true).empty());
+  auto orders = a.on_saved(3, id, 5, true, "", true);
+  CHECK(commit_ranks(orders) == std::vector<uint32_t>{0, 2});
+  CHECK(a.on_saved(1, id, 5, true, "").empty());  // not a committer
+  CHECK(a.on_saved(2, id, 5, true, "").empty());  // node 1 committed, node 0 not yet
+  CHECK(a.durable_step() == 0);
+  CHECK(a.on_saved(2, id, 5, true, "").empty());  // a repeated report changes nothing
+  auto done = find(a.on_saved(0, id, 5, true, ""), ty::committed);
+  REQUIRE(done);
+  CHECK(done->step == 5);
+  CHECK(a.durable_step() == 5);
+}
+
+TEST_CASE("node-local parts: a node's failed commit fails the round, a committer lost before its report stops it",
+          "[agreement][parts][node-local]") {
+  auto agreed_round = [] {
+    auto a = joined(4);
+    a.set_parts(true);
+    a.set_node_local(2);
+    a.on_claim(0, 5, 0);
+    for (uint32_t r = 0; r < 4; ++r) a.on_ack(r, a.current_id(), 5);
+    for (uint32_t r = 0; r < 4; ++r) a.on_saved(r, a.current_id(), 5, true, "", true);
+    return a;
+  };
+  SECTION("failed commit") {
+    auto a = agreed_round();
+    a.on_saved(0, a.current_id(), 5, true, "");
+    auto e = find(a.on_saved(2, a.current_id(), 5, false, "no space left on device"), ty::cluster_error);
+    REQUIRE(e);
+    CHECK(e->message.find("no space left on device") != std::string::npos);
+    CHECK(a.durable_step() == 0);
+  }
+  SECTION("committer lost") {
+    auto a = agreed_round();
+    a.on_saved(0, a.current_id(), 5, true, "");
+    auto lost = a.on_member_lost(2, 5, loss_reason::dead, "killed");
+    CHECK_FALSE(find(lost, ty::committed));  // never committed without node 1's commit
+    CHECK(a.durable_step() == 0);
+  }
+}
+
+TEST_CASE("node-local parts: periodic steps need every node's commit, and a replica's part is its writer's node's",
+          "[agreement][parts][node-local]") {
+  SECTION("periodic") {
+    auto a = joined(4);
+    a.set_parts(true);
+    a.set_node_local(2);
+    for (uint32_t r = 0; r < 3; ++r) a.on_saved(r, 0, 10, true, "", true);
+    CHECK(commit_ranks(a.on_saved(3, 0, 10, true, "", true)) == std::vector<uint32_t>{0, 2});
+    a.on_saved(0, 0, 10, true, "");
+    CHECK(a.durable_step() == 0);
+    a.on_saved(2, 0, 10, false, "disk full");
+    CHECK(a.durable_step() == 0);
+    a.on_saved(2, 0, 10, true, "");
+    CHECK(a.durable_step() == 10);
+  }
+  SECTION("from a replica after a whole node was lost") {
+    auto a = joined(4);
+    a.set_parts(true);
+    a.set_node_local(2);
+    a.on_member_lost(2, 7, loss_reason::dead, "host lost");
+    a.on_member_lost(3, 7, loss_reason::dead, "host lost");
+    const auto id = a.current_id();
+    // Rank 1 holds rank 2's replica, rank 0 holds rank 1's: rank 3's part is
+    // nowhere, so no step above the durable one can be written.
+    a.on_ack(0, id, 7, copies({6, 7}, 1, {6, 7}));
+    auto last = a.on_ack(1, id, 7, copies({6, 7}, 2, {6, 7}));
+    REQUIRE_FALSE(find(last, ty::agreed));
+  }
+  SECTION("a lost rank's part from its holder on the other node") {
+    auto a = lost_rank_2();  // rank 1 (node 0) holds rank 2's replica
+    a.set_node_local(2);
+    const auto id = a.current_id();
+    a.on_ack(0, id, 8, copies({6, 7, 8}, 1, {7, 8}));
+    a.on_ack(3, id, 8, copies({6, 7, 8}, 0, {7, 8}));
+    REQUIRE(find(a.on_ack(1, id, 8, copies({6, 7, 8}, 2, {7, 8})), ty::agreed));
+    a.on_saved(0, id, 8, true, "", true);
+    a.on_saved(1, id, 8, true, "", true);
+    // Node 1's only live rank is 3: it commits node 1's part.
+    CHECK(commit_ranks(a.on_saved(3, id, 8, true, "", true)) == std::vector<uint32_t>{0, 3});
+    a.on_saved(3, id, 8, true, "");
+    REQUIRE(find(a.on_saved(0, id, 8, true, ""), ty::committed));
+    CHECK(a.durable_step() == 8);
+  }
+}
