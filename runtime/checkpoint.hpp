@@ -323,6 +323,15 @@ public:
   /// directory (the text of its `part-<R>.json`): errc::failed when that
   /// part is not durable here.
   result<std::string> part_description(uint64_t step, const std::string& tag, uint32_t rank) const;
+  /// A node-local step's parts this directory lacks (each with the node
+  /// the manifest names as its holder); errors: the step is not readable.
+  result<std::vector<checkpoint_file>> absent_parts(uint64_t step) const;
+  /// Moves `file` (a copy of one of step `step`'s absent parts, fetched
+  /// from its holder or kept in a parts directory) into the step directory
+  /// once its size and checksum match the manifest's entry of the same
+  /// name; errc::invalid_input when they do not (the file is left where it
+  /// is and the step untouched).
+  status adopt_part(uint64_t step, const std::filesystem::path& file) const;
   /// `<dir>/.parts-step-<N>-<tag>`.
   std::filesystem::path parts_path(uint64_t step, const std::string& tag) const;
   /// Removes every parts directory of a step at or below `step` (rounds

@@ -374,6 +374,27 @@ result<save_stats> checkpoint_store::commit_node_parts(const checkpoint_meta& me
   return stats;
 }
 
+result<std::vector<checkpoint_file>> checkpoint_store::absent_parts(uint64_t step) const {
+  auto c = check_structure(*this, step_path(step), *staging_);
+  if (!c) return c.err();
+  return c->absent;
+}
+
+status checkpoint_store::adopt_part(uint64_t step, const fs::path& file) const {
+  const auto name = file.filename().string();
+  auto absent = absent_parts(step);
+  if (!absent) return absent.err();
+  auto it = std::find_if(absent->begin(), absent->end(), [&](const checkpoint_file& f) { return f.name == name; });
+  if (it == absent->end())
+    return error{errc::invalid_input, name + " is not a part step " + std::to_string(step) + " lacks here"};
+  if (auto st = check_file(file.parent_path(), *it, *staging_); !st)
+    return error{errc::invalid_input, "copy of " + name + " for step " + std::to_string(step) + ": " + st.err().message};
+  const auto dest = step_path(step) / name;
+  if (::rename(file.c_str(), dest.c_str()) != 0)
+    return error{errc::failed, file.string() + ": cannot move to " + dest.string() + ": " + errno_str(errno)};
+  return fsync_dir(step_path(step));
+}
+
 void checkpoint_store::remove_parts_up_to(uint64_t step) {
   std::error_code ec;
   for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {

@@ -4,6 +4,7 @@
 
 #include "runtime/checkpoint.hpp"
 #include "runtime/job_token.hpp"
+#include "runtime/manifest.hpp"
 #include "runtime/posix_file.hpp"
 
 #include <arpa/inet.h>
@@ -17,6 +18,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <sstream>
@@ -246,7 +248,7 @@ void fsync_dir(const fs::path& d) {
 
 /// Lists the step's files and copies each into `tmp`. Returns total bytes.
 result<uint64_t> copy_step(const std::string& ep, const std::string& token, uint64_t step, const fs::path& tmp,
-                           std::chrono::milliseconds timeout) {
+                           std::chrono::milliseconds timeout, bool with_parts) {
   auto fd = request(ep, token, "FILES " + std::to_string(step), timeout);
   if (!fd) return fd.err();
   std::vector<std::pair<uint64_t, std::string>> files;
@@ -260,6 +262,7 @@ result<uint64_t> copy_step(const std::string& ep, const std::string& token, uint
       auto w = words(*l);
       auto sz = w.size() == 2 ? to_step(w[0]) : std::nullopt;
       if (!sz || !plain_name(w[1])) return failed("FILES from " + ep + ": bad line '" + *l + "'");
+      if (!with_parts && w[1].rfind("rank-", 0) == 0 && is_shard(w[1])) continue;
       files.emplace_back(*sz, w[1]);
     }
   }
@@ -276,7 +279,7 @@ result<uint64_t> copy_step(const std::string& ep, const std::string& token, uint
 }  // namespace
 
 result<uint64_t> fetch_remote(const std::string& ep, const std::string& token, uint64_t step, const fs::path& dir,
-                              std::chrono::milliseconds timeout) {
+                              std::chrono::milliseconds timeout, bool with_parts) {
   checkpoint_store store(dir);
   auto target = store.step_path(step);
   std::error_code ec;
@@ -285,7 +288,7 @@ result<uint64_t> fetch_remote(const std::string& ep, const std::string& token, u
   auto tmp = dir / (".tmp-step-" + std::to_string(step) + "-" + std::to_string(::getpid()) + "-fetch");
   fs::remove_all(tmp, ec);
   if (!fs::create_directory(tmp, ec)) return failed("cannot create " + tmp.string() + ": " + ec.message());
-  auto bytes = copy_step(ep, token, step, tmp, timeout);
+  auto bytes = copy_step(ep, token, step, tmp, timeout, with_parts);
   status ok = bytes ? store.verify(tmp) : status{bytes.err()};
   if (!ok) {
     fs::remove_all(tmp, ec);
@@ -303,6 +306,27 @@ result<uint64_t> fetch_remote(const std::string& ep, const std::string& token, u
   }
   fsync_dir(dir);
   return *bytes;
+}
+
+result<uint64_t> fetch_part(const std::string& ep, const std::string& token, uint64_t step, const std::string& name,
+                            const fs::path& dir, std::chrono::milliseconds timeout) {
+  checkpoint_store store(dir);
+  auto absent = store.absent_parts(step);
+  if (!absent) return absent.err();
+  auto it = std::find_if(absent->begin(), absent->end(), [&](const checkpoint_file& f) { return f.name == name; });
+  if (it == absent->end()) return error{errc::invalid_input, name + " is not a part step " + std::to_string(step) + " lacks in " + dir.string()};
+  // A temporary the store's cleaner recognizes (a crashed fetch leaves no litter).
+  auto tmp = dir / (".tmp-step-" + std::to_string(step) + "-" + std::to_string(::getpid()) + "-part");
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec)) return failed("cannot create " + tmp.string() + ": " + ec.message());
+  auto got = get_file(ep, token, step, name, it->size, tmp / name, timeout);
+  status ok = got ? store.adopt_part(step, tmp / name) : status{got.err()};
+  fs::remove_all(tmp, ec);
+  if (!ok)
+    return error{ok.err().code, "fetching " + name + " of step " + std::to_string(step) + " from " + ep + ": " +
+                                    ok.err().message};
+  return *got;
 }
 
 }  // namespace grace

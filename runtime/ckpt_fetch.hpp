@@ -81,7 +81,19 @@ result<std::vector<uint64_t>> list_remote(const std::string& endpoint, const std
 
 /// Copies `step` from the peer into `dir`, verifies it, commits it as
 /// `step-<N>`. Returns the bytes copied (0 if a valid copy was there already).
+/// Without `with_parts` the parts of a node-local sharded step
+/// (`rank-*.safetensors`) stay behind: the index, manifest and rank
+/// states arrive, and the step is committed lacking every part (to be
+/// filled in by fetch_part or checkpoint_store::adopt_part).
 result<uint64_t> fetch_remote(const std::string& endpoint, const std::string& token, uint64_t step,
-                              const std::filesystem::path& dir, std::chrono::milliseconds timeout);
+                              const std::filesystem::path& dir, std::chrono::milliseconds timeout,
+                              bool with_parts = true);
+
+/// Copies one part that node-local step `step` in `dir` lacks from the
+/// peer, checks it against the local manifest and adds it to the step
+/// (checkpoint_store::adopt_part). Returns its size.
+result<uint64_t> fetch_part(const std::string& endpoint, const std::string& token, uint64_t step,
+                            const std::string& name, const std::filesystem::path& dir,
+                            std::chrono::milliseconds timeout);
 
 }  // namespace grace

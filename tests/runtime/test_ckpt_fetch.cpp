@@ -94,3 +94,104 @@ TEST_CASE("checkpoint fetch: an unreachable peer is an error within the timeout"
   CHECK(r.err().code == errc::disconnected);
   CHECK_FALSE(list_remote("not-an-endpoint", "tok", 500ms));
 }
+
+namespace {
+
+/// World 2, a node each: rank r writes its rows of `m` [4, 2] (rank 0 also
+/// the replicated `w`) into `dirs[r]`. `commit_on`: the nodes that commit.
+void save_node_local(const std::vector<fs::path>& dirs, uint64_t step, std::vector<int> commit_on = {0, 1}) {
+  std::vector<std::string> descs;
+  std::vector<float> w(3, 7.f);
+  for (uint32_t r = 0; r < 2; ++r) {
+    std::vector<float> m(4);
+    std::iota(m.begin(), m.end(), static_cast<float>(step * 100 + r * 4));
+    tensor_ref mr{"m", dtype::f32, {2, 2}, m.data()};
+    mr.global_shape = {4, 2};
+    mr.offsets = {static_cast<int64_t>(2 * r), 0};
+    std::vector<tensor_ref> refs{mr, {"w", dtype::f32, {3}, w.data()}};
+    snapshot_buffers b(refs);
+    REQUIRE(b.capture(refs));
+    checkpoint_store store(dirs[r]);
+    checkpoint_meta meta;
+    meta.step = step;
+    meta.world_size = 2;
+    REQUIRE(store.save_part(b.view(), meta, "t", r, r == 0));
+    descs.push_back(*store.part_description(step, "t", r));
+  }
+  checkpoint_meta meta;
+  meta.step = step;
+  meta.world_size = 2;
+  for (int n : commit_on) REQUIRE(checkpoint_store(dirs[n]).commit_node_parts(meta, "t", descs, {0, 1}, n));
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint fetch: a node-local step without its parts, then each part from the node holding it",
+          "[fetch][node-local]") {
+  grace::testing::temp_dir d("grace-fetch-nl");
+  const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
+  save_node_local(nodes, 30);
+  auto s0 = checkpoint_server::start(nodes[0], "127.0.0.1", "tok");
+  auto s1 = checkpoint_server::start(nodes[1], "127.0.0.1", "tok");
+  REQUIRE(s0);
+  REQUIRE(s1);
+  const auto fresh = d.path / "replacement";
+  REQUIRE(fetch_remote((*s1)->endpoint(), "tok", 30, fresh, 2000ms, /*with_parts=*/false));
+  checkpoint_store store(fresh);
+  CHECK(store.verify(30));
+  auto absent = store.absent_parts(30);
+  REQUIRE(absent);
+  REQUIRE(absent->size() == 2);
+  CHECK(absent->at(0).node == 0);
+  CHECK(absent->at(1).node == 1);
+  // Node 1 does not hold rank 0's part: a clear error, the step untouched.
+  auto wrong = fetch_part((*s1)->endpoint(), "tok", 30, "rank-00001-of-00002.safetensors", fresh, 2000ms);
+  REQUIRE_FALSE(wrong);
+  CHECK(wrong.err().message.find("rank-00001-of-00002.safetensors") != std::string::npos);
+  CHECK(store.absent_parts(30)->size() == 2);
+  REQUIRE(fetch_part((*s0)->endpoint(), "tok", 30, "rank-00001-of-00002.safetensors", fresh, 2000ms));
+  REQUIRE(fetch_part((*s1)->endpoint(), "tok", 30, "rank-00002-of-00002.safetensors", fresh, 2000ms));
+  CHECK(store.absent_parts(30)->empty());
+  CHECK(store.verify(30));
+  std::vector<float> m(8, -1.f), w(3, -1.f);
+  tensor_ref whole{"m", dtype::f32, {4, 2}, m.data()};
+  REQUIRE(store.restore_latest({whole, {"w", dtype::f32, {3}, w.data()}}));
+  CHECK(m == std::vector<float>{3000, 3001, 3002, 3003, 3004, 3005, 3006, 3007});
+  for (auto& c : store.list()) CHECK_FALSE(c.temporary);
+  auto again = fetch_part((*s0)->endpoint(), "tok", 30, "rank-00001-of-00002.safetensors", fresh, 2000ms);
+  REQUIRE_FALSE(again);  // nothing left to fetch
+  CHECK(again.err().code == errc::invalid_input);
+}
+
+TEST_CASE("checkpoint fetch: a node that missed the commit adopts its durable parts under a peer's manifest",
+          "[fetch][node-local]") {
+  grace::testing::temp_dir d("grace-fetch-nl");
+  const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
+  save_node_local(nodes, 40, {0});  // node 1 wrote its part but never committed
+  checkpoint_store node1(nodes[1]);
+  CHECK(node1.newest_valid_step() == 0);
+  const auto part = node1.parts_path(40, "t") / "rank-00002-of-00002.safetensors";
+  REQUIRE(fs::exists(part));
+  auto s0 = checkpoint_server::start(nodes[0], "127.0.0.1", "tok");
+  REQUIRE(s0);
+  REQUIRE(fetch_remote((*s0)->endpoint(), "tok", 40, nodes[1], 2000ms, /*with_parts=*/false));
+  // A damaged copy is refused and left where it is.
+  const auto bad = d.path / "rank-00002-of-00002.safetensors";
+  fs::copy_file(part, bad);
+  {
+    std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x55');
+  }
+  auto refused = node1.adopt_part(40, bad);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.err().message.find("checksum mismatch") != std::string::npos);
+  CHECK(fs::exists(bad));
+  REQUIRE(node1.adopt_part(40, part));
+  CHECK_FALSE(fs::exists(part));
+  CHECK(node1.verify(40));
+  auto absent = node1.absent_parts(40);
+  REQUIRE(absent->size() == 1);
+  CHECK(absent->at(0).name == "rank-00001-of-00002.safetensors");
+  CHECK(absent->at(0).node == 0);
+}
