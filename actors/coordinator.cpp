@@ -55,6 +55,7 @@ struct coordinator_state {
   std::map<int32_t, node_relay_actor> relays;
   int32_t relay_nproc = 0;       ///< workers per node, as the relays said
   std::set<uint32_t> relayed;    ///< members that joined through their node's relay
+  uint32_t node_local = 0;       ///< node-local checkpoint directories: ranks per node (the members' Join)
   /// Launchers on node > 0 that registered with the secret: their process
   /// -> (node rank, workers per node).
   std::map<caf::node_id, std::pair<int32_t, int32_t>> launchers;
@@ -444,6 +445,11 @@ std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Read
     return refuse_for_now(
         "duplicate rank " + std::to_string(rank) + " in incarnation " + std::to_string(st.cfg.incarnation),
         st.cfg.incarnation);
+  if (!st.workers.empty() && j.getNodeLocal() != st.node_local)
+    return refuse("rank " + std::to_string(rank) + " has " +
+                  (j.getNodeLocal() ? "node-local checkpoint directories" : "a shared checkpoint directory") +
+                  ", the members joined before " + (st.node_local ? "node-local ones" : "a shared one") +
+                  ": every member of a job must see the same layout");
   if (!st.workers.empty() && j.getSharded() != st.agree->parts())
     return refuse(std::string("rank ") + std::to_string(rank) + (j.getSharded() ? " holds" : " does not hold") +
                   " sharded state, the members joined before " + (j.getSharded() ? "do not" : "do") +
@@ -521,7 +527,11 @@ msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {
   if (!sender) return refuse("join without a sender to reply to");
   auto rank = j.getRank();
   auto handle = caf::actor_cast<peer_watcher_actor>(sender);
-  if (st.workers.empty()) st.agree->set_parts(j.getSharded());
+  if (st.workers.empty()) {
+    st.agree->set_parts(j.getSharded());
+    st.node_local = j.getNodeLocal();
+    st.agree->set_node_local(st.node_local);
+  }
   st.workers.emplace(rank, handle);
   st.ranks.emplace(caf::actor_cast<caf::actor_addr>(sender), rank);
   if (j.getRelayed()) st.relayed.insert(rank);

@@ -30,6 +30,8 @@ struct Join {
                               # this member's orders through the relay (actors/node_relay.hpp)
   sharded @11 :Bool;          # holds sharded state: every member writes its part of
                               # each checkpoint, which commits once all parts are durable
+  nodeLocal @12 :UInt32;      # sharded state in node-local directories: ranks per node
+                              # (every node commits its own parts); 0: one shared directory
 }
 
 struct Welcome {

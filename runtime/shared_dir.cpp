@@ -150,6 +150,120 @@ std::string shared_dir_verdict(const probe_findings& f, uint32_t local_world, co
          "directory (NFS or a parallel file system)";
 }
 
+std::string node_local_verdict(const probe_findings& f, uint32_t node, uint32_t local_world, const fs::path& dir) {
+  if (!f.unwritable.empty()) return shared_dir_verdict({{}, f.unwritable, {}}, local_world, dir);
+  auto list = [&](const std::vector<uint32_t>& ranks) {
+    std::string rs, ns;
+    std::set<uint32_t> nodes;
+    for (auto r : ranks) rs += (rs.empty() ? "" : ", ") + std::to_string(r), nodes.insert(r / local_world);
+    for (auto n : nodes) ns += (ns.empty() ? "" : ", ") + std::to_string(n);
+    return "rank(s) " + rs + " (node " + ns + ")";
+  };
+  if (!f.missing.empty())
+    return "node-local checkpoint directories: the files that " + list(f.missing) +
+           " wrote into their checkpoint directory do not appear in " + dir.string() + ", node " +
+           std::to_string(node) + "'s: every rank of a node needs the same directory (the node's own disk)";
+  if (!f.foreign.empty())
+    return "node-local checkpoint directories were declared (--node-local-checkpoints), but node " +
+           std::to_string(node) + "'s directory " + dir.string() + " also holds the files of " + list(f.foreign) +
+           ": it is shared across nodes, where the nodes' separate commits would collide; drop "
+           "--node-local-checkpoints (a shared directory needs none)";
+  return "";
+}
+
+namespace {
+
+/// Node-local directories, the first rank of a node: which of its node's
+/// probes its directory lacks, and which other nodes' it holds.
+result<probe_findings> node_findings(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
+  std::vector<uint32_t> ranks;
+  std::vector<std::string> keys;
+  for (uint32_t r = 0; r < p.world; ++r)
+    if (r != p.rank) ranks.push_back(r), keys.push_back(key_of(p, std::to_string(r)));
+  if (auto st = guarded("waiting for every rank's probe", [&] { kv.wait(keys, p.timeout); }); !st) return st.err();
+  probe_findings out;
+  std::vector<std::pair<uint32_t, std::string>> mine, others;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    std::string value;
+    auto st = guarded("reading rank " + std::to_string(ranks[i]) + "'s probe", [&] {
+      auto v = kv.get(keys[i]);
+      value.assign(v.begin(), v.end());
+    });
+    if (!st) return st.err();
+    if (value.rfind(failed_mark, 0) == 0)
+      out.unwritable.emplace_back(ranks[i], value.substr(1));
+    else
+      (ranks[i] / p.local_world == p.rank / p.local_world ? mine : others).emplace_back(ranks[i], std::move(value));
+  }
+  const auto until = std::chrono::steady_clock::now() + p.settle;
+  for (;;) {
+    out.missing.clear();
+    for (auto& [r, nonce] : mine)
+      if (read_text(probe_file(p.dir, p.incarnation, r)) != nonce) out.missing.push_back(r);
+    if (out.missing.empty() || std::chrono::steady_clock::now() >= until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (auto& [r, nonce] : others)
+    if (read_text(probe_file(p.dir, p.incarnation, r)) == nonce) out.foreign.push_back(r);
+  return out;
+}
+
+/// Waits for `key` and returns its value.
+result<std::string> await_key(gloo::rendezvous::Store& kv, const std::string& key, std::chrono::milliseconds timeout,
+                              const std::string& what) {
+  std::string value;
+  auto st = guarded(what, [&] {
+    kv.wait({key}, timeout);
+    auto v = kv.get(key);
+    value.assign(v.begin(), v.end());
+  });
+  if (!st) return st.err();
+  return value;
+}
+
+/// Node-local, rank 0: the first failing node's verdict, or ok.
+result<std::string> overall_verdict(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
+  const uint32_t nodes = (p.world + p.local_world - 1) / p.local_world;
+  for (uint32_t n = 0; n < nodes; ++n) {
+    auto v = await_key(kv, key_of(p, "node-" + std::to_string(n)), p.timeout + p.settle + std::chrono::seconds(5),
+                       "waiting for node " + std::to_string(n) + "'s verdict");
+    if (!v) return v.err();
+    if (*v != verdict_ok) return v;
+  }
+  return std::string(verdict_ok);
+}
+
+}  // namespace
+
+status check_node_local_directories(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
+  if (p.world < 2 || p.local_world == 0) return {};
+  if (auto st = write_probe(p, kv); !st) return st;
+  auto publish = [&](const std::string& key, const std::string& v) {
+    return guarded("publishing a verdict", [&] { kv.set(key_of(p, key), std::vector<char>(v.begin(), v.end())); });
+  };
+  const bool leader = p.rank % p.local_world == 0;
+  if (leader) {
+    auto found = node_findings(p, kv);
+    if (!found) return found.err();
+    const auto why = node_local_verdict(*found, p.rank / p.local_world, p.local_world, fs::absolute(p.dir));
+    if (auto st = publish("node-" + std::to_string(p.rank / p.local_world), why.empty() ? verdict_ok : why); !st)
+      return st;
+  }
+  if (p.rank == 0) {
+    auto v = overall_verdict(p, kv);
+    if (!v) return v.err();
+    if (auto st = publish("verdict", *v); !st) return st;
+  }
+  auto verdict = await_key(kv, key_of(p, "verdict"), p.timeout + p.settle + std::chrono::seconds(10),
+                           "waiting for rank 0's verdict");
+  std::error_code ec;
+  fs::remove(probe_file(p.dir, p.incarnation, p.rank), ec);
+  if (leader) remove_probes(p.dir);  // older incarnations' leftovers
+  if (!verdict) return verdict.err();
+  if (*verdict != verdict_ok) return error{errc::invalid_input, *verdict};
+  return {};
+}
+
 status check_shared_directory(const shared_dir_probe& p, gloo::rendezvous::Store& kv) {
   if (p.world < 2) return {};
   const auto verdict_key = key_of(p, "verdict");

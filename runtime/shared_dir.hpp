@@ -48,6 +48,10 @@ struct shared_dir_probe {
   std::string prefix;          ///< the rendezvous store's prefix for this incarnation
   std::chrono::milliseconds timeout{30000};
   std::chrono::milliseconds settle{5000};
+  /// Node-local directories declared (grace-launch --node-local-checkpoints):
+  /// every node's ranks share one directory and no two nodes share one
+  /// (each node commits its own parts; see check_node_local_directories).
+  bool node_local = false;
 };
 
 /// Runs the probe on this rank (all ranks call it). Ok when every rank's
@@ -57,15 +61,28 @@ struct shared_dir_probe {
 /// breaks.
 status check_shared_directory(const shared_dir_probe& p, gloo::rendezvous::Store& kv);
 
+/// Node-local directories (`p.node_local`, `p.local_world` > 0), run by
+/// every rank: every rank writes a probe; the first rank of each node
+/// checks that its directory holds the probes of its node's ranks and of
+/// no other node's, and publishes that node's verdict; rank 0 publishes
+/// the first failing node's (or "ok"), and every rank ends with it. Errors
+/// as check_shared_directory's: a directory shared across nodes (the
+/// per-node commits would collide there) or not shared within a node.
+status check_node_local_directories(const shared_dir_probe& p, gloo::rendezvous::Store& kv);
+
 /// What rank 0 found.
 struct probe_findings {
   std::vector<uint32_t> missing;                            ///< probes not in rank 0's directory
   std::vector<std::pair<uint32_t, std::string>> unwritable;  ///< ranks that could not write theirs, and why
+  std::vector<uint32_t> foreign;                            ///< node-local: other nodes' probes that are there
 };
 
 /// The verdict (pure): empty when every probe was found, else the error
 /// text naming the ranks (a rank that cannot write its directory first:
 /// whether that directory is shared cannot be told).
 std::string shared_dir_verdict(const probe_findings& f, uint32_t local_world, const std::filesystem::path& dir0);
+/// The same for node `node`'s directory `dir` with node-local directories.
+std::string node_local_verdict(const probe_findings& f, uint32_t node, uint32_t local_world,
+                               const std::filesystem::path& dir);
 
 }  // namespace grace

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 namespace {
 
 /// Runs the check on `dirs.size()` ranks at once, rank r in dirs[r].
-std::vector<status> run_ranks(const std::vector<fs::path>& dirs, uint32_t local_world) {
+std::vector<status> run_ranks(const std::vector<fs::path>& dirs, uint32_t local_world, bool node_local = false) {
   gloo::rendezvous::HashStore kv;
   std::vector<status> out(dirs.size());
   std::vector<std::thread> ts;
@@ -32,7 +32,8 @@ std::vector<status> run_ranks(const std::vector<fs::path>& dirs, uint32_t local_
       p.prefix = "job/3";
       p.timeout = std::chrono::milliseconds(5000);
       p.settle = std::chrono::milliseconds(200);
-      out[r] = check_shared_directory(p, kv);
+      p.node_local = node_local;
+      out[r] = node_local ? check_node_local_directories(p, kv) : check_shared_directory(p, kv);
     });
   for (auto& t : ts) t.join();
   return out;
@@ -112,4 +113,48 @@ TEST_CASE("shared directory: a rank that never reports fails the check with a ti
   REQUIRE_FALSE(st);
   CHECK(st.err().code == errc::disconnected);  // a failed rendezvous: restart (exit 45)
   CHECK(st.err().message.find("every rank's probe") != std::string::npos);
+}
+
+TEST_CASE("node-local directories: a directory per node passes and leaves nothing behind", "[shared_dir]") {
+  temp_dir d;
+  auto n0 = d.path / "node0", n1 = d.path / "node1", n2 = d.path / "node2";
+  fs::create_directories(n1);
+  std::ofstream(n1 / ".grace-shared-dir-i1-r3") << "stale\n";  // an older incarnation's leftover
+  auto st = run_ranks({n0, n0, n1, n1, n2, n2}, 2, true);
+  for (auto& s : st) CHECK(s);
+  for (auto& n : {n0, n1, n2}) CHECK(entries(n) == 0);
+}
+
+TEST_CASE("node-local directories: a directory shared across nodes, or not within one, stops every rank",
+          "[shared_dir]") {
+  temp_dir d;
+  auto n0 = d.path / "node0", n1 = d.path / "node1", other = d.path / "other";
+  SECTION("shared across nodes") {
+    auto st = run_ranks({n0, n0, n0, n0}, 2, true);
+    for (auto& s : st) {
+      REQUIRE_FALSE(s);
+      CHECK(s.err().code == errc::invalid_input);
+      CHECK(s.err().message == st[0].err().message);
+    }
+    CHECK(st[0].err().message.find("also holds the files of rank(s) 2, 3 (node 1)") != std::string::npos);
+    CHECK(st[0].err().message.find("drop --node-local-checkpoints") != std::string::npos);
+    CHECK(entries(n0) == 0);
+  }
+  SECTION("not shared within node 1") {
+    auto st = run_ranks({n0, n0, n1, other}, 2, true);
+    for (auto& s : st) {
+      REQUIRE_FALSE(s);
+      CHECK(s.err().message == st[0].err().message);
+    }
+    CHECK(st[0].err().message.find("rank(s) 3 (node 1)") != std::string::npos);
+    CHECK(st[0].err().message.find(fs::absolute(n1).string() + ", node 1's") != std::string::npos);
+  }
+}
+
+TEST_CASE("node-local directories: the verdicts name the ranks and nodes", "[shared_dir]") {
+  CHECK(node_local_verdict({}, 1, 2, "/ck").empty());
+  CHECK(node_local_verdict({{}, {}, {4, 5}}, 0, 2, "/ck").find("rank(s) 4, 5 (node 2)") != std::string::npos);
+  CHECK(node_local_verdict({{3}, {}, {}}, 1, 2, "/ck").find("do not appear in /ck, node 1's") != std::string::npos);
+  CHECK(node_local_verdict({{}, {{1, "cannot create /x: Permission denied"}}, {}}, 0, 2, "/ck")
+            .find("rank 1: cannot create /x: Permission denied") != std::string::npos);
 }
