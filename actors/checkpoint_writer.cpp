@@ -1,5 +1,6 @@
 #include "actors/checkpoint_writer.hpp"
 
+#include "runtime/ckpt_fetch.hpp"
 #include "runtime/control.hpp"
 #include "runtime/events.hpp"
 
@@ -152,9 +153,42 @@ void remember_part(writer_state& st, const save_request& req) {
   }
 }
 
+/// Node-local directories: every rank's part description of the round,
+/// with the node holding it: this node's from its own parts directory, the
+/// others' from their nodes' checkpoint servers.
+result<save_stats> commit_node_local(writer_state& st, const written_part& p, const std::vector<std::string>& servers) {
+  const auto world = static_cast<size_t>(p.meta.world_size);
+  std::vector<std::string> descs(world);
+  std::vector<int32_t> holders(world, -1);
+  auto take = [&](int32_t node, const std::vector<std::string>& texts) {
+    for (auto& t : texts) {
+      auto j = nlohmann::json::parse(t, nullptr, false);
+      auto r = j.is_object() && j.contains("rank") && j["rank"].is_number_unsigned() ? j["rank"].get<uint64_t>() : world;
+      if (r < world && holders[r] < 0) descs[r] = t, holders[r] = node;
+    }
+  };
+  auto own = st.cfg.store->part_descriptions(p.meta.step, p.tag);
+  if (!own) return own.err();
+  take(st.cfg.node, *own);
+  for (size_t n = 0; n < servers.size(); ++n) {
+    if (static_cast<int32_t>(n) == st.cfg.node || servers[n].empty()) continue;
+    auto theirs = list_parts_remote(servers[n], st.cfg.token, p.meta.step, p.tag, st.cfg.fetch_timeout);
+    if (!theirs) return error{theirs.err().code, "node " + std::to_string(n) + "'s parts: " + theirs.err().message};
+    take(static_cast<int32_t>(n), *theirs);
+  }
+  std::string missing;
+  for (size_t r = 0; r < world; ++r)
+    if (holders[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  if (!missing.empty())
+    return error{errc::failed, "no node holds the part of rank(s) " + missing + " of step " +
+                                   std::to_string(p.meta.step)};
+  return st.cfg.store->commit_node_parts(p.meta, p.tag, descs, holders, st.cfg.node);
+}
+
 /// Phase 2 of a sharded save, on the rank the service chose: commit every
-/// rank's part of `step` and report it (part = false).
-void commit_parts(self_ptr self, uint64_t id, uint64_t step) {
+/// rank's part of `step` (node-local directories: this node's) and report
+/// it (part = false).
+void commit_parts(self_ptr self, uint64_t id, uint64_t step, const std::vector<std::string>& servers) {
   auto& st = self->state;
   save_outcome o;
   o.step = step;
@@ -166,7 +200,8 @@ void commit_parts(self_ptr self, uint64_t id, uint64_t step) {
               " was written by this rank";
   } else {
     o.kind = it->second.meta.kind;
-    auto r = st.cfg.store->commit_parts(it->second.meta, it->second.tag);
+    auto r = st.cfg.node >= 0 ? commit_node_local(st, it->second, servers)
+                              : st.cfg.store->commit_parts(it->second.meta, it->second.tag);
     o.ok = static_cast<bool>(r);
     if (r)
       o.stats = std::move(r.value());
@@ -196,7 +231,9 @@ checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_c
         return o;
       },
       [self](prepare_atom, uint64_t state_bytes) { self->state.cfg.store->prepare_io(state_bytes); },
-      [self](commit_atom, uint64_t id, uint64_t step) { commit_parts(self, id, step); },
+      [self](commit_atom, uint64_t id, uint64_t step, const std::vector<std::string>& servers) {
+        commit_parts(self, id, step, servers);
+      },
   };
 }
 

@@ -91,7 +91,9 @@ using checkpoint_writer_actor =
                      caf::reacts_to<prepare_atom, uint64_t>,
                      /// Every part of (agreement id, step) is durable: commit them (the
                      /// service chose this rank), and report it.
-                     caf::reacts_to<commit_atom, uint64_t, uint64_t>>;
+                     /// With node-local directories the last argument names every node's
+                     /// checkpoint server, where the other nodes' part descriptions are read.
+                     caf::reacts_to<commit_atom, uint64_t, uint64_t, std::vector<std::string>>>;
 
 struct checkpoint_writer_config {
   checkpoint_store* store = nullptr;  ///< outlives the actor
@@ -104,6 +106,12 @@ struct checkpoint_writer_config {
   /// watcher's heartbeats (may be null).
   std::shared_ptr<control_block> ctl;
   std::shared_ptr<spdlog::logger> log;
+  /// Sharded state in node-local directories: this rank's node (every
+  /// node's committer commits that node's parts, checkpoint_store::
+  /// commit_node_parts); -1: one directory shared by every rank.
+  int32_t node = -1;
+  std::string token;  ///< the job's secret, for the other nodes' checkpoint servers
+  std::chrono::milliseconds fetch_timeout{10000};
 };
 
 /// Spawned detached: the one thread that writes this process's checkpoints.

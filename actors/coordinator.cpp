@@ -310,6 +310,10 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
         to_one(a.rank, make<proto::CommitParts>([&](auto b) {
                  b.setAgreementId(a.id);
                  b.setStep(a.step);
+                 if (!st.node_local || st.ckpt_servers.empty()) return;
+                 auto sv = b.initServers(static_cast<unsigned>(st.ckpt_servers.rbegin()->first + 1));
+                 for (auto& [node, ep] : st.ckpt_servers)
+                   if (node >= 0) sv.set(static_cast<unsigned>(node), ep);
                }));
         break;
       case ty::deadline_update:

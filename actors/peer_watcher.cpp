@@ -408,7 +408,11 @@ peer_watcher_actor::behavior_type peer_watcher(self_ptr self, std::shared_ptr<co
       },
       [self](msg<proto::CommitParts>& m) {
         if (!from_current(self) || !self->state.cfg.on_commit_parts) return;
-        if (auto r = decode(m)) self->state.cfg.on_commit_parts(r->get().getAgreementId(), r->get().getStep());
+        if (auto r = decode(m)) {
+          std::vector<std::string> servers;
+          for (auto s : r->get().getServers()) servers.push_back(str(s));
+          self->state.cfg.on_commit_parts(r->get().getAgreementId(), r->get().getStep(), std::move(servers));
+        }
       },
       [self](tick_atom) { on_tick(self); },
       [self](follow_atom) { on_follow(self); },

@@ -42,7 +42,8 @@ struct peer_watcher_config {
   std::chrono::milliseconds follow_poll{100};
   /// Sharded state: the service says every part of (agreement id, step) is
   /// durable and this worker commits them (handed to its checkpoint writer).
-  std::function<void(uint64_t, uint64_t)> on_commit_parts;
+  /// (agreement id, step, node-local: each node's checkpoint server)
+  std::function<void(uint64_t, uint64_t, std::vector<std::string>)> on_commit_parts;
   /// Sharded state with replicas: the kept copies and the replica this
   /// worker reports in a just-in-time acknowledgement, frozen from then on
   /// (runtime/replica.hpp). Unset: nothing to report.

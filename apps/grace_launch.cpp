@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "exported as GRACE_CHECKPOINT_DIR; the reason "
                  "file grace-exit.json is written there");
+  app.add_flag("--node-local-checkpoints", o.node_local_checkpoints,
+               "every node's --checkpoint-dir is its own disk: sharded state is committed on every node (each "
+               "holding its ranks' parts) and brought level between nodes before a group starts");
   app.add_option("--grace-period-ms", grace_ms, "grace period carried by a forwarded notice")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--exit-timeout-ms", exit_timeout_ms, "wait this long for the rest of the group to exit");

@@ -176,6 +176,9 @@ struct CheckpointSaved {
 struct CommitParts {
   agreementId @0 :UInt64;     # 0: a periodic save
   step @1 :UInt64;
+  servers @2 :List(Text);     # node-local directories: node n's checkpoint server
+                              # ("address:port", "" unknown), where the committer
+                              # of each node reads the other nodes' part descriptions
 }
 
 # Chief -> coordinator during a grace-period countdown: the time left has

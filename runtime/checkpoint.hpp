@@ -323,6 +323,9 @@ public:
   /// directory (the text of its `part-<R>.json`): errc::failed when that
   /// part is not durable here.
   result<std::string> part_description(uint64_t step, const std::string& tag, uint32_t rank) const;
+  /// Every part description durable in this directory's parts directory of
+  /// round `tag` of `step` (none: an empty list).
+  result<std::vector<std::string>> part_descriptions(uint64_t step, const std::string& tag) const;
   /// A node-local step's parts this directory lacks (each with the node
   /// the manifest names as its holder); errors: the step is not readable.
   result<std::vector<checkpoint_file>> absent_parts(uint64_t step) const;

@@ -311,6 +311,24 @@ result<std::string> checkpoint_store::part_description(uint64_t step, const std:
   return j->dump();
 }
 
+result<std::vector<std::string>> checkpoint_store::part_descriptions(uint64_t step, const std::string& tag) const {
+  if (!safe_tag(tag)) return error{errc::invalid_input, "parts tag '" + tag + "' is not a safe file-name part"};
+  std::vector<std::string> out;
+  std::error_code ec;
+  const auto dir = parts_path(step, tag);
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    unsigned rank = 0;
+    char tail = 0;
+    if (std::sscanf(name.c_str(), "part-%5u.jso%c", &rank, &tail) != 2 || tail != 'n' || name != part_manifest_name(rank))
+      continue;
+    auto j = read_json(it->path());
+    if (!j) return error{errc::failed, j.err().message};
+    out.push_back(j->dump());
+  }
+  return out;
+}
+
 namespace {
 
 /// Every rank's part from the descriptions the nodes exchanged; the parts

@@ -165,6 +165,14 @@ void checkpoint_server::answer(int fd) {
     send_str(fd, "OK " + std::to_string(n) + "\n" + body);
     return;
   }
+  if (w[2] == "PARTS" && w.size() == 5) {
+    auto descs = store.part_descriptions(*step, w[4]);
+    if (!descs) return err(descs.err().message);
+    std::string body = "OK " + std::to_string(descs->size()) + "\n";
+    for (auto& d : *descs) body += std::to_string(d.size()) + "\n" + d;
+    send_str(fd, body);
+    return;
+  }
   if (w[2] == "GET" && w.size() == 5 && plain_name(w[4])) {
     int f = open_no_follow(sdir / w[4], O_RDONLY);
     if (f < 0) return err("cannot open " + w[4] + " of step " + std::to_string(*step) + ": " + std::strerror(errno));
@@ -206,6 +214,26 @@ result<std::vector<uint64_t>> list_remote(const std::string& ep, const std::stri
     steps.push_back(*s);
   }
   return steps;
+}
+
+result<std::vector<std::string>> list_parts_remote(const std::string& ep, const std::string& token, uint64_t step,
+                                                   const std::string& tag, std::chrono::milliseconds timeout) {
+  auto fd = request(ep, token, "PARTS " + std::to_string(step) + " " + tag, timeout);
+  if (!fd) return fd.err();
+  fd_guard g{*fd};
+  auto n = read_ok(*fd, "PARTS from " + ep);
+  if (!n) return n.err();
+  std::vector<std::string> out;
+  for (uint64_t i = 0; i < *n; ++i) {
+    auto l = read_line(*fd);
+    auto size = l ? to_step(*l) : std::nullopt;
+    if (!size || *size > (uint64_t(16) << 20)) return failed("PARTS from " + ep + ": bad size line");
+    std::string d(static_cast<size_t>(*size), '\0');
+    if (!tcp::recv_all(*fd, d.data(), d.size()))
+      return error{errc::disconnected, "PARTS from " + ep + ": cut after " + std::to_string(i) + " descriptions"};
+    out.push_back(std::move(d));
+  }
+  return out;
 }
 
 namespace {

@@ -14,6 +14,9 @@
 ///   request   "GRACE-CKPT <token> LIST\n"             -> "OK <n>\n" then n lines "<step>"
 ///             "GRACE-CKPT <token> FILES <step>\n"     -> "OK <n>\n" then n lines "<size> <name>"
 ///             "GRACE-CKPT <token> GET <step> <name>\n" -> "OK <size>\n" then the bytes
+///             "GRACE-CKPT <token> PARTS <step> <tag>\n" -> "OK <n>\n" then n times "<size>\n" and
+///               that many bytes: the part descriptions durable in `.parts-step-<N>-<tag>`
+///               (node-local sharded state: a node's committer gathers every node's)
 ///   any error -> "ERR <one line>\n". Requests are at most 512 bytes; a peer
 ///   that stalls for `io_timeout` is dropped. Names are plain file names of
 ///   the step directory (no '/', no "..").
@@ -78,6 +81,12 @@ std::optional<fetch_plan> plan_fetch(uint64_t local_newest, const std::vector<pe
 /// `timeout`), failed (a protocol error, the message names it).
 result<std::vector<uint64_t>> list_remote(const std::string& endpoint, const std::string& token,
                                           std::chrono::milliseconds timeout);
+
+/// The part descriptions (checkpoint_store::part_description) durable in
+/// the peer's parts directory of round `tag` of `step`.
+result<std::vector<std::string>> list_parts_remote(const std::string& endpoint, const std::string& token,
+                                                   uint64_t step, const std::string& tag,
+                                                   std::chrono::milliseconds timeout);
 
 /// Copies `step` from the peer into `dir`, verifies it, commits it as
 /// `step-<N>`. Returns the bytes copied (0 if a valid copy was there already).

@@ -184,6 +184,11 @@ result<cluster_config> cluster_from_environment() {
       return bad("GRACE_WORLD_SIZE > 1 but GRACE_COORDINATOR is not set");
     }
     if (auto st = failover_from_environment(c); !st) return st.err();
+    if (auto nl = env("GRACE_NODE_LOCAL_CHECKPOINTS")) {
+      if (std::string(nl) != "0" && std::string(nl) != "1")
+        return bad(std::string("GRACE_NODE_LOCAL_CHECKPOINTS=") + nl + ": expected 0 or 1");
+      c.node_local_checkpoints = std::string(nl) == "1";
+    }
     if (auto v = env("GRACE_RELAY")) {
       if (auto hp = parse_host_port(v); !hp) return error{errc::invalid_input, "GRACE_RELAY: " + hp.err().message};
       c.relay = v;

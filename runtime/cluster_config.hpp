@@ -36,6 +36,10 @@ struct cluster_config {
   /// This node's relay (GRACE_RELAY, "127.0.0.1:port"; multi-node jobs):
   /// heartbeats and acknowledgements go through it (actors/node_relay.hpp).
   std::string relay;
+  /// Sharded state in node-local checkpoint directories, declared by
+  /// grace-launch --node-local-checkpoints (GRACE_NODE_LOCAL_CHECKPOINTS=1):
+  /// every node commits its own parts (runtime/shared_dir.hpp checks it).
+  bool node_local_checkpoints = false;
   bool is_chief() const noexcept { return rank == 0; }
   bool local_mode() const noexcept { return world_size == 1 && coordinator_host.empty(); }
 };

@@ -209,6 +209,10 @@ struct session::impl {
       sharded |= t.sharded();
     }
     if (!sharded) return {};
+    if (cluster.node_local_checkpoints && cluster.world_size > 1 && local_world_size() == 0)
+      return error{errc::invalid_input,
+                   "node-local checkpoint directories (GRACE_NODE_LOCAL_CHECKPOINTS=1) need LOCAL_WORLD_SIZE, the "
+                   "ranks per node (grace-launch sets both)"};
     if (opts.save_every_auto || opts.save_every_seconds > 0)
       return error{errc::invalid_input,
                    "sharded state: periodic saves must be every N steps (--save-every N), since every rank writes its "
@@ -621,9 +625,22 @@ struct session::impl {
     if (!st) log->warn("replicas: step {} not kept: {}", k, st.err().message);
   }
 
+  /// Sharded state in node-local directories (declared by the launcher):
+  /// the ranks per node, else 0.
+  uint32_t node_local_world() const {
+    return sharded && cluster.node_local_checkpoints && cluster.world_size > 1 ? local_world_size() : 0;
+  }
+  /// Who commits this node's parts and keeps its directory tidy: the
+  /// node's first rank (node-local), else the chief.
+  bool dir_keeper() const {
+    const auto lw = node_local_world();
+    return lw ? cluster.rank % lw == 0 : cluster.is_chief();
+  }
+
   /// Sharded state on several ranks: every rank's checkpoint directory is
-  /// rank 0's (runtime/shared_dir.hpp), else every rank stops with the
-  /// same clear error before its first step.
+  /// rank 0's (runtime/shared_dir.hpp), or with node-local directories
+  /// declared every node's ranks share one and no two nodes do; else every
+  /// rank stops with the same clear error before its first step.
   status check_shared_dir() {
     if (!sharded || cluster.world_size < 2 || !kv || opts.checkpoint_dir.empty()) return {};
     shared_dir_probe p;
@@ -634,7 +651,8 @@ struct session::impl {
     p.local_world = local_world_size();
     p.prefix = prefix;
     p.timeout = opts.wait_timeout;
-    auto st = check_shared_directory(p, *kv);
+    p.node_local = node_local_world() > 0;
+    auto st = p.node_local ? check_node_local_directories(p, *kv) : check_shared_directory(p, *kv);
     if (!st) log->error("{}", st.err().message);
     return st;
   }
@@ -887,8 +905,14 @@ status session::impl::start_actors() {
   wc.rank = cluster.rank;
   wc.ctl = ctl;
   wc.log = log;
+  if (auto lw = node_local_world()) {
+    wc.node = static_cast<int32_t>(cluster.rank / lw);
+    wc.token = cluster.token;
+  }
   writer = spawn_checkpoint_writer(sys, wc);
-  pc.on_commit_parts = [w = writer](uint64_t id, uint64_t step) { caf::anon_send(w, commit_atom::value, id, step); };
+  pc.on_commit_parts = [w = writer](uint64_t id, uint64_t step, std::vector<std::string> servers) {
+    caf::anon_send(w, commit_atom::value, id, step, std::move(servers));
+  };
   pc.freeze_copies = [r = replicas] { return r->freeze(); };
   watcher = spawn_peer_watcher(sys, coord, ctl, pc);
   self = std::make_unique<caf::scoped_actor>(sys);
@@ -918,6 +942,7 @@ status session::impl::join() {
     b.setPid(static_cast<uint32_t>(::getpid()));
     b.setCompletedStep(completed);
     b.setSharded(sharded);
+    b.setNodeLocal(node_local_world());
   });
   // A join for the next incarnation is refused (restartable, naming the
   // current one) while the old group still has live members: asked again
@@ -1117,14 +1142,14 @@ status session::finish() {
 status session::impl::finish_sharded() {
   const bool have = last_save && last_save->ok && last_save->part && last_save->step == completed;
   status s = have ? status{} : save(completed, checkpoint_kind::end, 0, true);
-  if (s && cluster.is_chief()) s = wait_for_commit(completed);
+  if (s && dir_keeper()) s = wait_for_commit(completed);
   if (!s) {
     stop(exit_code::fatal,
          "the final checkpoint at step " + std::to_string(completed) + " could not be written: " + s.err().message,
          false);
     return s;
   }
-  if (!cluster.is_chief()) return {};
+  if (!dir_keeper()) return {};
   store->remove_parts_up_to(completed);
   if (!opts.keep_checkpoints_on_success) remove_backups();
   return {};

@@ -291,6 +291,8 @@ status validate(const launch_options& o) {
     return error{errc::invalid_input, "--nnodes > 1 needs the same --run-id on every node"};
   if (!o.run_id.empty())
     if (auto st = check_run_id(o.run_id, "--run-id"); !st) return st;
+  if (o.node_local_checkpoints && o.checkpoint_dir.empty())
+    return error{errc::invalid_input, "--node-local-checkpoints needs --checkpoint-dir (this node's own disk)"};
   return {};
 }
 
@@ -632,6 +634,7 @@ std::map<std::string, std::string> launcher::worker_environment(int rank, int lo
     env["GRACE_FAILOVER_WAIT_MS"] = std::to_string(failover_wait().count());
   }
   if (!o_.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o_.checkpoint_dir;
+  if (o_.node_local_checkpoints) env["GRACE_NODE_LOCAL_CHECKPOINTS"] = "1";
   env.merge(tls_environment(tls_));
   add_torchrun_environment(env, o_, host_, rank, local_rank, incarnation_, restarts_);
   return env;

@@ -24,6 +24,10 @@ struct launch_options {
   int restart_code = 42;
   std::string run_id;                             ///< default: random
   std::string checkpoint_dir;                     ///< exported as GRACE_CHECKPOINT_DIR; reason file goes there
+  /// Every node's --checkpoint-dir is its own disk (GRACE_NODE_LOCAL_CHECKPOINTS=1):
+  /// sharded state is committed per node, and before a group starts each
+  /// node brings its directory level with its peers' (runtime/ckpt_fetch.hpp).
+  bool node_local_checkpoints = false;
   std::chrono::milliseconds grace_period{0};      ///< deadline carried by a forwarded notice
   std::chrono::milliseconds exit_timeout{15000};  ///< wait for the rest after one exits
   std::chrono::milliseconds dead_after{3000};
