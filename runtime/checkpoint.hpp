@@ -335,6 +335,14 @@ public:
   /// name; errc::invalid_input when they do not (the file is left where it
   /// is and the step untouched).
   status adopt_part(uint64_t step, const std::filesystem::path& file) const;
+  /// A part durable in a parts directory (written, not committed here).
+  struct prepared_part {
+    uint64_t step = 0;
+    std::string tag;
+    std::string file;  ///< its data file's name
+  };
+  /// Every durable part in this directory's parts directories.
+  std::vector<prepared_part> prepared_parts() const;
   /// `<dir>/.parts-step-<N>-<tag>`.
   std::filesystem::path parts_path(uint64_t step, const std::string& tag) const;
   /// Removes every parts directory of a step at or below `step` (rounds

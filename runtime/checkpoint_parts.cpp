@@ -329,6 +329,33 @@ result<std::vector<std::string>> checkpoint_store::part_descriptions(uint64_t st
   return out;
 }
 
+std::vector<checkpoint_store::prepared_part> checkpoint_store::prepared_parts() const {
+  std::vector<prepared_part> out;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    if (name.rfind(parts_prefix, 0) != 0) continue;
+    unsigned long long step = 0;
+    int used = 0;
+    if (std::sscanf(name.c_str() + std::strlen(parts_prefix), "%llu-%n", &step, &used) != 1 || used == 0) continue;
+    const std::string tag = name.substr(std::strlen(parts_prefix) + static_cast<size_t>(used));
+    if (!safe_tag(tag)) continue;
+    auto descs = part_descriptions(step, tag);
+    if (!descs) continue;
+    for (auto& d : *descs) {
+      auto j = json::parse(d, nullptr, false);
+      if (!j.is_object() || !j.contains("file") || !j["file"].is_object() || !j["file"].contains("name") ||
+          !j["file"]["name"].is_string())
+        continue;
+      auto file = j["file"]["name"].get<std::string>();
+      std::error_code e2;
+      if (safe_file_name(file) && fs::file_size(it->path() / file, e2) == j["file"].value("size", uint64_t(0)) && !e2)
+        out.push_back({step, tag, file});
+    }
+  }
+  return out;
+}
+
 namespace {
 
 /// Every rank's part from the descriptions the nodes exchanged; the parts

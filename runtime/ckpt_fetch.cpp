@@ -149,6 +149,13 @@ void checkpoint_server::answer(int fd) {
     send_str(fd, "OK " + std::to_string(n) + "\n" + body);
     return;
   }
+  if (w[2] == "PREPARED" && w.size() == 3) {
+    std::string body;
+    size_t n = 0;
+    for (auto& p : store.prepared_parts()) body += std::to_string(p.step) + " " + p.file + "\n", ++n;
+    send_str(fd, "OK " + std::to_string(n) + "\n" + body);
+    return;
+  }
   auto step = w.size() >= 4 ? to_step(w[3]) : std::nullopt;
   if (!step) return err("bad request '" + *line + "'");
   auto sdir = store.step_path(*step);
@@ -216,6 +223,40 @@ result<std::vector<uint64_t>> list_remote(const std::string& ep, const std::stri
   return steps;
 }
 
+result<std::vector<std::pair<uint64_t, std::string>>> list_prepared_remote(const std::string& ep,
+                                                                         const std::string& token,
+                                                                         std::chrono::milliseconds timeout) {
+  auto fd = request(ep, token, "PREPARED", timeout);
+  if (!fd) return fd.err();
+  fd_guard g{*fd};
+  auto n = read_ok(*fd, "PREPARED from " + ep);
+  if (!n) return n.err();
+  std::vector<std::pair<uint64_t, std::string>> out;
+  for (uint64_t i = 0; i < *n; ++i) {
+    auto l = read_line(*fd);
+    if (!l) return l.err();
+    auto w = words(*l);
+    auto s = w.size() == 2 ? to_step(w[0]) : std::nullopt;
+    if (!s || !plain_name(w[1])) return failed("PREPARED from " + ep + ": bad line '" + *l + "'");
+    out.emplace_back(*s, w[1]);
+  }
+  return out;
+}
+
+result<std::string> get_text_remote(const std::string& ep, const std::string& token, uint64_t step,
+                                    const std::string& name, std::chrono::milliseconds timeout, uint64_t limit) {
+  auto fd = request(ep, token, "GET " + std::to_string(step) + " " + name, timeout);
+  if (!fd) return fd.err();
+  fd_guard g{*fd};
+  auto size = read_ok(*fd, "GET " + name + " from " + ep);
+  if (!size) return size.err();
+  if (*size > limit) return failed(name + " from " + ep + ": " + std::to_string(*size) + " bytes, too large");
+  std::string text(static_cast<size_t>(*size), '\0');
+  if (!tcp::recv_all(*fd, text.data(), text.size()))
+    return error{errc::disconnected, name + " from " + ep + ": transfer cut"};
+  return text;
+}
+
 result<std::vector<std::string>> list_parts_remote(const std::string& ep, const std::string& token, uint64_t step,
                                                    const std::string& tag, std::chrono::milliseconds timeout) {
   auto fd = request(ep, token, "PARTS " + std::to_string(step) + " " + tag, timeout);
@@ -274,28 +315,34 @@ void fsync_dir(const fs::path& d) {
   }
 }
 
-/// Lists the step's files and copies each into `tmp`. Returns total bytes.
-result<uint64_t> copy_step(const std::string& ep, const std::string& token, uint64_t step, const fs::path& tmp,
-                           std::chrono::milliseconds timeout, bool with_parts) {
+/// FILES: the peer's step's files with their sizes.
+result<std::vector<std::pair<uint64_t, std::string>>> files_of(const std::string& ep, const std::string& token,
+                                                              uint64_t step, std::chrono::milliseconds timeout) {
   auto fd = request(ep, token, "FILES " + std::to_string(step), timeout);
   if (!fd) return fd.err();
   std::vector<std::pair<uint64_t, std::string>> files;
-  {
-    fd_guard g{*fd};
-    auto n = read_ok(*fd, "FILES from " + ep);
-    if (!n) return n.err();
-    for (uint64_t i = 0; i < *n; ++i) {
-      auto l = read_line(*fd);
-      if (!l) return l.err();
-      auto w = words(*l);
-      auto sz = w.size() == 2 ? to_step(w[0]) : std::nullopt;
-      if (!sz || !plain_name(w[1])) return failed("FILES from " + ep + ": bad line '" + *l + "'");
-      if (!with_parts && w[1].rfind("rank-", 0) == 0 && is_shard(w[1])) continue;
-      files.emplace_back(*sz, w[1]);
-    }
+  fd_guard g{*fd};
+  auto n = read_ok(*fd, "FILES from " + ep);
+  if (!n) return n.err();
+  for (uint64_t i = 0; i < *n; ++i) {
+    auto l = read_line(*fd);
+    if (!l) return l.err();
+    auto w = words(*l);
+    auto sz = w.size() == 2 ? to_step(w[0]) : std::nullopt;
+    if (!sz || !plain_name(w[1])) return failed("FILES from " + ep + ": bad line '" + *l + "'");
+    files.emplace_back(*sz, w[1]);
   }
+  return files;
+}
+
+/// Lists the step's files and copies each into `tmp`. Returns total bytes.
+result<uint64_t> copy_step(const std::string& ep, const std::string& token, uint64_t step, const fs::path& tmp,
+                           std::chrono::milliseconds timeout, bool with_parts) {
+  auto files = files_of(ep, token, step, timeout);
+  if (!files) return files.err();
   uint64_t total = 0;
-  for (auto& [size, name] : files) {
+  for (auto& [size, name] : *files) {
+    if (!with_parts && name.rfind("rank-", 0) == 0 && is_shard(name)) continue;
     auto r = get_file(ep, token, step, name, size, tmp / name, timeout);
     if (!r) return r.err();
     total += *r;
@@ -355,6 +402,15 @@ result<uint64_t> fetch_part(const std::string& ep, const std::string& token, uin
     return error{ok.err().code, "fetching " + name + " of step " + std::to_string(step) + " from " + ep + ": " +
                                     ok.err().message};
   return *got;
+}
+
+result<std::set<std::string>> list_files_remote(const std::string& ep, const std::string& token, uint64_t step,
+                                                std::chrono::milliseconds timeout) {
+  auto files = files_of(ep, token, step, timeout);
+  if (!files) return files.err();
+  std::set<std::string> out;
+  for (auto& f : *files) out.insert(f.second);
+  return out;
 }
 
 }  // namespace grace

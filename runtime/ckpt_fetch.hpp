@@ -14,6 +14,8 @@
 ///   request   "GRACE-CKPT <token> LIST\n"             -> "OK <n>\n" then n lines "<step>"
 ///             "GRACE-CKPT <token> FILES <step>\n"     -> "OK <n>\n" then n lines "<size> <name>"
 ///             "GRACE-CKPT <token> GET <step> <name>\n" -> "OK <size>\n" then the bytes
+///             "GRACE-CKPT <token> PREPARED\n"         -> "OK <n>\n" then n lines "<step> <name>": parts
+///               durable in parts directories, not committed here
 ///             "GRACE-CKPT <token> PARTS <step> <tag>\n" -> "OK <n>\n" then n times "<size>\n" and
 ///               that many bytes: the part descriptions durable in `.parts-step-<N>-<tag>`
 ///               (node-local sharded state: a node's committer gathers every node's)
@@ -28,6 +30,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,6 +84,23 @@ std::optional<fetch_plan> plan_fetch(uint64_t local_newest, const std::vector<pe
 /// `timeout`), failed (a protocol error, the message names it).
 result<std::vector<uint64_t>> list_remote(const std::string& endpoint, const std::string& token,
                                           std::chrono::milliseconds timeout);
+
+/// The files of the peer's committed step `step` (what it holds of a
+/// node-local step).
+result<std::set<std::string>> list_files_remote(const std::string& endpoint, const std::string& token, uint64_t step,
+                                                std::chrono::milliseconds timeout);
+
+/// The parts durable in the peer's parts directories (written, not
+/// committed there): (step, data file) pairs.
+result<std::vector<std::pair<uint64_t, std::string>>> list_prepared_remote(const std::string& endpoint,
+                                                                         const std::string& token,
+                                                                         std::chrono::milliseconds timeout);
+
+/// One small file of a peer's committed step (a manifest, an index), in
+/// memory; at most `limit` bytes.
+result<std::string> get_text_remote(const std::string& endpoint, const std::string& token, uint64_t step,
+                                    const std::string& name, std::chrono::milliseconds timeout,
+                                    uint64_t limit = uint64_t(16) << 20);
 
 /// The part descriptions (checkpoint_store::part_description) durable in
 /// the peer's parts directory of round `tag` of `step`.

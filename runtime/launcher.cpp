@@ -6,6 +6,7 @@
 #include "runtime/agreement.hpp"
 #include "runtime/checkpoint.hpp"
 #include "runtime/ckpt_fetch.hpp"
+#include "runtime/node_local_sync.hpp"
 #include "runtime/cluster_config.hpp"
 #include "runtime/events.hpp"
 #include "runtime/exit_codes.hpp"
@@ -346,6 +347,7 @@ private:
   result<coordinator_actor> connect_as_launcher(std::chrono::milliseconds timeout);
   void start_checkpoint_server();
   void enter_incarnation();
+  void level_checkpoints();
   void stop_coordinator();
   void linger_for_scrapes();
   std::optional<launcher_decision> await_coordinator();
@@ -608,11 +610,32 @@ void launcher::enter_incarnation() {
       say("starting the group in incarnation " + std::to_string(incarnation_) +
           ", the coordination service's current one");
   }
-  if (node_local_sync_)
+  if (node_local_sync_ && o_.node_local_checkpoints)
+    level_checkpoints();
+  else if (node_local_sync_)
     fetch_newer_checkpoint(sys, coord_, o_, token_, ckpt_server_ ? ckpt_server_->endpoint() : std::string(),
                            [this](const std::string& l) { say(l); });
   tell_relay_incarnation();
   set_event_identity(launcher_rank, incarnation_);
+}
+
+/// --node-local-checkpoints: this node's directory brought level with its
+/// peers' before the group starts (runtime/node_local_sync.hpp).
+void launcher::level_checkpoints() {
+  level_config c;
+  c.dir = o_.checkpoint_dir;
+  c.token = token_;
+  c.peers = checkpoint_peers(rt_->sys(), coord_, o_, ckpt_server_ ? ckpt_server_->endpoint() : std::string());
+  for (int i = 0; i < o_.nproc; ++i) c.ranks.push_back(static_cast<uint32_t>(o_.node_rank * o_.nproc + i));
+  c.world = world_;
+  auto t0 = mono_ns();
+  auto r = level_node_local(c, [this](const std::string& l) { say(l); });
+  if (!r) {
+    say("node-local checkpoints not brought level: " + r.err().message);
+    return;
+  }
+  if (*r)
+    emit_event("leveled", {{"step", *r}, {"ns", mono_ns() - t0}, {"peers", static_cast<int64_t>(c.peers.size())}});
 }
 
 std::map<std::string, std::string> launcher::worker_environment(int rank, int local_rank) const {

@@ -1,0 +1,234 @@
+#include "runtime/node_local_sync.hpp"
+
+#include "runtime/ckpt_fetch.hpp"
+#include "runtime/manifest.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <ctime>
+#include <thread>
+
+namespace grace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::optional<uint64_t> newest_restorable(const std::map<uint64_t, std::set<std::string>>& needed,
+                                          const std::map<uint64_t, std::set<std::string>>& available) {
+  for (auto it = needed.rbegin(); it != needed.rend(); ++it) {
+    auto a = available.find(it->first);
+    if (a != available.end() && std::includes(a->second.begin(), a->second.end(), it->second.begin(), it->second.end()))
+      return it->first;
+  }
+  return std::nullopt;
+}
+
+std::set<std::string> parts_needed_here(const checkpoint_manifest& m, const json& index,
+                                        const std::vector<uint32_t>& ranks, uint32_t world) {
+  std::set<std::string> parts, out;
+  for (auto& f : m.files)
+    if (f.node >= 0) parts.insert(f.name);
+  if (static_cast<uint32_t>(m.world_size) != world) return parts;
+  for (auto r : ranks) {
+    auto own = rank_file_name(r, world, ".safetensors");
+    if (parts.count(own)) out.insert(own);
+  }
+  if (auto wm = index.find("weight_map"); wm != index.end() && wm->is_object())
+    for (auto& [name, file] : wm->items())
+      if (file.is_string() && parts.count(file.get<std::string>())) out.insert(file.get<std::string>());
+  return out;
+}
+
+namespace {
+
+/// What one peer reported.
+struct peer_view {
+  std::string ep;
+  std::set<uint64_t> steps;                             ///< committed, valid there
+  std::map<uint64_t, std::set<std::string>> prepared;   ///< durable, not committed there
+  std::map<uint64_t, std::set<std::string>> files;      ///< of its committed steps, asked for when needed
+};
+
+struct views {
+  checkpoint_store store;
+  std::set<uint64_t> steps;                            ///< committed here
+  std::map<uint64_t, std::set<std::string>> prepared;  ///< durable here, not committed
+  std::vector<peer_view> peers;
+};
+
+views gather(const level_config& c) {
+  views v{checkpoint_store(c.dir, 0), {}, {}, {}};
+  for (auto& i : v.store.list())
+    if (i.valid && !i.temporary && !i.set_aside) v.steps.insert(i.step);
+  for (auto& p : v.store.prepared_parts()) v.prepared[p.step].insert(p.file);
+  for (auto& ep : c.peers) {
+    peer_view p{ep, {}, {}, {}};
+    auto steps = list_remote(ep, c.token, c.io_timeout);
+    if (!steps) continue;  // unreachable: it contributes nothing
+    p.steps.insert(steps->begin(), steps->end());
+    if (auto prep = list_prepared_remote(ep, c.token, c.io_timeout))
+      for (auto& [s, f] : *prep) p.prepared[s].insert(f);
+    v.peers.push_back(std::move(p));
+  }
+  return v;
+}
+
+/// Step `s`'s manifest: ours, or the first peer's that has it.
+std::optional<checkpoint_manifest> manifest_of(const level_config& c, views& v, uint64_t s) {
+  if (v.steps.count(s))
+    if (auto m = v.store.read_manifest(v.store.step_path(s))) return *m;
+  for (auto& p : v.peers) {
+    if (!p.steps.count(s)) continue;
+    auto text = get_text_remote(p.ep, c.token, s, manifest_file_name, c.io_timeout);
+    if (!text) continue;
+    auto j = json::parse(*text, nullptr, false);
+    if (j.is_discarded()) continue;
+    if (auto m = manifest_from_json(p.ep + ": " + manifest_file_name, j)) return *m;
+  }
+  return std::nullopt;
+}
+
+/// The parts of `s` present in our committed copy.
+std::set<std::string> present_here(views& v, uint64_t s) {
+  std::set<std::string> out;
+  if (!v.steps.count(s)) return out;
+  auto m = v.store.read_manifest(v.store.step_path(s));
+  auto absent = v.store.absent_parts(s);
+  if (!m || !absent) return out;
+  for (auto& f : m->files) out.insert(f.name);
+  for (auto& f : *absent) out.erase(f.name);
+  return out;
+}
+
+/// Refreshes (and returns) what peer `p` holds of committed step `s`.
+const std::set<std::string>& peer_files(const level_config& c, peer_view& p, uint64_t s) {
+  auto& f = p.files[s];
+  if (p.steps.count(s))
+    if (auto l = list_files_remote(p.ep, c.token, s, c.io_timeout)) f = std::move(*l);
+  return f;
+}
+
+/// Every committed step anyone has, with the parts it needs, and where the
+/// parts are available.
+std::optional<uint64_t> choose(const level_config& c, views& v) {
+  std::set<uint64_t> all = v.steps;
+  for (auto& p : v.peers) all.insert(p.steps.begin(), p.steps.end());
+  std::map<uint64_t, std::set<std::string>> needed, available;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const uint64_t s = *it;
+    auto m = manifest_of(c, v, s);
+    if (!m) continue;
+    for (auto& f : m->files) needed[s].insert(f.name);
+    auto& a = available[s];
+    auto here = present_here(v, s);
+    a.insert(here.begin(), here.end());
+    a.insert(v.prepared[s].begin(), v.prepared[s].end());
+    for (auto& p : v.peers) {
+      auto& pf = peer_files(c, p, s);
+      a.insert(pf.begin(), pf.end());
+      a.insert(p.prepared[s].begin(), p.prepared[s].end());
+    }
+    // Every committed copy holds the index and state files: only parts count.
+    for (auto& f : m->files)
+      if (f.node < 0) a.insert(f.name);
+    if (newest_restorable({{s, needed[s]}}, {{s, a}})) return s;
+  }
+  return std::nullopt;
+}
+
+/// Renames our committed steps above `keep` aside: a part of them exists
+/// nowhere, so no rank may restore them.
+void set_aside_above(views& v, uint64_t keep, const std::function<void(const std::string&)>& say) {
+  for (auto s : v.steps) {
+    if (s <= keep) continue;
+    auto from = v.store.step_path(s);
+    auto to = from;
+    to += std::string(corrupt_marker) + std::to_string(std::time(nullptr)) + "-incomplete";
+    std::error_code ec;
+    fs::rename(from, to, ec);
+    say("checkpoint step " + std::to_string(s) + " set aside as " + to.filename().string() +
+        (ec ? " FAILED: " + ec.message() : "") + ": a part of it is on no node any more; step " +
+        std::to_string(keep) + " is restored instead");
+  }
+}
+
+/// Our committed copy of `s`: fetched from a peer without its parts when
+/// we lack it, then our own durable parts adopted (roll-forward).
+status ensure_step(const level_config& c, views& v, uint64_t s, bool node_local,
+                   const std::function<void(const std::string&)>& say) {
+  if (!v.steps.count(s)) {
+    status got = error{errc::failed, "no peer has step " + std::to_string(s)};
+    for (auto& p : v.peers)
+      if (p.steps.count(s)) {
+        auto r = fetch_remote(p.ep, c.token, s, c.dir, c.io_timeout, /*with_parts=*/!node_local);
+        got = r ? status{} : status{r.err()};
+        if (r) break;
+      }
+    if (!got) return got;
+    v.steps.insert(s);
+  }
+  auto absent = v.store.absent_parts(s);
+  if (!absent) return absent.err();
+  for (auto& p : v.store.prepared_parts()) {
+    if (p.step != s) continue;
+    if (std::none_of(absent->begin(), absent->end(), [&](const checkpoint_file& f) { return f.name == p.file; }))
+      continue;
+    auto st = v.store.adopt_part(s, v.store.parts_path(s, p.tag) / p.file);
+    say(st ? "step " + std::to_string(s) + ": took this node's " + p.file + " from its parts directory"
+           : "step " + std::to_string(s) + ": " + st.err().message);
+  }
+  return {};
+}
+
+/// Fetches `name` of step `s` from a peer that has it committed, waiting
+/// for a peer that holds it only durable to roll it forward.
+status fetch_needed(const level_config& c, views& v, uint64_t s, const std::string& name) {
+  const auto until = std::chrono::steady_clock::now() + c.roll_forward_wait;
+  std::string last = "no node holds it";
+  for (;;) {
+    bool pending = false;
+    for (auto& p : v.peers) {
+      if (peer_files(c, p, s).count(name)) {
+        auto r = fetch_part(p.ep, c.token, s, name, c.dir, c.io_timeout);
+        if (r) return {};
+        last = r.err().message;
+      }
+      pending |= p.prepared[s].count(name) > 0;
+    }
+    if (!pending || std::chrono::steady_clock::now() >= until)
+      return error{errc::failed, "step " + std::to_string(s) + ": cannot fetch " + name + ": " + last};
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    for (auto& p : v.peers)
+      if (auto l = list_remote(p.ep, c.token, c.io_timeout)) p.steps.insert(l->begin(), l->end());
+  }
+}
+
+}  // namespace
+
+result<uint64_t> level_node_local(const level_config& c, const std::function<void(const std::string&)>& say) {
+  auto v = gather(c);
+  auto target = choose(c, v);
+  if (!target) {
+    if (!v.steps.empty())
+      say("no checkpoint has every part on some node; the restore uses what this node has");
+    return uint64_t{0};
+  }
+  set_aside_above(v, *target, say);
+  auto tm = manifest_of(c, v, *target);
+  if (auto st = ensure_step(c, v, *target, tm && tm->node_local(), say); !st) return st.err();
+  auto m = v.store.read_manifest(v.store.step_path(*target));
+  auto index = read_json(v.store.step_path(*target) / index_file_name);
+  if (!m || !index) return error{errc::failed, "step " + std::to_string(*target) + ": manifest or index unreadable"};
+  auto absent = v.store.absent_parts(*target);
+  if (!absent) return absent.err();
+  const auto want = parts_needed_here(*m, *index, c.ranks, c.world);
+  for (auto& f : *absent) {
+    if (!want.count(f.name)) continue;
+    if (auto st = fetch_needed(c, v, *target, f.name); !st) return st.err();
+    say("step " + std::to_string(*target) + ": fetched " + f.name + " (held on node " + std::to_string(f.node) + ")");
+  }
+  return *target;
+}
+
+}  // namespace grace
