@@ -170,18 +170,24 @@ result<save_stats> commit_node_local(writer_state& st, const written_part& p, co
   auto own = st.cfg.store->part_descriptions(p.meta.step, p.tag);
   if (!own) return own.err();
   take(st.cfg.node, *own);
+  // A node that is gone (its host lost) holds no part of a round that
+  // could be agreed without it: its ranks' parts come from replicas, on
+  // the nodes that answer. Its silence matters only if a part is missing.
+  std::string unreachable;
   for (size_t n = 0; n < servers.size(); ++n) {
     if (static_cast<int32_t>(n) == st.cfg.node || servers[n].empty()) continue;
     auto theirs = list_parts_remote(servers[n], st.cfg.token, p.meta.step, p.tag, st.cfg.fetch_timeout);
-    if (!theirs) return error{theirs.err().code, "node " + std::to_string(n) + "'s parts: " + theirs.err().message};
-    take(static_cast<int32_t>(n), *theirs);
+    if (theirs)
+      take(static_cast<int32_t>(n), *theirs);
+    else
+      unreachable += "; node " + std::to_string(n) + ": " + theirs.err().message;
   }
   std::string missing;
   for (size_t r = 0; r < world; ++r)
     if (holders[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
   if (!missing.empty())
     return error{errc::failed, "no node holds the part of rank(s) " + missing + " of step " +
-                                   std::to_string(p.meta.step)};
+                                   std::to_string(p.meta.step) + unreachable};
   return st.cfg.store->commit_node_parts(p.meta, p.tag, descs, holders, st.cfg.node);
 }
 

@@ -146,8 +146,8 @@ std::string shared_dir_verdict(const probe_findings& f, uint32_t local_world, co
          "rank 0 commits them all), but the files that rank(s) " +
          ranks + (nodes.empty() ? "" : " (node " + nodes + ")") +
          " wrote into their checkpoint directory do not appear in rank 0's, " + dir0.string() +
-         ": node-local checkpoint directories hold replicated state only; give every node the same shared "
-         "directory (NFS or a parallel file system)";
+         ": give every node the same shared directory (NFS or a parallel file system), or, if each node's is its "
+         "own disk, say so with grace-launch --node-local-checkpoints (every node then commits its own parts)";
 }
 
 std::string node_local_verdict(const probe_findings& f, uint32_t node, uint32_t local_world, const fs::path& dir) {

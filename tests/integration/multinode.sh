@@ -32,10 +32,10 @@ grep -q "restart 1/" n0.log && grep -q "restart 1/" n1.log || fail "both nodes m
 [ "$(json out.json steps_done)" -eq $STEPS ] || fail "steps_done"
 pass "two launchers: notice on node 1, both groups restarted, weights identical"
 
-# Sharded state with node-local checkpoint directories (each node its own):
-# the committer could never see the other node's parts, so every rank stops
-# at attach with the same clear error (exit 2 on both nodes, no restart)
-# instead of training on while every save fails.
+# Sharded state with node-local checkpoint directories (each node its own)
+# not declared: one committer could never see the other node's parts, so
+# every rank stops at attach with the same clear error (exit 2 on both
+# nodes, no restart) instead of training on while every save fails.
 D2="$WORK/mn-local"
 mkdir -p "$D2"
 cd "$D2"
@@ -51,9 +51,45 @@ done
 set +e; wait $L0; rc0=$?; wait $L1; rc1=$?; set -e
 [ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] || { tail -5 n0.log n1.log; fail "node-local sharded: launchers exited $rc0 and $rc1, want 2 and 2"; }
 for n in 0 1; do
-  grep -q "node-local checkpoint directories hold replicated state only" n$n.log || fail "node $n: no clear error"
+  grep -q "say so with grace-launch --node-local-checkpoints" n$n.log || fail "node $n: no clear error"
   ! grep -q "restart 1/" n$n.log || fail "node $n restarted its group"
   [ -z "$(ls -A ck$n | grep -E '^(step-|\.parts-|\.grace-shared-dir)' || true)" ] || fail "node $n: files left in ck$n: $(ls -A ck$n)"
 done
 grep -q "rank(s) 2, 3 (node 1)" n0.log || fail "the error does not name node 1's ranks"
 pass "sharded state on node-local directories: both nodes stop at attach with a clear error (exit 2)"
+
+# Declared (--node-local-checkpoints): every node commits its own parts with
+# the global manifest; a SIGTERM on node 1 restarts both groups, which
+# restore the agreed step from their own disks (node 1 fetching the part
+# with the replicated tensors) and finish bit-identical to the uninterrupted
+# sharded run; each node's directory holds its own parts of the last step.
+D3="$WORK/mn-nl"
+mkdir -p "$D3"
+cd "$D3"
+export GRACE_EVENTS_FILE="$D3/events.jsonl"
+NL=(--device cpu --steps 120 --step-delay-ms 8 --save-every 10 --shard-optimizer)
+REF_NL=$(reference 4 "${NL[@]}")
+PORT3=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+for n in 0 1; do
+  "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank $n --coordinator 127.0.0.1:$PORT3 --run-id mnnl --checkpoint-dir ck$n \
+    --node-local-checkpoints -- "$GRACE_TRAIN" "${NL[@]}" --output out$n.json >n$n.log 2>&1 &
+  eval "M$n=\$!"
+  track_pid $!
+  sleep 0.3
+done
+wait_for_training "$D3" 4
+wait_for_save "$D3" 40
+kill -TERM "$(workers_of "$M1" | head -1)"
+set +e; wait $M0; rc0=$?; wait $M1; rc1=$?; set -e
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || { tail -20 n0.log n1.log; fail "node-local sharded: launchers exited $rc0 and $rc1"; }
+grep -q "restart 1/" n0.log && grep -q "restart 1/" n1.log || fail "node-local sharded: both nodes must restart"
+[ "$(json out0.json weights_checksum)" = "$REF_NL" ] || fail "node-local sharded: weights differ from the uninterrupted run"
+[ "$(json out0.json steps_done)" -eq 120 ] || fail "node-local sharded: steps_done"
+for n in 0 1; do
+  "$GRACE_CKPT" verify ck$n | grep -q "parts held elsewhere not checked here" || fail "node $n: not a node-local step"
+done
+s0=$(ls ck0 | grep '^step-' | tail -1)
+[ -f "ck0/$s0/rank-00001-of-00004.safetensors" ] && [ ! -f "ck0/$s0/rank-00003-of-00004.safetensors" ] ||
+  fail "node 0 must hold its own parts only: $(ls ck0/$s0)"
+[ -f "ck1/$s0/rank-00003-of-00004.safetensors" ] || fail "node 1 must hold its parts of $s0"
+pass "node-local sharded state: per-node commits, a restart from each node's own disk, weights identical"

@@ -68,16 +68,16 @@ TEST_CASE("shared directory: node-local directories stop every rank with the sam
   const auto& m = st[0].err().message;
   CHECK(m.find("rank(s) 2, 3 (node 1)") != std::string::npos);
   CHECK(m.find(fs::absolute(n0).string()) != std::string::npos);
-  CHECK(m.find("node-local checkpoint directories hold replicated state only") != std::string::npos);
+  CHECK(m.find("grace-launch --node-local-checkpoints") != std::string::npos);
   CHECK(entries(n0) == 0);  // rank 0 cleaned its directory
 }
 
 TEST_CASE("shared directory: the verdict names ranks and nodes", "[shared_dir]") {
   CHECK(shared_dir_verdict({}, 2, "/ck").empty());
-  auto v = shared_dir_verdict({{1, 5, 6}, {}}, 4, "/ck");
+  auto v = shared_dir_verdict({{1, 5, 6}, {}, {}}, 4, "/ck");
   CHECK(v.find("rank(s) 1, 5, 6 (node 0, 1)") != std::string::npos);
-  CHECK(shared_dir_verdict({{3}, {}}, 0, "/ck").find("rank(s) 3 wrote") != std::string::npos);  // nodes unknown
-  auto w = shared_dir_verdict({{3}, {{1, "cannot create /x: Permission denied"}, {2, "cannot write /y: Disk quota exceeded"}}}, 2, "/ck");
+  CHECK(shared_dir_verdict({{3}, {}, {}}, 0, "/ck").find("rank(s) 3 wrote") != std::string::npos);  // nodes unknown
+  auto w = shared_dir_verdict({{3}, {{1, "cannot create /x: Permission denied"}, {2, "cannot write /y: Disk quota exceeded"}}, {}}, 2, "/ck");
   CHECK(w == "cannot write the checkpoint directory on every rank: rank 1: cannot create /x: Permission denied; "
              "rank 2: cannot write /y: Disk quota exceeded. every rank needs a writable checkpoint directory (its "
              "path, permissions and free space)");

@@ -1,0 +1,162 @@
+// Node-local sharded checkpoints brought level between nodes before a group
+// starts (runtime/node_local_sync.hpp): real checkpoint servers on loopback,
+// one directory per node.
+#include "runtime/node_local_sync.hpp"
+
+#include "runtime/ckpt_fetch.hpp"
+#include "runtime/manifest.hpp"
+#include "runtime/snapshot.hpp"
+#include "../temp_dir.hpp"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <numeric>
+
+using namespace grace;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint32_t world = 4;  // two nodes of two ranks
+
+/// Rank r's slice of `m` [8, 2] (rows 2r, 2r+1) and the replicated `w`.
+struct rank_state_t {
+  std::vector<float> m = std::vector<float>(4), w = std::vector<float>(3);
+  std::vector<tensor_ref> refs(uint32_t r) {
+    tensor_ref mr{"m", dtype::f32, {2, 2}, m.data()};
+    mr.global_shape = {8, 2};
+    mr.offsets = {static_cast<int64_t>(2 * r), 0};
+    return {mr, {"w", dtype::f32, {3}, w.data()}};
+  }
+};
+
+checkpoint_meta meta_of(uint64_t step) {
+  checkpoint_meta m;
+  m.step = step;
+  m.world_size = world;
+  return m;
+}
+
+/// Every rank writes its part of `step` into its node's directory; the
+/// nodes in `commit_on` commit.
+void save(const std::vector<fs::path>& nodes, uint64_t step, std::vector<int> commit_on = {0, 1}) {
+  std::vector<std::string> descs;
+  for (uint32_t r = 0; r < world; ++r) {
+    rank_state_t s;
+    std::iota(s.m.begin(), s.m.end(), static_cast<float>(step * 100 + r * 4));
+    std::fill(s.w.begin(), s.w.end(), static_cast<float>(step));
+    auto refs = s.refs(r);
+    snapshot_buffers b(refs);
+    REQUIRE(b.capture(refs));
+    checkpoint_store store(nodes[r / 2]);
+    REQUIRE(store.save_part(b.view(), meta_of(step), "t" + std::to_string(step), r, r == 0));
+    descs.push_back(*store.part_description(step, "t" + std::to_string(step), r));
+  }
+  for (int n : commit_on)
+    REQUIRE(checkpoint_store(nodes[n]).commit_node_parts(meta_of(step), "t" + std::to_string(step), descs,
+                                                          {0, 0, 1, 1}, n));
+}
+
+level_config config(const fs::path& dir, std::vector<std::string> peers, uint32_t node) {
+  level_config c;
+  c.dir = dir;
+  c.token = "tok";
+  c.peers = std::move(peers);
+  c.ranks = {2 * node, 2 * node + 1};
+  c.world = world;
+  c.io_timeout = 2000ms;
+  c.roll_forward_wait = 1000ms;
+  return c;
+}
+
+std::vector<std::string> said;
+auto say = [](const std::string& l) { said.push_back(l); };
+
+}  // namespace
+
+TEST_CASE("node-local level: the newest step every part of which some node holds", "[node-local]") {
+  std::map<uint64_t, std::set<std::string>> needed{{10, {"a", "b"}}, {20, {"a", "b"}}, {30, {"a", "b"}}};
+  CHECK(newest_restorable(needed, {{10, {"a", "b"}}, {20, {"a", "b", "x"}}, {30, {"a"}}}) == 20u);
+  CHECK_FALSE(newest_restorable(needed, {{30, {"b"}}}));
+  CHECK_FALSE(newest_restorable({}, {}));
+}
+
+TEST_CASE("node-local level: the parts a node's ranks read", "[node-local]") {
+  checkpoint_manifest m;
+  m.world_size = 4;
+  for (uint32_t r = 0; r < 4; ++r) m.files.push_back({rank_file_name(r, 4, ".safetensors"), 1, "0", int32_t(r / 2)});
+  m.files.push_back({index_file_name, 1, "0"});
+  nlohmann::json index{{"weight_map", {{"w", "rank-00001-of-00004.safetensors"}}}};
+  CHECK(parts_needed_here(m, index, {2, 3}, 4) == std::set<std::string>{"rank-00001-of-00004.safetensors",
+                                                                       "rank-00003-of-00004.safetensors",
+                                                                       "rank-00004-of-00004.safetensors"});
+  CHECK(parts_needed_here(m, index, {0, 1}, 4) == std::set<std::string>{"rank-00001-of-00004.safetensors",
+                                                                       "rank-00002-of-00004.safetensors"});
+  CHECK(parts_needed_here(m, index, {0}, 2).size() == 4);  // another world size reslices from every part
+}
+
+TEST_CASE("node-local level: a replacement node takes the manifest and the parts its ranks read", "[node-local]") {
+  grace::testing::temp_dir d("grace-level");
+  const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
+  save(nodes, 10);
+  save(nodes, 20);
+  auto s0 = checkpoint_server::start(nodes[0], "127.0.0.1", "tok");
+  auto s1 = checkpoint_server::start(nodes[1], "127.0.0.1", "tok");
+  REQUIRE(s0);
+  REQUIRE(s1);
+  const auto fresh = d.path / "replacement";
+  auto got = level_node_local(config(fresh, {(*s0)->endpoint(), (*s1)->endpoint()}, 1), say);
+  REQUIRE(got);
+  CHECK(*got == 20);
+  checkpoint_store store(fresh);
+  CHECK(store.newest_valid_step() == 20);
+  auto absent = store.absent_parts(20);
+  REQUIRE(absent);
+  REQUIRE(absent->size() == 1);  // rank 1's part: its ranks do not read it
+  CHECK(absent->at(0).name == "rank-00002-of-00004.safetensors");
+  rank_state_t s;
+  auto refs = s.refs(3);
+  REQUIRE(store.restore_latest(refs));
+  CHECK(s.m == std::vector<float>{2012, 2013, 2014, 2015});
+  CHECK(s.w == std::vector<float>{20, 20, 20});
+  // Level already: nothing more to do.
+  REQUIRE(level_node_local(config(fresh, {(*s0)->endpoint(), (*s1)->endpoint()}, 1), say));
+  CHECK(store.absent_parts(20)->size() == 1);
+}
+
+TEST_CASE("node-local level: a node that missed the commit rolls its durable parts forward", "[node-local]") {
+  grace::testing::temp_dir d("grace-level");
+  const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
+  save(nodes, 10);
+  save(nodes, 20, {0});  // node 1 was killed before its commit
+  auto s0 = checkpoint_server::start(nodes[0], "127.0.0.1", "tok");
+  REQUIRE(s0);
+  checkpoint_store store(nodes[1]);
+  CHECK(store.newest_valid_step() == 10);
+  auto got = level_node_local(config(nodes[1], {(*s0)->endpoint()}, 1), say);
+  REQUIRE(got);
+  CHECK(*got == 20);
+  CHECK(store.newest_valid_step() == 20);
+  CHECK(store.verify(20));
+  CHECK(fs::exists(store.step_path(20) / "rank-00004-of-00004.safetensors"));
+}
+
+TEST_CASE("node-local level: a step a part of which is gone is set aside for the one before", "[node-local]") {
+  grace::testing::temp_dir d("grace-level");
+  const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
+  save(nodes, 10);
+  save(nodes, 20, {0});
+  fs::remove_all(checkpoint_store(nodes[1]).parts_path(20, "t20"));  // node 1's parts of 20: lost
+  auto s1 = checkpoint_server::start(nodes[1], "127.0.0.1", "tok");
+  REQUIRE(s1);
+  auto got = level_node_local(config(nodes[0], {(*s1)->endpoint()}, 0), say);
+  REQUIRE(got);
+  CHECK(*got == 10);
+  checkpoint_store store(nodes[0]);
+  CHECK(store.newest_valid_step() == 10);
+  bool aside = false;
+  for (auto& c : store.list()) aside |= c.set_aside && c.step == 20;
+  CHECK(aside);  // kept for inspection, never deleted
+}
