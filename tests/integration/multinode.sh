@@ -92,4 +92,30 @@ s0=$(ls ck0 | grep '^step-' | tail -1)
 [ -f "ck0/$s0/rank-00001-of-00004.safetensors" ] && [ ! -f "ck0/$s0/rank-00003-of-00004.safetensors" ] ||
   fail "node 0 must hold its own parts only: $(ls ck0/$s0)"
 [ -f "ck1/$s0/rank-00003-of-00004.safetensors" ] || fail "node 1 must hold its parts of $s0"
+grep -q "fetched rank-00001-of-00004.safetensors" n1.log || fail "node 1 did not fetch the part with the replicated tensors"
 pass "node-local sharded state: per-node commits, a restart from each node's own disk, weights identical"
+
+# SIGKILL of a worker on node 1: the survivors save just in time from their
+# kept copies, the lost rank's part from its replica on node 0; node 1's
+# restart fetches that part from node 0 and the run ends bit-identical.
+D4="$WORK/mn-nl-kill"
+mkdir -p "$D4"
+cd "$D4"
+export GRACE_EVENTS_FILE="$D4/events.jsonl"
+PORT4=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+for n in 0 1; do
+  "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank $n --coordinator 127.0.0.1:$PORT4 --run-id mnnk --checkpoint-dir ck$n \
+    --node-local-checkpoints -- "$GRACE_TRAIN" "${NL[@]}" --output out$n.json >n$n.log 2>&1 &
+  eval "K$n=\$!"
+  track_pid $!
+  sleep 0.3
+done
+wait_for_training "$D4" 4
+wait_for_save "$D4" 40
+kill -KILL "$(workers_of "$K1" | sort | head -1)"
+set +e; wait $K0; rc0=$?; wait $K1; rc1=$?; set -e
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || { tail -20 n0.log n1.log; fail "node-local SIGKILL: launchers exited $rc0 and $rc1"; }
+[ "$(json out0.json weights_checksum)" = "$REF_NL" ] || fail "node-local SIGKILL: weights differ from the uninterrupted run"
+grep -q "from the replica this rank keeps" n0.log || fail "node-local SIGKILL: no part written from a replica on node 0"
+grep -q "fetched rank-0000[34]-of-00004.safetensors" n1.log || fail "node-local SIGKILL: node 1 fetched no part of its own ranks"
+pass "node-local sharded state: SIGKILL on node 1, its part from the replica on node 0, weights identical"
