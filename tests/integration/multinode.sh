@@ -63,12 +63,12 @@ pass "sharded state on node-local directories: both nodes stop at attach with a 
 # restore the agreed step from their own disks (node 1 fetching the part
 # with the replicated tensors) and finish bit-identical to the uninterrupted
 # sharded run; each node's directory holds its own parts of the last step.
+NL=(--device cpu --steps 120 --step-delay-ms 8 --save-every 10 --shard-optimizer)
+REF_NL=$(reference 4 "${NL[@]}")  # before GRACE_EVENTS_FILE: its events are not the job's
 D3="$WORK/mn-nl"
 mkdir -p "$D3"
 cd "$D3"
 export GRACE_EVENTS_FILE="$D3/events.jsonl"
-NL=(--device cpu --steps 80 --step-delay-ms 8 --save-every 10 --shard-optimizer)
-REF_NL=$(reference 4 "${NL[@]}")
 PORT3=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 for n in 0 1; do
   "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank $n --coordinator 127.0.0.1:$PORT3 --run-id mnnl --checkpoint-dir ck$n \
@@ -84,7 +84,7 @@ set +e; wait $M0; rc0=$?; wait $M1; rc1=$?; set -e
 [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || { tail -20 n0.log n1.log; fail "node-local sharded: launchers exited $rc0 and $rc1"; }
 grep -q "restart 1/" n0.log && grep -q "restart 1/" n1.log || fail "node-local sharded: both nodes must restart"
 [ "$(json out0.json weights_checksum)" = "$REF_NL" ] || fail "node-local sharded: weights differ from the uninterrupted run"
-[ "$(json out0.json steps_done)" -eq 80 ] || fail "node-local sharded: steps_done"
+[ "$(json out0.json steps_done)" -eq 120 ] || fail "node-local sharded: steps_done"
 for n in 0 1; do
   "$GRACE_CKPT" verify ck$n | grep -q "parts held elsewhere not checked here" || fail "node $n: not a node-local step"
 done
