@@ -65,22 +65,28 @@ pass "sharded state on node-local directories: both nodes stop at attach with a 
 # sharded run; each node's directory holds its own parts of the last step.
 NL=(--device cpu --steps 120 --step-delay-ms 8 --save-every 10 --shard-optimizer)
 REF_NL=$(reference 4 "${NL[@]}")  # before GRACE_EVENTS_FILE: its events are not the job's
+# start_node_local DIR RUN_ID: two launchers with a directory each, in DIR
+# (its events file the job's); their pids in NODE0 and NODE1.
+start_node_local() {
+  mkdir -p "$1"
+  cd "$1"
+  export GRACE_EVENTS_FILE="$1/events.jsonl"
+  local port
+  port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  for n in 0 1; do
+    "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank $n --coordinator 127.0.0.1:$port --run-id "$2" --checkpoint-dir ck$n \
+      --node-local-checkpoints -- "$GRACE_TRAIN" "${NL[@]}" --output out$n.json >n$n.log 2>&1 &
+    eval "NODE$n=\$!"
+    track_pid $!
+    sleep 0.3
+  done
+  wait_for_training "$1" 4
+  wait_for_save "$1" 40
+}
 D3="$WORK/mn-nl"
-mkdir -p "$D3"
-cd "$D3"
-export GRACE_EVENTS_FILE="$D3/events.jsonl"
-PORT3=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-for n in 0 1; do
-  "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank $n --coordinator 127.0.0.1:$PORT3 --run-id mnnl --checkpoint-dir ck$n \
-    --node-local-checkpoints -- "$GRACE_TRAIN" "${NL[@]}" --output out$n.json >n$n.log 2>&1 &
-  eval "M$n=\$!"
-  track_pid $!
-  sleep 0.3
-done
-wait_for_training "$D3" 4
-wait_for_save "$D3" 40
-kill -TERM "$(workers_of "$M1" | head -1)"
-set +e; wait $M0; rc0=$?; wait $M1; rc1=$?; set -e
+start_node_local "$D3" mnnl
+kill -TERM "$(workers_of "$NODE1" | head -1)"
+set +e; wait $NODE0; rc0=$?; wait $NODE1; rc1=$?; set -e
 [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || { tail -20 n0.log n1.log; fail "node-local sharded: launchers exited $rc0 and $rc1"; }
 grep -q "restart 1/" n0.log && grep -q "restart 1/" n1.log || fail "node-local sharded: both nodes must restart"
 [ "$(json out0.json weights_checksum)" = "$REF_NL" ] || fail "node-local sharded: weights differ from the uninterrupted run"
@@ -99,21 +105,9 @@ pass "node-local sharded state: per-node commits, a restart from each node's own
 # kept copies, the lost rank's part from its replica on node 0; node 1's
 # restart fetches that part from node 0 and the run ends bit-identical.
 D4="$WORK/mn-nl-kill"
-mkdir -p "$D4"
-cd "$D4"
-export GRACE_EVENTS_FILE="$D4/events.jsonl"
-PORT4=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-for n in 0 1; do
-  "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank $n --coordinator 127.0.0.1:$PORT4 --run-id mnnk --checkpoint-dir ck$n \
-    --node-local-checkpoints -- "$GRACE_TRAIN" "${NL[@]}" --output out$n.json >n$n.log 2>&1 &
-  eval "K$n=\$!"
-  track_pid $!
-  sleep 0.3
-done
-wait_for_training "$D4" 4
-wait_for_save "$D4" 40
-kill -KILL "$(workers_of "$K1" | sort | head -1)"
-set +e; wait $K0; rc0=$?; wait $K1; rc1=$?; set -e
+start_node_local "$D4" mnnk
+kill -KILL "$(workers_of "$NODE1" | sort | head -1)"
+set +e; wait $NODE0; rc0=$?; wait $NODE1; rc1=$?; set -e
 [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || { tail -20 n0.log n1.log; fail "node-local SIGKILL: launchers exited $rc0 and $rc1"; }
 [ "$(json out0.json weights_checksum)" = "$REF_NL" ] || fail "node-local SIGKILL: weights differ from the uninterrupted run"
 grep -q "from the replica this rank keeps" n0.log || fail "node-local SIGKILL: no part written from a replica on node 0"
