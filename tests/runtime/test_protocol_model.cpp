@@ -105,6 +105,11 @@ struct world {
   bool parts = false;              ///< sharded state: every member writes its part
   bool replicas = false;           ///< ...and keeps copies (runtime/replica.hpp)
   std::set<uint64_t> parts_done;  ///< (agreement id << 8 | rank) of every durable part
+  std::set<uint64_t> part_steps;  ///< (step << 8 | rank) of every durable part, of any round
+  /// Node-local directories: members per node (0: one shared directory),
+  /// and (step << 8 | node) of every node's commit of its parts.
+  uint32_t local_world = 0;
+  std::set<uint64_t> node_commits;
 };
 
 struct scenario {
@@ -124,6 +129,9 @@ struct scenario {
   /// With replicas: each member's copies reach its holder (the previous
   /// rank) at some point after each step, or not before a loss.
   bool replicas = false;
+  /// Node-local directories with this many members per node: one
+  /// committer per node, the round committed once every node's reported.
+  uint32_t local_world = 0;
 };
 
 /// Appends raw bytes of plain fields to a fixed buffer (the key is hashed,
@@ -168,6 +176,8 @@ uint64_t key(const world& w) {
   k.put(w.save_failed);
   k.put(w.rescue);
   for (auto p : w.parts_done) k.put(p);
+  for (auto p : w.part_steps) k.put(p);
+  for (auto p : w.node_commits) k.put(p);
   for (auto& x : w.m) {
     auto& c = x.ctl;
     k.put(x.alive);
@@ -250,6 +260,8 @@ public:
     w.parts = sc_.parts;
     w.replicas = sc_.replicas;
     w.coord.set_parts(sc_.parts);
+    w.local_world = sc_.local_world;
+    if (sc_.local_world) w.coord.set_node_local(sc_.local_world);
     if (sc_.in_countdown) enter_countdown(w);
     explore(w);
   }
@@ -315,6 +327,7 @@ private:
         case ty::committed:
           msg.kind = to_member::commit;
           msg.c = commit_info{a.id, a.step, a.exit_after};
+          if (w.local_world) committed_everywhere(w, a.step);
           REQUIRE(w.disk.count(a.step));  // a commit names a step that is on disk
           to_live(msg);
           break;
@@ -344,6 +357,33 @@ private:
           break;
       }
     }
+  }
+
+  /// Node-local directories: a newly committed round's step is committed on
+  /// every node that still has a live member (a node whose members are all
+  /// lost has its parts written elsewhere from replicas); only then is it
+  /// on disk as a whole.
+  static void committed_everywhere(world& w, uint64_t step) {
+    if (w.disk.count(step)) return;  // an earlier round's (a stop at the durable step)
+    for (auto& x : w.m)
+      if (x.alive) {
+        INFO("node " << x.rank / w.local_world << " of live rank " << x.rank << " has not committed step " << step);
+        REQUIRE(w.node_commits.count(step << 8 | x.rank / w.local_world));
+      }
+    w.disk.insert(step);
+  }
+
+  /// The newest step a restart resumes from (runtime/node_local_sync's
+  /// leveling): every rank's part durable somewhere, committed or not.
+  static uint64_t restorable(const world& w) {
+    uint64_t best = *w.disk.rbegin();
+    for (auto p : w.part_steps) {
+      uint64_t step = p >> 8;
+      bool all = true;
+      for (uint32_t r = 0; r < w.m.size() && all; ++r) all = w.part_steps.count(step << 8 | r) > 0;
+      if (all) best = std::max(best, step);
+    }
+    return best;
   }
 
   /// A member's message, taken by the service at once (if it is alive).
@@ -541,7 +581,10 @@ private:
       branch([this, r](world& n) {
         auto& y = n.m[r];
         y.committing = false;
-        n.disk.insert(y.c_step);
+        if (n.local_world)
+          n.node_commits.insert(y.c_step << 8 | y.rank / n.local_world);
+        else
+          n.disk.insert(y.c_step);
         send(n, y, {to_coord::saved, y.c_id, y.c_step, true, 0});
       });
     if (x.writing) {
@@ -560,7 +603,11 @@ private:
     y.w_replica = -1;
     if (ok && n.parts) {
       n.parts_done.insert(y.w_id << 8 | y.rank);  // durable, not committed
-      if (replica_part >= 0) n.parts_done.insert(y.w_id << 8 | static_cast<uint64_t>(replica_part));
+      n.part_steps.insert(y.w_step << 8 | y.rank);
+      if (replica_part >= 0) {
+        n.parts_done.insert(y.w_id << 8 | static_cast<uint64_t>(replica_part));
+        n.part_steps.insert(y.w_step << 8 | static_cast<uint64_t>(replica_part));
+      }
     } else if (ok) {
       n.disk.insert(y.w_step);
       y.last_ok_step = y.w_step;
@@ -719,7 +766,7 @@ private:
       // A committed checkpoint at most one step behind the most advanced
       // survivor (without the service and without the chief, nobody may
       // save: that case is only required to stop cleanly).
-      uint64_t newest = *w.disk.rbegin();
+      uint64_t newest = w.local_world ? restorable(w) : *w.disk.rbegin();
       INFO("newest on disk " << newest << ", most advanced survivor " << best << " agreement " << w.coord.state_key());
       REQUIRE(newest + 1 >= best);
       summary += "lost" + std::to_string(best > newest ? best - newest : 0);
@@ -777,6 +824,30 @@ TEST_CASE("protocol model: sharded state with replicas, a death and a notice", "
   s = sharded(1, 1, 0);
   s.replicas = true;
   explore(s);
+}
+
+// Node-local directories (ranks 0 and 1 on node 0, rank 2 on node 1): each
+// node's lowest live rank commits its node's parts; the round is committed
+// only once every such node reported, a committer's loss stops at the
+// durable step, and a restart resumes from the newest step whose every part
+// is durable somewhere.
+scenario node_local(int notices, bool replicas) {
+  auto s = sharded(notices, 1, 0);
+  s.local_world = 2;
+  s.replicas = replicas;
+  return s;
+}
+
+TEST_CASE("protocol model: node-local parts, a death at every phase, and a notice on top", "[model]") {
+  explore(node_local(0, false));
+  explore(node_local(0, true));
+  explore(node_local(1, false));
+}
+
+// 23 million states, about four minutes: outside CI
+// (build/tests/grace_model_tests "[full]").
+TEST_CASE("protocol model full: node-local parts with replicas, a notice and a death", "[.][full]") {
+  explore(node_local(1, true));
 }
 
 TEST_CASE("protocol model: two notices and a death", "[model]") { explore({2, 1, 0, 0, false, false}); }
