@@ -63,23 +63,29 @@ pass "sharded state on node-local directories: both nodes stop at attach with a 
 # restore the agreed step from their own disks (node 1 fetching the part
 # with the replicated tensors) and finish bit-identical to the uninterrupted
 # sharded run; each node's directory holds its own parts of the last step.
-NL=(--device cpu --steps 120 --step-delay-ms 8 --save-every 10 --shard-optimizer)
+NL_BASE=(--device cpu --step-delay-ms 8 --save-every 10 --shard-optimizer --keep-checkpoints)
+NL=(--steps 120 "${NL_BASE[@]}")
 REF_NL=$(reference 4 "${NL[@]}")  # before GRACE_EVENTS_FILE: its events are not the job's
-# start_node_local DIR RUN_ID: two launchers with a directory each, in DIR
-# (its events file the job's); their pids in NODE0 and NODE1.
-start_node_local() {
+REF_NL130=$(reference 4 --steps 130 "${NL_BASE[@]}")
+# launch_node_local DIR RUN_ID TRAIN-ARGS...: two launchers with a directory
+# each, in DIR (its events file the job's); their pids in NODE0 and NODE1.
+launch_node_local() {
   mkdir -p "$1"
   cd "$1"
   export GRACE_EVENTS_FILE="$1/events.jsonl"
-  local port
+  local port run=$2
+  shift 2
   port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   for n in 0 1; do
-    "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank $n --coordinator 127.0.0.1:$port --run-id "$2" --checkpoint-dir ck$n \
-      --node-local-checkpoints -- "$GRACE_TRAIN" "${NL[@]}" --output out$n.json >n$n.log 2>&1 &
+    "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank $n --coordinator 127.0.0.1:$port --run-id "$run" --checkpoint-dir ck$n \
+      --node-local-checkpoints -- "$GRACE_TRAIN" "$@" --output out$n.json >n$n.log 2>&1 &
     eval "NODE$n=\$!"
     track_pid $!
     sleep 0.3
   done
+}
+start_node_local() { # start_node_local DIR RUN_ID: the 120-step run, once it trains and saved step 40
+  launch_node_local "$1" "$2" "${NL[@]}"
   wait_for_training "$1" 4
   wait_for_save "$1" 40
 }
@@ -100,6 +106,26 @@ s0=$(ls ck0 | grep '^step-' | tail -1)
 [ -f "ck1/$s0/rank-00003-of-00004.safetensors" ] || fail "node 1 must hold its parts of $s0"
 grep -q "fetched rank-00001-of-00004.safetensors" n1.log || fail "node 1 did not fetch the part with the replicated tensors"
 pass "node-local sharded state: per-node commits, a restart from each node's own disk, weights identical"
+
+# A damaged part on node 1 (rank 3's of step 120, the newest): the run to
+# step 130 must not mix steps. Rank 3 sets step 120 aside on node 1; node
+# 0's leveling then finds no copy of rank 3's part anywhere and sets its own
+# step 120 aside; the group that trains restores step 110 on every rank.
+part="ck1/step-0000000120/rank-00003-of-00004.safetensors"
+[ -f "$part" ] || fail "node-local damaged part: no $part to damage: $(ls ck1)"
+printf '\x7f' | dd of="$part" bs=1 seek=$(($(stat -c %s "$part") - 2)) conv=notrunc status=none
+rm -f events.jsonl out0.json out1.json
+launch_node_local "$D3" mnnd --steps 130 "${NL_BASE[@]}"
+set +e; wait $NODE0; rc0=$?; wait $NODE1; rc1=$?; set -e
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || { tail -20 n0.log n1.log; fail "node-local damaged part: launchers exited $rc0 and $rc1"; }
+[ "$(json out0.json weights_checksum)" = "$REF_NL130" ] || fail "node-local damaged part: weights differ from the uninterrupted run"
+[ "$(json out0.json steps_done)" -eq 130 ] || fail "node-local damaged part: steps_done"
+ls -d ck1/step-0000000120.corrupt-* >/dev/null 2>&1 || fail "node-local damaged part: node 1 did not set step 120 aside"
+ls -d ck0/step-0000000120.corrupt-* >/dev/null 2>&1 || fail "node-local damaged part: node 0 kept a step 120 nobody can complete"
+last=$(events events.jsonl "e['event']=='first_step'" | "$PY" -c 'import json,sys; print(json.loads(sys.stdin.readline())["incarnation"])')
+[ "$(count_events events.jsonl "e['event']=='restored' and e['incarnation']==$last and e['step']==110")" -eq 4 ] ||
+  fail "node-local damaged part: the group that trained did not restore step 110 on all four ranks"
+pass "node-local damaged part on node 1: step 120 set aside on both nodes, step 110 restored by all, weights identical"
 
 # SIGKILL of a worker on node 1: the survivors save just in time from their
 # kept copies, the lost rank's part from its replica on node 0; node 1's

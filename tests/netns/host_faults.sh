@@ -27,6 +27,16 @@
 #                             survivors save just in time; the thawed side
 #                             is refused (stale incarnation), writes nothing
 #                             and restarts into the current incarnation
+#   host_faults.sh node_local_sharded
+#                             sharded state on node-local disks
+#                             (--node-local-checkpoints: every node commits
+#                             its own parts): host 1 lost with its disk; the
+#                             survivors write host 1's parts from their
+#                             replicas into host 0's directory; host 1,
+#                             relaunched with an empty disk, levels its
+#                             directory from host 0's (the step, then the
+#                             parts its ranks read) and all four ranks resume
+#                             at the just-in-time step
 #   host_faults.sh coordinator_lost
 #                             host 0 (the coordination service's) lost: host
 #                             1's workers stop without writing, its launcher
@@ -44,7 +54,7 @@
 #                             steps: agreement::on_join ignores the restored step).
 source "$(dirname "$0")/../integration/lib.sh"
 source "$(dirname "$0")/testbed.sh"
-SCENARIO=${1:?scenario: preempt, lost, lost_sharded, partition, freeze, node_local or coordinator_lost}
+SCENARIO=${1:?scenario: preempt, lost, lost_sharded, partition, freeze, node_local, node_local_sharded or coordinator_lost}
 tb_init 2
 STEPS=400
 ARGS=(--device cpu --steps $STEPS --step-delay-ms 10 --collective-timeout-ms 20000)
@@ -240,6 +250,51 @@ for l in sys.stdin:
 print(" ".join("%d:%s" % (i, sorted(s)) for i, s in sorted(by.items())) if all(len(s) == 1 for s in by.values()) else "MIXED %s" % by)')
   case "$restores" in MIXED*) fail "ranks of one incarnation restored different steps: $restores";; esac
   pass "node-local directories: host 1 fetched the preemption save ($saved) and, relaunched with an empty disk, the just-in-time save ($jit); every incarnation restored one step ($restores); weights identical"
+}
+
+node_local_sharded() {
+  ARGS+=(--shard-optimizer --save-every 100)
+  COMMON=(--nproc 2 --nnodes 2 --coordinator h0:29500 --run-id faults --dead-after-ms 1500
+          --exit-timeout-ms 5000 --max-restarts 6 --node-local-checkpoints)
+  CK="$TB/h0/ck"   # check_result looks for temporaries on host 0's disk
+  launch() { tb_launch "$1" "$2" "$TB/h$1" "${COMMON[@]}" --node-rank "$1" --checkpoint-dir "$TB/h$1/ck" \
+               -- "${ARGS[@]}" --output out.json; }
+  launch 0 L0
+  launch 1 L1
+  tb_wait_event "$E1" "e['event']=='first_step'" 60
+  # Both nodes committed their parts of the periodic save at step 100.
+  tb_wait_event "$E1" "e['event']=='committed_local' and e['step']==100" 60
+  tb_kill_host 1
+  wait "$L1" 2>/dev/null || true
+  rm -rf "$TB/h1/ck"   # the host's disk is lost with it
+  tb_wait_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" 30
+  local jit_id jit r s
+  jit_id=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" id)
+  jit=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" step)
+  tb_wait_event "$E0" "e['event']=='committed' and e['id']==$jit_id" 30
+  s="$TB/h0/ck/step-$(printf %010d "$jit")"
+  for r in 2 3; do   # rank r's part is rank-<r+1>-of-00004 (numbered from 1, as safetensors shards are)
+    grep -q "writing rank $r's part of step $jit from the replica" "$TB/h0/log.txt" ||
+      fail "rank $r's part was not written from its replica on host 0"
+    [ -f "$s/rank-0000$((r + 1))-of-00004.safetensors" ] || fail "host 0 does not hold rank $r's part of step $jit: $(ls "$s")"
+  done
+  tb_link 1 up
+  launch 1 L1
+  tb_wait_pid "$L0" rc0
+  tb_wait_pid "$L1" rc1
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+  check_result
+  [ "$(count_events "$E1" "e['event']=='leveled' and e['step']==$jit")" -ge 1 ] ||
+    fail "host 1 did not level its empty directory to the just-in-time step $jit"
+  for r in 2 3; do
+    grep -q "step $jit: fetched rank-0000$((r + 1))-of-00004.safetensors" "$TB/h1/log.txt" ||
+      fail "host 1 did not fetch rank $r's part of step $jit from host 0"
+  done
+  local restores
+  restores=$(cat "$E0" "$E1" | grep '"event":"restored"' | "$PY" -c 'import json,sys
+print(" ".join(sorted({str(json.loads(l)["step"]) for l in sys.stdin})))')
+  [ "$restores" = "$jit" ] || fail "ranks restored steps $restores; every rank should resume at the just-in-time step $jit"
+  pass "node-local sharded state: host 1 lost with its disk, its parts of step $jit written from replicas on host 0, fetched back by the relaunched host 1, every rank resumed there, weights identical"
 }
 
 coordinator_lost() {
