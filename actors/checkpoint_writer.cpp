@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <map>
 #include <new>
+#include <thread>
 
 namespace grace {
 
@@ -199,6 +200,8 @@ void commit_parts(self_ptr self, uint64_t id, uint64_t step, const std::vector<s
   save_outcome o;
   o.step = step;
   o.agreement_id = id;
+  if (st.cfg.commit_delay.count() > 0 && (!st.cfg.commit_delay_step || st.cfg.commit_delay_step == step))
+    std::this_thread::sleep_for(st.cfg.commit_delay);
   const int64_t t0 = mono_ns();
   auto it = st.parts.find({id, step});
   if (it == st.parts.end()) {

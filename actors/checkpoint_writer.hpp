@@ -112,6 +112,8 @@ struct checkpoint_writer_config {
   int32_t node = -1;
   std::string token;  ///< the job's secret, for the other nodes' checkpoint servers
   std::chrono::milliseconds fetch_timeout{10000};
+  std::chrono::milliseconds commit_delay{0};  ///< options::commit_delay (tests)
+  uint64_t commit_delay_step = 0;             ///< options::commit_delay_step
 };
 
 /// Spawned detached: the one thread that writes this process's checkpoints.

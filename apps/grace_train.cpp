@@ -161,8 +161,8 @@ struct train_args {
   std::string checkpoint_dir =
       std::getenv("GRACE_CHECKPOINT_DIR") ? std::getenv("GRACE_CHECKPOINT_DIR") : "grace-checkpoints";
   std::string workers, output, device = "auto", notice_file, notice_command, fallback_dir;
-  int index = -1, keep = 3, restart_code = 42, step_delay_ms = 0, grace_ms = 0;
-  uint64_t save_every = 0, fail_at = 0;
+  int index = -1, keep = 3, restart_code = 42, step_delay_ms = 0, grace_ms = 0, commit_delay_ms = 0;
+  uint64_t save_every = 0, fail_at = 0, commit_delay_step = 0;
   int fail_rank = 0;
   double save_every_seconds = 0, mtbf_prior_hours = 6;
   bool save_every_auto = false, keep_checkpoints = false, prune_on_save_failure = false;
@@ -195,6 +195,11 @@ void add_training_options(CLI::App& app, train_args& a) {
                "checkpoint instead of at most two steps; benchmarks measure the replicas' cost with it)");
   app.add_option("--output", a.output, "write a JSON summary (steps, loss, weights checksum) here");
   app.add_option("--step-delay-ms", a.step_delay_ms, "sleep in every step (demos and tests)");
+  app.add_option("--commit-delay-ms", a.commit_delay_ms,
+                 "with --shard-optimizer: wait this long before committing the parts of a save, as a slow disk "
+                 "would (tests land faults inside the commit)")
+      ->check(CLI::Range(0, 600000));
+  app.add_option("--commit-delay-step", a.commit_delay_step, "--commit-delay-ms for the save of this step only");
   app.add_option("--collective-timeout-ms", a.collective_timeout_ms,
                  "bound on the collectives' rendezvous and on each collective")
       ->check(CLI::Range(100, 3600000));
@@ -293,6 +298,8 @@ grace::result<grace::options> make_options(const train_args& a) {
   grace::options opts;
   opts.checkpoint_dir = a.checkpoint_dir;
   opts.keep_last = a.keep;
+  opts.commit_delay = std::chrono::milliseconds(a.commit_delay_ms);
+  opts.commit_delay_step = a.commit_delay_step;
   opts.restart_exit_code = a.restart_code;
   opts.save_every_steps = a.save_every;
   opts.save_every_seconds = a.save_every_seconds;

@@ -905,6 +905,8 @@ status session::impl::start_actors() {
   wc.rank = cluster.rank;
   wc.ctl = ctl;
   wc.log = log;
+  wc.commit_delay = opts.commit_delay;
+  wc.commit_delay_step = opts.commit_delay_step;
   if (auto lw = node_local_world()) {
     wc.node = static_cast<int32_t>(cluster.rank / lw);
     wc.token = cluster.token;

@@ -60,6 +60,12 @@ struct options {
   /// Before retrying a failed periodic save, remove every checkpoint but
   /// the newest that verifies (room on a full disk).
   bool prune_on_save_failure = false;
+  /// Sharded state: wait this long before committing the parts of a save
+  /// (as a slow disk would), so that tests can land a fault inside phase 2
+  /// of the commit; only the save of `commit_delay_step` if that is not 0.
+  /// 0 in a real job.
+  std::chrono::milliseconds commit_delay{0};
+  uint64_t commit_delay_step = 0;
   /// Where a save that must not be lost (preemption, grace-period final,
   /// just-in-time, end of training) goes when checkpoint_dir cannot take it
   /// (disk full, I/O error, the directory gone). A restart restores the

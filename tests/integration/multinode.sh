@@ -69,6 +69,8 @@ REF_NL=$(reference 4 "${NL[@]}")  # before GRACE_EVENTS_FILE: its events are not
 REF_NL130=$(reference 4 --steps 130 "${NL_BASE[@]}")
 # launch_node_local DIR RUN_ID TRAIN-ARGS...: two launchers with a directory
 # each, in DIR (its events file the job's); their pids in NODE0 and NODE1.
+# Node 1's workers also get NODE1_ARGS.
+NODE1_ARGS=()
 launch_node_local() {
   mkdir -p "$1"
   cd "$1"
@@ -77,8 +79,10 @@ launch_node_local() {
   shift 2
   port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   for n in 0 1; do
+    local extra=()
+    [ $n -eq 0 ] || extra=("${NODE1_ARGS[@]}")
     "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank $n --coordinator 127.0.0.1:$port --run-id "$run" --checkpoint-dir ck$n \
-      --node-local-checkpoints -- "$GRACE_TRAIN" "$@" --output out$n.json >n$n.log 2>&1 &
+      --node-local-checkpoints -- "$GRACE_TRAIN" "$@" "${extra[@]}" --output out$n.json >n$n.log 2>&1 &
     eval "NODE$n=\$!"
     track_pid $!
     sleep 0.3
@@ -139,3 +143,25 @@ set +e; wait $NODE0; rc0=$?; wait $NODE1; rc1=$?; set -e
 grep -q "from the replica this rank keeps" n0.log || fail "node-local SIGKILL: no part written from a replica on node 0"
 grep -q "fetched rank-0000[34]-of-00004.safetensors" n1.log || fail "node-local SIGKILL: node 1 fetched no part of its own ranks"
 pass "node-local sharded state: SIGKILL on node 1, its part from the replica on node 0, weights identical"
+
+# SIGKILL of node 1's committer (rank 2, its lowest rank) inside phase 2 of
+# a periodic save's commit: node 0 committed its parts of step 30, node 1's
+# commit is held back (--commit-delay-ms on node 1 only) and cut by the kill;
+# without replicas the survivors stop at the durable step. The restart
+# rolls node 1 forward (the step from node 0, its own durable parts from its
+# parts directory), every rank restores step 30, bit-identical.
+D5="$WORK/mn-nl-commit"
+NODE1_ARGS=(--commit-delay-ms 3000 --commit-delay-step 30)
+launch_node_local "$D5" mnnc "${NL[@]}" --no-replicas
+NODE1_ARGS=()
+wait_for_training "$D5" 4
+wait_for_event "$D5" "e['event']=='committed_local' and e['step']==30 and e['rank']==0"
+kill -KILL "$(events events.jsonl "e['event']=='first_step' and e['rank']==2" | "$PY" -c 'import json,sys; print(json.loads(sys.stdin.readline())["pid"])')"
+set +e; wait $NODE0; rc0=$?; wait $NODE1; rc1=$?; set -e
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || { tail -20 n0.log n1.log; fail "node-local commit kill: launchers exited $rc0 and $rc1"; }
+[ "$(json out0.json weights_checksum)" = "$REF_NL" ] || fail "node-local commit kill: weights differ from the uninterrupted run"
+grep -q "step 30: took this node's rank-0000[34]-of-00004.safetensors from its parts directory" n1.log ||
+  fail "node-local commit kill: node 1 did not roll step 30 forward from its durable parts"
+[ "$(count_events events.jsonl "e['event']=='restored' and e['incarnation']==1 and e['step']==30")" -eq 4 ] ||
+  fail "node-local commit kill: not every rank of the next group restored step 30 ($(events events.jsonl "e['event']=='restored'" | tr '\n' ' '))"
+pass "node-local sharded state: SIGKILL of node 1's committer inside the commit of step 30: node 1 rolled forward, every rank restored step 30, weights identical"
