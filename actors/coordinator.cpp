@@ -378,7 +378,10 @@ void deliver(self_ptr self, const std::vector<rendezvous_table::reply>& replies)
 void fail_pending(self_ptr self, const std::string& why) { deliver(self, self->state.table.break_group(why)); }
 
 /// `completed`: the member's last completed step as heard (heartbeats).
-void member_lost(self_ptr self, uint32_t rank, loss_reason reason, const std::string& why, uint64_t completed) {
+/// `kill_on_host`: tell the rank's launcher to kill it (not for a member
+/// refused at its join, which exits with the restart code by itself).
+void member_lost(self_ptr self, uint32_t rank, loss_reason reason, const std::string& why, uint64_t completed,
+                 bool kill_on_host = true) {
   auto& st = self->state;
   if (st.left.count(rank) || st.lost.count(rank)) return;
   st.lost.insert(rank);
@@ -388,7 +391,7 @@ void member_lost(self_ptr self, uint32_t rank, loss_reason reason, const std::st
     st.ranks.erase(caf::actor_cast<caf::actor_addr>(it->second));
     self->demonitor(it->second.address());
   }
-  report_to_host(self, rank, why);
+  if (kill_on_host) report_to_host(self, rank, why);
   dispatch(self, st.agree->on_member_lost(rank, completed, reason, why));
   fail_pending(self, "rank " + std::to_string(rank) + " lost");
 }
@@ -461,6 +464,8 @@ std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Read
   if (auto why = st.agree->join_refusal(rank, j.getCompletedStep())) {
     st.log->warn("rank {} refused: {}", rank, *why);
     st.refused.insert(rank);
+    if (st.agree->refusal_ends_group(j.getCompletedStep()))
+      member_lost(self, rank, loss_reason::dead, "not level: " + *why, j.getCompletedStep(), false);
     return refuse_for_now(*why, st.cfg.incarnation);
   }
   return std::nullopt;

@@ -75,6 +75,10 @@ std::optional<std::string> agreement::join_refusal(uint32_t rank, uint64_t compl
   return std::nullopt;
 }
 
+bool agreement::refusal_ends_group(uint64_t completed) const {
+  return restored_min_ && (completed != *restored_min_ || completed != *restored_max_) && !settled(phase_);
+}
+
 actions agreement::on_join(uint32_t rank, uint64_t completed) {
   if (join_refusal(rank, completed)) return {};
   joined_.insert(rank);

@@ -247,6 +247,13 @@ public:
   /// different steps hold different states and must never train together
   /// (node-local checkpoint directories that were not brought level).
   std::optional<std::string> join_refusal(uint32_t rank, uint64_t completed) const;
+  /// Whether refusing a member that restored `completed` ends this
+  /// incarnation: a step other than the group's means the directories were
+  /// not level, so that member can never join it and the group would wait
+  /// for it until its collectives time out. The caller then declares the
+  /// member lost (on_member_lost): everyone restarts, and every node brings
+  /// its directory level again first. Any other refusal is for now only.
+  bool refusal_ends_group(uint64_t completed) const;
   /// A member joined with `completed` steps restored (call only when
   /// join_refusal() said yes).
   actions on_join(uint32_t rank, uint64_t completed);

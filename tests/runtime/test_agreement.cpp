@@ -481,6 +481,35 @@ TEST_CASE("agreement: members that restored different steps never train together
   CHECK_FALSE(a.join_refusal(1, 40));
 }
 
+TEST_CASE("agreement: a member refused for another restored step ends the group, which restarts",
+          "[agreement]") {
+  // Node 0's ranks restored step 153; node 1's, on a replacement disk that
+  // was not brought level, restored nothing. Without ending the group,
+  // ranks 0 and 1 would wait for 2 and 3 until their collectives time out.
+  agreement a(4);
+  a.on_join(0, 153);
+  a.on_join(1, 153);
+  REQUIRE(a.join_refusal(2, 0));
+  REQUIRE(a.refusal_ends_group(0));
+  CHECK_FALSE(a.refusal_ends_group(153));
+  auto acts = a.on_member_lost(2, 0, loss_reason::dead, "not level");
+  REQUIRE(find(acts, ty::peer_lost));
+  auto p = find(acts, ty::propose);
+  REQUIRE(p);
+  CHECK(p->kind == checkpoint_kind::jit);
+  REQUIRE(a.refusal_ends_group(0));  // rank 3 is refused during the round: lost as well
+  a.on_member_lost(3, 0, loss_reason::dead, "not level");
+  CHECK(a.on_ack(0, p->id, 153).empty());
+  // The members that joined stop at their restored step, on disk already:
+  // committed without a save, everyone exits to restart.
+  auto c = find(a.on_ack(1, p->id, 153), ty::committed);
+  REQUIRE(c);
+  CHECK(c->step == 153);
+  CHECK(a.phase() == agreement_phase::stopping);
+  CHECK(a.join_refusal(2, 0));
+  CHECK_FALSE(a.refusal_ends_group(0));  // already stopping: nothing more to end
+}
+
 TEST_CASE("agreement: takeover - survivors rejoin, the missing are lost, one jit round above the first id",
           "[agreement][takeover]") {
   agreement a(4, 5'000'000);
