@@ -211,12 +211,21 @@ freeze() {
   pass "host 1 frozen 4 s (dead-after 1.5 s): survivors saved step $jit_step, the thawed side stopped at <= $isolated_steps and wrote nothing, rejoined the current incarnation, weights identical"
 }
 
-node_local() {
+# use_node_local_disks [LAUNCHER-ARGS...]: each host its own checkpoint
+# directory ($TB/h<i>/ck) instead of the shared one; local_launch HOST VAR
+# then starts a host's launcher on it.
+use_node_local_disks() {
   COMMON=(--nproc 2 --nnodes 2 --coordinator h0:29500 --run-id faults --dead-after-ms 1500
-          --exit-timeout-ms 5000 --max-restarts 6)
+          --exit-timeout-ms 5000 --max-restarts 6 "$@")
   CK="$TB/h0/ck"   # check_result looks for temporaries on host 0's disk
-  local_launch() { tb_launch "$1" "$2" "$TB/h$1" "${COMMON[@]}" --node-rank "$1" --checkpoint-dir "$TB/h$1/ck" \
-                     -- "${ARGS[@]}" --output out.json; }
+}
+local_launch() {
+  tb_launch "$1" "$2" "$TB/h$1" "${COMMON[@]}" --node-rank "$1" --checkpoint-dir "$TB/h$1/ck" \
+    -- "${ARGS[@]}" --output out.json
+}
+
+node_local() {
+  use_node_local_disks
   local_launch 0 L0
   local_launch 1 L1
   tb_wait_event "$E1" "e['event']=='first_step'" 60
@@ -254,13 +263,9 @@ print(" ".join("%d:%s" % (i, sorted(s)) for i, s in sorted(by.items())) if all(l
 
 node_local_sharded() {
   ARGS+=(--shard-optimizer --save-every 100)
-  COMMON=(--nproc 2 --nnodes 2 --coordinator h0:29500 --run-id faults --dead-after-ms 1500
-          --exit-timeout-ms 5000 --max-restarts 6 --node-local-checkpoints)
-  CK="$TB/h0/ck"   # check_result looks for temporaries on host 0's disk
-  launch() { tb_launch "$1" "$2" "$TB/h$1" "${COMMON[@]}" --node-rank "$1" --checkpoint-dir "$TB/h$1/ck" \
-               -- "${ARGS[@]}" --output out.json; }
-  launch 0 L0
-  launch 1 L1
+  use_node_local_disks --node-local-checkpoints
+  local_launch 0 L0
+  local_launch 1 L1
   tb_wait_event "$E1" "e['event']=='first_step'" 60
   # Both nodes committed their parts of the periodic save at step 100.
   tb_wait_event "$E1" "e['event']=='committed_local' and e['step']==100" 60
@@ -279,7 +284,7 @@ node_local_sharded() {
     [ -f "$s/rank-0000$((r + 1))-of-00004.safetensors" ] || fail "host 0 does not hold rank $r's part of step $jit: $(ls "$s")"
   done
   tb_link 1 up
-  launch 1 L1
+  local_launch 1 L1
   tb_wait_pid "$L0" rc0
   tb_wait_pid "$L1" rc1
   [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
