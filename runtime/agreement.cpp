@@ -62,7 +62,7 @@ uint32_t agreement::chief() const { return live_.empty() ? 0 : *live_.begin(); }
 
 std::optional<std::string> agreement::join_refusal(uint32_t rank, uint64_t completed) const {
   if (rank >= world_size_) return "rank " + std::to_string(rank) + " out of range";
-  if (restored_min_ && (completed != *restored_min_ || completed != *restored_max_))
+  if (restored_differs(completed))
     return "rank " + std::to_string(rank) + " restored step " + std::to_string(completed) +
            " but the group restored step " + std::to_string(*restored_max_) +
            ": the checkpoint directories differ (node-local directories not brought level?); "
@@ -75,8 +75,12 @@ std::optional<std::string> agreement::join_refusal(uint32_t rank, uint64_t compl
   return std::nullopt;
 }
 
+bool agreement::restored_differs(uint64_t completed) const {
+  return restored_min_ && (completed != *restored_min_ || completed != *restored_max_);
+}
+
 bool agreement::refusal_ends_group(uint64_t completed) const {
-  return restored_min_ && (completed != *restored_min_ || completed != *restored_max_) && !settled(phase_);
+  return restored_differs(completed) && !settled(phase_);
 }
 
 actions agreement::on_join(uint32_t rank, uint64_t completed) {
