@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses (tests/fuzz) with clang, ASan and UBSan
-# into build-fuzz/ and runs each for a bounded time, starting from the seed
+# into build-fuzz/ (shared with scripts/sanitize.sh address) and runs each for a bounded time, starting from the seed
 # corpora in the repo. A crash fails the run; its input is kept in
 # build-fuzz/crashes/<harness>/ - add it to tests/fuzz/regressions/<harness>/
 # (replayed by the ordinary tests) with the fix.
@@ -8,22 +8,15 @@
 #   FUZZ_SECONDS=600 bash scripts/fuzz.sh messages checkpoint
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CXX=${FUZZ_CXX:-clang++-14}
-CC=${FUZZ_CC:-clang-14}
-command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang-14 libclang-rt-14-dev)"; exit 2; }
+source scripts/sanitizers/asan_build.sh
 SECONDS_EACH=${FUZZ_SECONDS:-30}
 HARNESSES=("$@")
 [ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(messages safetensors manifest config checkpoint coordinator)
-dir=build-fuzz
-flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-echo "==> configuring $dir ($CXX, $flags)"
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRACE_CUDA=OFF -DGRACE_PYTHON=OFF -DGRACE_FUZZ=ON \
-  -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
-  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > "$dir.configure.log" || { cat "$dir.configure.log"; exit 1; }
+dir=$ASAN_DIR
+asan_configure
 targets=()
 for h in "${HARNESSES[@]}"; do targets+=("fuzz_$h"); done
-echo "==> building ${targets[*]} (-j2)"
-cmake --build "$dir" -j2 --target "${targets[@]}" > "$dir.build.log" 2>&1 || { grep -E "error" -A5 "$dir.build.log" | head -40; exit 1; }
+asan_build "${targets[@]}"
 export ASAN_OPTIONS="detect_leaks=1 abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1"
 failed=0

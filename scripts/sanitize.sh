@@ -2,7 +2,7 @@
 # Builds Grace with a sanitizer into its own folder and runs the unit, actor
 # and integration tests under it.
 #   bash scripts/sanitize.sh thread     # ThreadSanitizer        -> build-tsan/
-#   bash scripts/sanitize.sh address    # AddressSanitizer+UBSan -> build-asan/
+#   bash scripts/sanitize.sh address    # AddressSanitizer+UBSan (clang) -> build-fuzz/
 # Left out, each for a reason: the exhaustive protocol model (pure code,
 # millions of states: hours under a sanitizer), the chaos runs, the Python
 # module (an interpreter that is not instrumented), the GPU tests (no CUDA in
@@ -17,28 +17,32 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-}
-case "$kind" in
-  thread) dir=build-tsan; flags="-fsanitize=thread"; opt=-O2 ;;
-  # -O1 (as ASan's documentation advises): with UBSan's checks, -O2 makes a
-  # CAF translation unit compile 1.5x longer (113 s vs 73 s for
-  # actors/coordinator.cpp), and this build is the longest stage of CI.
-  address) dir=build-asan; flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined"; opt=-O1 ;;
-  *) echo "usage: $0 thread|address" >&2; exit 2 ;;
-esac
 supp=$PWD/scripts/sanitizers
-echo "==> configuring $dir ($flags $opt)"
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRACE_CUDA=OFF -DGRACE_PYTHON=OFF \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt -g -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$opt -g -DNDEBUG" \
-  -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" -DCMAKE_C_FLAGS="$flags -fno-omit-frame-pointer" \
-  -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" > "$dir.configure.log" \
-  || { cat "$dir.configure.log"; exit 1; }
 # Only what the selected tests run (not the model tests, benchmarks or the
 # CUDA trainer): each sanitizer build is a full CAF build, the heaviest part.
 targets="grace_unit_tests grace_actor_tests grace-launch grace-train grace-ckpt grace-chaos grace-hostile"
 for f in messages safetensors manifest config checkpoint coordinator; do targets="$targets fuzz_replay_$f"; done
-echo "==> building $targets in $dir (-j2)"
-# shellcheck disable=SC2086
-cmake --build "$dir" -j2 --target $targets > "$dir.build.log" 2>&1 || { grep -E "error" -A5 "$dir.build.log" | head -40; exit 1; }
+case "$kind" in
+  thread)
+    dir=build-tsan; flags="-fsanitize=thread"
+    echo "==> configuring $dir ($flags -O2)"
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRACE_CUDA=OFF -DGRACE_PYTHON=OFF \
+      -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" -DCMAKE_C_FLAGS="$flags -fno-omit-frame-pointer" \
+      -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" > "$dir.configure.log" \
+      || { cat "$dir.configure.log"; exit 1; }
+    echo "==> building $targets in $dir (-j2)"
+    # shellcheck disable=SC2086
+    cmake --build "$dir" -j2 --target $targets > "$dir.build.log" 2>&1 \
+      || { grep -E "error" -A5 "$dir.build.log" | head -40; exit 1; } ;;
+  # ASan + UBSan: clang's build that scripts/fuzz.sh fuzzes from as well.
+  address)
+    source "$supp/asan_build.sh"
+    dir=$ASAN_DIR
+    asan_configure
+    # shellcheck disable=SC2086
+    asan_build $targets ;;
+  *) echo "usage: $0 thread|address" >&2; exit 2 ;;
+esac
 export TSAN_OPTIONS="suppressions=$supp/tsan.supp halt_on_error=1 second_deadlock_stack=1 history_size=4"
 export ASAN_OPTIONS="detect_leaks=1 abort_on_error=1 detect_stack_use_after_return=0"
 export LSAN_OPTIONS="suppressions=$supp/lsan.supp"

@@ -131,9 +131,11 @@ fault fault_from_json(const nlohmann::json& j, size_t index) {
   static const char* known[] = {"fault",       "at_step", "at_ms",   "after_ms",         "on_event",
                                 "delay_ms",    "target",  "targets", "include_launcher", "grace_ms",
                                 "duration_ms", "file",    "comment",  "host"};
-  for (auto& [k, v] : j.items())
-    if (std::find_if(std::begin(known), std::end(known), [&](const char* n) { return k == n; }) == std::end(known))
-      throw bad("unknown field '" + k + "'");
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();
+    if (std::find_if(std::begin(known), std::end(known), [&](const char* n) { return key == n; }) == std::end(known))
+      throw bad("unknown field '" + key + "'");
+  }
   fault f;
   if (!j.contains("fault") || !j["fault"].is_string()) throw bad("missing \"fault\" (a fault kind name)");
   auto k = parse_fault_kind(j["fault"].get<std::string>());
