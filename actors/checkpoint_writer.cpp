@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <map>
 #include <new>
+#include <optional>
 #include <thread>
 
 namespace grace {
@@ -154,21 +155,30 @@ void remember_part(writer_state& st, const save_request& req) {
   }
 }
 
+/// What the commit of one round needs, gathered before the fence is asked:
+/// the part this rank wrote and, with node-local directories, every rank's
+/// part description with the node holding it.
+struct commit_plan {
+  written_part part;
+  std::vector<std::string> descs;
+  std::vector<int32_t> holders;
+};
+
 /// Node-local directories: every rank's part description of the round,
 /// with the node holding it: this node's from its own parts directory, the
 /// others' from their nodes' checkpoint servers.
-result<save_stats> commit_node_local(writer_state& st, const written_part& p, const std::vector<std::string>& servers) {
-  const auto world = static_cast<size_t>(p.meta.world_size);
-  std::vector<std::string> descs(world);
-  std::vector<int32_t> holders(world, -1);
+status gather_node_local(writer_state& st, commit_plan& c, const std::vector<std::string>& servers) {
+  const auto world = static_cast<size_t>(c.part.meta.world_size);
+  c.descs.assign(world, {});
+  c.holders.assign(world, -1);
   auto take = [&](int32_t node, const std::vector<std::string>& texts) {
     for (auto& t : texts) {
       auto j = nlohmann::json::parse(t, nullptr, false);
       auto r = j.is_object() && j.contains("rank") && j["rank"].is_number_unsigned() ? j["rank"].get<uint64_t>() : world;
-      if (r < world && holders[r] < 0) descs[r] = t, holders[r] = node;
+      if (r < world && c.holders[r] < 0) c.descs[r] = t, c.holders[r] = node;
     }
   };
-  auto own = st.cfg.store->part_descriptions(p.meta.step, p.tag);
+  auto own = st.cfg.store->part_descriptions(c.part.meta.step, c.part.tag);
   if (!own) return own.err();
   take(st.cfg.node, *own);
   // A node that is gone (its host lost) holds no part of a round that
@@ -177,7 +187,7 @@ result<save_stats> commit_node_local(writer_state& st, const written_part& p, co
   std::string unreachable;
   for (size_t n = 0; n < servers.size(); ++n) {
     if (static_cast<int32_t>(n) == st.cfg.node || servers[n].empty()) continue;
-    auto theirs = list_parts_remote(servers[n], st.cfg.token, p.meta.step, p.tag, st.cfg.fetch_timeout);
+    auto theirs = list_parts_remote(servers[n], st.cfg.token, c.part.meta.step, c.part.tag, st.cfg.fetch_timeout);
     if (theirs)
       take(static_cast<int32_t>(n), *theirs);
     else
@@ -185,16 +195,69 @@ result<save_stats> commit_node_local(writer_state& st, const written_part& p, co
   }
   std::string missing;
   for (size_t r = 0; r < world; ++r)
-    if (holders[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    if (c.holders[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
   if (!missing.empty())
     return error{errc::failed, "no node holds the part of rank(s) " + missing + " of step " +
-                                   std::to_string(p.meta.step) + unreachable};
-  return st.cfg.store->commit_node_parts(p.meta, p.tag, descs, holders, st.cfg.node);
+                                   std::to_string(c.part.meta.step) + unreachable};
+  return {};
+}
+
+/// The commit itself: the rename that makes the parts a checkpoint.
+result<save_stats> carry_out(writer_state& st, const commit_plan& c) {
+  if (st.cfg.node >= 0)
+    return st.cfg.store->commit_node_parts(c.part.meta, c.part.tag, c.descs, c.holders, st.cfg.node);
+  return st.cfg.store->commit_parts(c.part.meta, c.part.tag);
+}
+
+/// Asks the service whether this rank may still commit (proto::CommitCheck)
+/// and calls `then` with the refusal, or nullopt for yes, before this
+/// writer takes its next message. No service (a writer on its own): yes.
+template <class F>
+void after_fence(self_ptr self, uint64_t id, uint64_t step, F then) {
+  auto& st = self->state;
+  auto c = st.cfg.coord ? st.cfg.coord->get() : coordinator_actor{};
+  if (!c) {
+    then(std::nullopt);
+    return;
+  }
+  auto check = make<proto::CommitCheck>([&](auto b) {
+    b.setRank(st.cfg.rank);
+    b.setAgreementId(id);
+    b.setStep(step);
+    b.setIncarnation(st.cfg.incarnation);
+  });
+  self->request(c, st.cfg.commit_check_timeout, std::move(check))
+      .await(
+          [then](msg<proto::CommitCheckReply>& m) mutable {
+            auto r = decode(m);
+            if (!r)
+              then(std::optional<std::string>(r.err().message));
+            else if (!r->get().getOk())
+              then(std::optional<std::string>(str(r->get().getReason())));
+            else
+              then(std::nullopt);
+          },
+          [self, then](caf::error& e) mutable {
+            then(std::optional<std::string>("no answer from the coordination service (" + self->system().render(e) +
+                                            ")"));
+          });
+}
+
+/// Reports a commit's outcome to the service (and a failure to the trainer).
+void finish_commit(self_ptr self, save_outcome& o, int64_t t0) {
+  auto& st = self->state;
+  o.write_ns = mono_ns() - t0;
+  if (st.cfg.coord)
+    if (auto c = st.cfg.coord->get()) self->send(c, saved_report(st.cfg.rank, o));
+  if (!o.ok && st.cfg.ctl) st.cfg.ctl->post_commit_failure(o.step, o.error);
+  record(*st.cfg.log, o);
 }
 
 /// Phase 2 of a sharded save, on the rank the service chose: commit every
 /// rank's part of `step` (node-local directories: this node's) and report
-/// it (part = false).
+/// it (part = false). The rename waits for the service's yes, asked once
+/// everything else is ready: a committer frozen or cut off while it held
+/// the order, and declared dead meanwhile, commits nothing.
 void commit_parts(self_ptr self, uint64_t id, uint64_t step, const std::vector<std::string>& servers) {
   auto& st = self->state;
   save_outcome o;
@@ -207,21 +270,27 @@ void commit_parts(self_ptr self, uint64_t id, uint64_t step, const std::vector<s
   if (it == st.parts.end()) {
     o.error = "no part of step " + std::to_string(step) + (id ? " (agreement #" + std::to_string(id) + ")" : "") +
               " was written by this rank";
-  } else {
-    o.kind = it->second.meta.kind;
-    auto r = st.cfg.node >= 0 ? commit_node_local(st, it->second, servers)
-                              : st.cfg.store->commit_parts(it->second.meta, it->second.tag);
-    o.ok = static_cast<bool>(r);
-    if (r)
-      o.stats = std::move(r.value());
-    else
-      o.error = r.err().message;
+    return finish_commit(self, o, t0);
   }
-  o.write_ns = mono_ns() - t0;
-  if (st.cfg.coord)
-    if (auto c = st.cfg.coord->get()) self->send(c, saved_report(st.cfg.rank, o));
-  if (!o.ok && st.cfg.ctl) st.cfg.ctl->post_commit_failure(step, o.error);
-  record(*st.cfg.log, o);
+  o.kind = it->second.meta.kind;
+  commit_plan plan{it->second, {}, {}};
+  if (st.cfg.node >= 0)
+    if (auto g = gather_node_local(st, plan, servers); !g) {
+      o.error = g.err().message;
+      return finish_commit(self, o, t0);
+    }
+  after_fence(self, id, step, [self, o, t0, plan](std::optional<std::string> refused) mutable {
+    if (refused) {
+      o.error = "not committed: the coordination service refused it (" + *refused + ")";
+      emit_event("commit_fenced", {{"step", o.step}, {"why", *refused}});
+    } else if (auto r = carry_out(self->state, plan)) {
+      o.ok = true;
+      o.stats = std::move(r.value());
+    } else {
+      o.error = r.err().message;
+    }
+    finish_commit(self, o, t0);
+  });
 }
 
 checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_config cfg) {

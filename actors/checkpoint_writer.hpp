@@ -112,6 +112,10 @@ struct checkpoint_writer_config {
   int32_t node = -1;
   std::string token;  ///< the job's secret, for the other nodes' checkpoint servers
   std::chrono::milliseconds fetch_timeout{10000};
+  /// The incarnation this rank joined, and how long a commit waits for the
+  /// service's yes (proto::CommitCheck) before it gives up uncommitted.
+  uint32_t incarnation = 0;
+  std::chrono::milliseconds commit_check_timeout{5000};
   std::chrono::milliseconds commit_delay{0};  ///< options::commit_delay (tests)
   uint64_t commit_delay_step = 0;             ///< options::commit_delay_step
 };

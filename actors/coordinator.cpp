@@ -584,6 +584,34 @@ bool from_member(self_ptr self, uint32_t rank, const char* what) {
   return false;
 }
 
+/// The committer's fence (proto::CommitCheck): yes only to the process that
+/// joined as the rank, in this incarnation, while nobody declared it lost.
+/// A thawed or reconnected committer that still holds an old commit order
+/// hears no and leaves the parts uncommitted (their round is settled
+/// without it).
+msg<proto::CommitCheckReply> on_commit_check(self_ptr self, msg<proto::CommitCheck>& m) {
+  auto& st = self->state;
+  auto reply = [](bool ok, const std::string& why) {
+    return make<proto::CommitCheckReply>([&](auto b) {
+      b.setOk(ok);
+      b.setReason(why);
+    });
+  };
+  auto r = decode(m);
+  if (!r) return reply(false, r.err().message);
+  auto c = r->get();
+  const auto rank = c.getRank();
+  if (c.getIncarnation() != st.cfg.incarnation)
+    return reply(false, "incarnation " + std::to_string(c.getIncarnation()) + " is over (current " +
+                            std::to_string(st.cfg.incarnation) + ")");
+  if (st.lost.count(rank) || st.left.count(rank))
+    return reply(false, "rank " + std::to_string(rank) + " was declared lost in incarnation " +
+                            std::to_string(st.cfg.incarnation));
+  if (!from_member(self, rank, "a commit check")) return reply(false, "not the member that joined as this rank");
+  if (fenced(self)) return reply(false, "this coordination service lost its leader lease");
+  return reply(true, "");
+}
+
 /// Key-value and barrier requests serve the collectives' rendezvous of
 /// joined members: from a process where no member of this incarnation runs
 /// (or an anonymous sender) they are refused, so nobody outside the job can
@@ -1014,6 +1042,7 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
       [self](relay_atom, int32_t node, int32_t nproc) { on_relay(self, node, nproc); },
       [self](msg<proto::HeartbeatBatch>& m) { on_heartbeat_batch(self, m); },
       [self](msg<proto::AckBatch>& m) { on_ack_batch(self, m); },
+      [self](msg<proto::CommitCheck>& m) { return on_commit_check(self, m); },
       [self](takeover_atom, uint64_t gen) {
         if (from_self(self, "a takeover timer") && gen == self->state.takeover_gen) check_takeover(self);
       },

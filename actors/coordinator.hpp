@@ -37,7 +37,8 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<launcher_atom, int32_t, int32_t, std::string>::with<std::string>,
     caf::reacts_to<cutoff_atom, uint64_t>, caf::reacts_to<tick_atom>, caf::reacts_to<kv_timeout_atom, uint64_t>,
     caf::reacts_to<takeover_atom, uint64_t>, caf::reacts_to<relay_atom, int32_t, int32_t>,
-    caf::reacts_to<msg<proto::HeartbeatBatch>>, caf::reacts_to<msg<proto::AckBatch>>>;
+    caf::reacts_to<msg<proto::HeartbeatBatch>>, caf::reacts_to<msg<proto::AckBatch>>,
+    caf::replies_to<msg<proto::CommitCheck>>::with<msg<proto::CommitCheckReply>>>;
 
 struct coordinator_config {
   uint32_t world_size = 1;

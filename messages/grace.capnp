@@ -181,6 +181,23 @@ struct CommitParts {
                               # of each node reads the other nodes' part descriptions
 }
 
+# Committer -> coordinator, just before it commits the parts of a sharded
+# save (the rename that makes them a checkpoint): is this rank still a
+# member of the group? A committer frozen or cut off while it held the order
+# may be back after the group declared it dead; it must not commit then
+# (fencing). No answer within the writer's bound counts as no.
+struct CommitCheck {
+  rank @0 :UInt32;
+  agreementId @1 :UInt64;     # 0: a periodic save
+  step @2 :UInt64;
+  incarnation @3 :UInt32;
+}
+
+struct CommitCheckReply {
+  ok @0 :Bool;
+  reason @1 :Text;            # why not, when !ok
+}
+
 # Chief -> coordinator during a grace-period countdown: the time left has
 # reached the margin; propose the final checkpoint.
 struct ProposeFinal {

@@ -35,7 +35,8 @@ constexpr size_t frame_header_bytes = 16;
   X(Join)                                                                                                          \
   X(Welcome) X(Heartbeat) X(PeerLost) X(Leave) X(Notice) X(Claim) X(ClaimReply) X(CheckpointAt) X(Ack)             \
       X(CheckpointSaved) X(ProposeFinal) X(DeadlineUpdate) X(Committed) X(ErrorReport) X(ClusterError) X(Shutdown) \
-          X(KvSet) X(KvGet) X(KvReply) X(Barrier) X(BarrierReply) X(HeartbeatBatch) X(AckBatch) X(CommitParts)
+          X(KvSet) X(KvGet) X(KvReply) X(Barrier) X(BarrierReply) X(HeartbeatBatch) X(AckBatch) X(CommitParts) \
+              X(CommitCheck) X(CommitCheckReply)
 
 /// A Cap'n Proto message of schema `S`, framed, as bytes.
 template <class S>

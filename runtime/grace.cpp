@@ -903,6 +903,7 @@ status session::impl::start_actors() {
   wc.fallback = fallback_store.get();
   wc.coord = coord;
   wc.rank = cluster.rank;
+  wc.incarnation = cluster.incarnation;
   wc.ctl = ctl;
   wc.log = log;
   wc.commit_delay = opts.commit_delay;

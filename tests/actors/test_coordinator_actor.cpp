@@ -386,6 +386,48 @@ TEST_CASE("coordinator: a silent member is declared dead in simulated time", "[c
   }
 }
 
+TEST_CASE("coordinator: a committer declared dead hears no when it asks to commit", "[coordinator][fence]") {
+  fixture f(3, "tok", std::chrono::milliseconds(1000));
+  f.join_all(3);
+  auto check = [](uint32_t rank, uint32_t incarnation) {
+    return make<proto::CommitCheck>([&](auto b) {
+      b.setRank(rank);
+      b.setStep(140);
+      b.setIncarnation(incarnation);
+    });
+  };
+  f.w(2)->send(f.coord, check(2, 0));
+  f.run();
+  CHECK(f.expect<proto::CommitCheckReply>(2)->getOk());
+  // For an incarnation that is over.
+  f.w(2)->send(f.coord, check(2, 1));
+  f.run();
+  auto stale = f.expect<proto::CommitCheckReply>(2);
+  CHECK_FALSE(stale->getOk());
+  CHECK(str(stale->getReason()).find("incarnation 1") != std::string::npos);
+  // Rank 2 frozen past dead-after (with the order to commit in hand), then thawed.
+  for (int i = 1; i <= 6; ++i) {
+    for (uint32_t r = 0; r < 2; ++r)
+      f.w(r)->send(f.coord, make<proto::Heartbeat>([&](auto b) {
+        b.setRank(r);
+        b.setCompletedStep(140 + i);
+      }));
+    f.run();
+    f.sched->advance_time(std::chrono::milliseconds(250));
+    f.run();
+  }
+  REQUIRE(f.expect<proto::PeerLost>(0)->getRank() == 2);
+  f.w(2)->send(f.coord, check(2, 0));
+  f.run();
+  auto late = f.expect<proto::CommitCheckReply>(2);
+  CHECK_FALSE(late->getOk());
+  CHECK(str(late->getReason()).find("declared lost") != std::string::npos);
+  // The survivors may still commit.
+  f.w(0)->send(f.coord, check(0, 0));
+  f.run();
+  CHECK(f.expect<proto::CommitCheckReply>(0)->getOk());
+}
+
 TEST_CASE("coordinator: a member declared dead is reported to the host once", "[coordinator][host]") {
   fixture f(3, "tok", std::chrono::milliseconds(1000));
   f.join_all(3);

@@ -43,5 +43,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try_decode<p::KvReply>(bytes);
   try_decode<p::Barrier>(bytes);
   try_decode<p::BarrierReply>(bytes);
+  try_decode<p::HeartbeatBatch>(bytes);
+  try_decode<p::AckBatch>(bytes);
+  try_decode<p::CommitParts>(bytes);
+  try_decode<p::CommitCheck>(bytes);
+  try_decode<p::CommitCheckReply>(bytes);
   return 0;
 }

@@ -168,6 +168,11 @@ int forge(caf::scoped_actor& self, const coordinator_actor& coord) {
                                               b.setCount(2);
                                             }),
                                             "a barrier arrival for rank 1", [](auto r) { return r.getOk(); });
+  rc |= expect_refused<proto::CommitCheckReply>(self, coord, make<proto::CommitCheck>([](auto b) {
+                                                  b.setRank(1);
+                                                  b.setStep(1);
+                                                }),
+                                                "a commit check for rank 1", [](auto r) { return r.getOk(); });
   // Sent last: a leave needs no answer, and a refused one leaves the member in.
   self->send(coord, make<proto::Leave>([](auto b) {
                b.setRank(1);
