@@ -5,6 +5,7 @@
 #include "runtime/events.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/spawn_options.hpp>
 #include <caf/stateful_actor.hpp>
@@ -209,38 +210,39 @@ result<save_stats> carry_out(writer_state& st, const commit_plan& c) {
   return st.cfg.store->commit_parts(c.part.meta, c.part.tag);
 }
 
-/// Asks the service whether this rank may still commit (proto::CommitCheck)
-/// and calls `then` with the refusal, or nullopt for yes, before this
-/// writer takes its next message. No service (a writer on its own): yes.
-template <class F>
-void after_fence(self_ptr self, uint64_t id, uint64_t step, F then) {
+/// Asks the service whether this rank may still commit (proto::CommitCheck):
+/// the refusal, or nullopt for yes. No service (a writer on its own): yes.
+/// Asked from a scoped actor on this writer's own thread, which it blocks
+/// until the answer (the writer takes no other message meanwhile). Not
+/// with the writer's own request: CAF 0.17's clock keeps a strong reference
+/// to the requester until the timeout's cancellation is processed, and a
+/// detached actor still referenced when the system shuts down makes the
+/// shutdown wait for it forever (a process that never exits).
+std::optional<std::string> fence(self_ptr self, uint64_t id, uint64_t step) {
   auto& st = self->state;
   auto c = st.cfg.coord ? st.cfg.coord->get() : coordinator_actor{};
-  if (!c) {
-    then(std::nullopt);
-    return;
-  }
+  if (!c) return std::nullopt;
   auto check = make<proto::CommitCheck>([&](auto b) {
     b.setRank(st.cfg.rank);
     b.setAgreementId(id);
     b.setStep(step);
     b.setIncarnation(st.cfg.incarnation);
   });
-  self->request(c, st.cfg.commit_check_timeout, std::move(check))
-      .await(
-          [then](msg<proto::CommitCheckReply>& m) mutable {
+  std::optional<std::string> refused;
+  caf::scoped_actor asker{self->system()};
+  asker->request(c, st.cfg.commit_check_timeout, std::move(check))
+      .receive(
+          [&](msg<proto::CommitCheckReply>& m) {
             auto r = decode(m);
             if (!r)
-              then(std::optional<std::string>(r.err().message));
+              refused = r.err().message;
             else if (!r->get().getOk())
-              then(std::optional<std::string>(str(r->get().getReason())));
-            else
-              then(std::nullopt);
+              refused = str(r->get().getReason());
           },
-          [self, then](caf::error& e) mutable {
-            then(std::optional<std::string>("no answer from the coordination service (" + self->system().render(e) +
-                                            ")"));
+          [&](caf::error& e) {
+            refused = "no answer from the coordination service (" + self->system().render(e) + ")";
           });
+  return refused;
 }
 
 /// Reports a commit's outcome to the service (and a failure to the trainer).
@@ -279,18 +281,16 @@ void commit_parts(self_ptr self, uint64_t id, uint64_t step, const std::vector<s
       o.error = g.err().message;
       return finish_commit(self, o, t0);
     }
-  after_fence(self, id, step, [self, o, t0, plan](std::optional<std::string> refused) mutable {
-    if (refused) {
-      o.error = "not committed: the coordination service refused it (" + *refused + ")";
-      emit_event("commit_fenced", {{"step", o.step}, {"why", *refused}});
-    } else if (auto r = carry_out(self->state, plan)) {
-      o.ok = true;
-      o.stats = std::move(r.value());
-    } else {
-      o.error = r.err().message;
-    }
-    finish_commit(self, o, t0);
-  });
+  if (auto refused = fence(self, id, step)) {
+    o.error = "not committed: the coordination service refused it (" + *refused + ")";
+    emit_event("commit_fenced", {{"step", o.step}, {"why", *refused}});
+  } else if (auto r = carry_out(st, plan)) {
+    o.ok = true;
+    o.stats = std::move(r.value());
+  } else {
+    o.error = r.err().message;
+  }
+  finish_commit(self, o, t0);
 }
 
 checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_config cfg) {

@@ -157,6 +157,7 @@ struct session::impl {
   bool joined = false;  ///< the coordinator knows this worker as a member
   uint64_t completed = 0;
   uint64_t restored_step = 0;
+  bool restored_any = false;  ///< attach() restored a checkpoint (at restored_step)
   int code = 0;
   std::string reason;
   int64_t last_periodic_ns = 0;
@@ -837,6 +838,7 @@ status session::impl::restore() {
   if (!restored) return restored.err();
   for (auto& s : restored->skipped) log->warn("skipped checkpoint {}: {}", s.path.string(), s.reason);
   if (restored->found) {
+    restored_any = true;
     completed = restored->manifest.step;
     const auto& own = restored->own;
     for (auto& [name, p] : counters) {
@@ -1140,10 +1142,12 @@ status session::finish() {
 }
 
 /// Sharded state: every rank's part of the last step (unless the periodic
-/// save of that step already wrote it), committed by the chief, who alone
-/// then removes the backups.
+/// save of that step already wrote it, or no step ran since the restore of
+/// that step's checkpoint), committed by the chief, who alone then removes
+/// the backups.
 status session::impl::finish_sharded() {
-  const bool have = last_save && last_save->ok && last_save->part && last_save->step == completed;
+  const bool have = (last_save && last_save->ok && last_save->part && last_save->step == completed) ||
+                    (restored_any && completed == restored_step);
   status s = have ? status{} : save(completed, checkpoint_kind::end, 0, true);
   if (s && dir_keeper()) s = wait_for_commit(completed);
   if (!s) {
