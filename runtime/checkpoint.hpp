@@ -324,7 +324,9 @@ public:
   /// part is not durable here.
   result<std::string> part_description(uint64_t step, const std::string& tag, uint32_t rank) const;
   /// Every part description durable in this directory's parts directory of
-  /// round `tag` of `step` (none: an empty list).
+  /// round `tag` of `step` (none: an empty list). Once this node committed
+  /// the round, the copies kept beside it for the other nodes' committers
+  /// (`<parts directory>.desc`, see commit_node_parts).
   result<std::vector<std::string>> part_descriptions(uint64_t step, const std::string& tag) const;
   /// A node-local step's parts this directory lacks (each with the node
   /// the manifest names as its holder); errors: the step is not readable.

@@ -311,11 +311,36 @@ result<std::string> checkpoint_store::part_description(uint64_t step, const std:
   return j->dump();
 }
 
-result<std::vector<std::string>> checkpoint_store::part_descriptions(uint64_t step, const std::string& tag) const {
-  if (!safe_tag(tag)) return error{errc::invalid_input, "parts tag '" + tag + "' is not a safe file-name part"};
+namespace {
+
+/// Where a node-local commit keeps its nodes' part descriptions of a round
+/// once the parts directory became the step: the other nodes' committers of
+/// the same round may ask for them after this node's rename.
+fs::path kept_descriptions_path(const fs::path& parts_dir) {
+  auto p = parts_dir;
+  p += ".desc";
+  return p;
+}
+
+/// Links (or copies) the part descriptions in `dir` into its kept copy.
+void keep_descriptions(const fs::path& dir, int world) {
+  const auto kept = kept_descriptions_path(dir);
+  std::error_code ec;
+  fs::create_directories(kept, ec);
+  for (int r = 0; r < world && !ec; ++r) {
+    const auto name = part_manifest_name(static_cast<uint32_t>(r));
+    if (!fs::exists(dir / name, ec)) continue;
+    fs::remove(kept / name, ec);
+    fs::create_hard_link(dir / name, kept / name, ec);
+    if (ec) fs::copy_file(dir / name, kept / name, ec);
+  }
+  if (ec) spdlog::warn("checkpoint: could not keep the part descriptions of {}: {}", dir.string(), ec.message());
+}
+
+/// The part descriptions (`part-<R>.json`) in `dir` (none: an empty list).
+result<std::vector<std::string>> read_part_descriptions(const fs::path& dir) {
   std::vector<std::string> out;
   std::error_code ec;
-  const auto dir = parts_path(step, tag);
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     const auto name = it->path().filename().string();
     unsigned rank = 0;
@@ -326,6 +351,15 @@ result<std::vector<std::string>> checkpoint_store::part_descriptions(uint64_t st
     if (!j) return error{errc::failed, j.err().message};
     out.push_back(j->dump());
   }
+  return out;
+}
+
+}  // namespace
+
+result<std::vector<std::string>> checkpoint_store::part_descriptions(uint64_t step, const std::string& tag) const {
+  if (!safe_tag(tag)) return error{errc::invalid_input, "parts tag '" + tag + "' is not a safe file-name part"};
+  auto out = read_part_descriptions(parts_path(step, tag));
+  if (out && out->empty()) return read_part_descriptions(kept_descriptions_path(parts_path(step, tag)));
   return out;
 }
 
@@ -410,6 +444,7 @@ result<save_stats> checkpoint_store::commit_node_parts(const checkpoint_meta& me
   if (auto c = check_structure(*this, dir, *staging_); !c)
     return error{errc::invalid_input, "the parts of step " + std::to_string(meta.step) + " on node " +
                                           std::to_string(node) + " do not form a checkpoint: " + c.err().message};
+  keep_descriptions(dir, meta.world_size);
   for (int r = 0; r < meta.world_size; ++r) std::remove((dir / part_manifest_name(r)).c_str());
   if (auto st = commit_dir(*this, dir, meta.step, stats); !st) return st.err();
   spdlog::info("checkpoint step {} committed on node {} (its parts of {}): {}", meta.step, node, meta.world_size,

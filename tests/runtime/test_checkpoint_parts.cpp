@@ -2,6 +2,8 @@
 // the commit of all parts, and restores that reslice N parts onto M ranks.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -443,6 +445,45 @@ void copy_part(const checkpoint_store& from, const checkpoint_store& to, uint64_
 }
 
 }  // namespace
+
+TEST_CASE("node-local parts: a node that committed first still gives its part descriptions to a later committer",
+          "[parts]") {
+  grace::testing::temp_dir d("grace-parts");
+  checkpoint_store a(d.path / "node0"), b(d.path / "node1");
+  std::vector<std::string> descs;
+  for (uint32_t r = 0; r < 4; ++r) {
+    auto& store = r < 2 ? a : b;
+    rank_tensors s(r, 4);
+    s.fill(0.25f);
+    snapshot_buffers buf(s.refs());
+    REQUIRE(buf.capture(s.refs()));
+    REQUIRE(store.save_part(buf.view(), meta_of(5, 4), "t1", r, r == 0));
+    descs.push_back(*store.part_description(5, "t1", r));
+  }
+  const std::vector<int32_t> holders{0, 0, 1, 1};
+  REQUIRE(b.commit_node_parts(meta_of(5, 4), "t1", descs, holders, 1));
+  // Node 0's committer gathers only now: node 1's parts directory is its step.
+  CHECK(!fs::exists(b.parts_path(5, "t1")));
+  auto theirs = b.part_descriptions(5, "t1");
+  REQUIRE(theirs);
+  std::vector<std::string> want{descs[2], descs[3]}, got = *theirs;
+  for (auto& t : want) t = nlohmann::json::parse(t).dump();
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  CHECK(got == want);
+  CHECK(b.prepared_parts().empty());
+  auto own = a.part_descriptions(5, "t1");
+  REQUIRE(own);
+  REQUIRE(own->size() == 2);
+  REQUIRE(a.commit_node_parts(meta_of(5, 4), "t1", descs, holders, 0));
+  CHECK(a.verify(5));
+  CHECK(b.verify(5));
+  // The kept copies go with the round's parts directories.
+  b.remove_parts_up_to(5);
+  auto none = b.part_descriptions(5, "t1");
+  REQUIRE(none);
+  CHECK(none->empty());
+}
 
 TEST_CASE("node-local parts: every node commits the global manifest beside the parts it holds", "[parts]") {
   grace::testing::temp_dir d("grace-parts");
