@@ -420,9 +420,9 @@ TEST_CASE("a manifest's per-rank entries must name ranks of its world", "[parts]
 namespace {
 
 /// World 4 on two nodes with a directory each: ranks 0 and 1 write their
-/// parts into `a`, ranks 2 and 3 into `b`; both nodes then commit step
-/// `step` from the exchanged descriptions.
-void save_node_local(checkpoint_store& a, checkpoint_store& b, uint64_t step, float salt) {
+/// parts of round "t1" of `step` into `a`, ranks 2 and 3 into `b`; returns
+/// every rank's part description.
+std::vector<std::string> write_node_local_parts(checkpoint_store& a, checkpoint_store& b, uint64_t step, float salt) {
   std::vector<std::string> descs;
   for (uint32_t r = 0; r < 4; ++r) {
     auto& store = r < 2 ? a : b;
@@ -435,6 +435,12 @@ void save_node_local(checkpoint_store& a, checkpoint_store& b, uint64_t step, fl
     REQUIRE(d);
     descs.push_back(*d);
   }
+  return descs;
+}
+
+/// The parts of write_node_local_parts, committed by both nodes.
+void save_node_local(checkpoint_store& a, checkpoint_store& b, uint64_t step, float salt) {
+  const auto descs = write_node_local_parts(a, b, step, salt);
   const std::vector<int32_t> holders{0, 0, 1, 1};
   REQUIRE(a.commit_node_parts(meta_of(step, 4), "t1", descs, holders, 0));
   REQUIRE(b.commit_node_parts(meta_of(step, 4), "t1", descs, holders, 1));
@@ -450,16 +456,7 @@ TEST_CASE("node-local parts: a node that committed first still gives its part de
           "[parts]") {
   grace::testing::temp_dir d("grace-parts");
   checkpoint_store a(d.path / "node0"), b(d.path / "node1");
-  std::vector<std::string> descs;
-  for (uint32_t r = 0; r < 4; ++r) {
-    auto& store = r < 2 ? a : b;
-    rank_tensors s(r, 4);
-    s.fill(0.25f);
-    snapshot_buffers buf(s.refs());
-    REQUIRE(buf.capture(s.refs()));
-    REQUIRE(store.save_part(buf.view(), meta_of(5, 4), "t1", r, r == 0));
-    descs.push_back(*store.part_description(5, "t1", r));
-  }
+  const auto descs = write_node_local_parts(a, b, 5, 0.25f);
   const std::vector<int32_t> holders{0, 0, 1, 1};
   REQUIRE(b.commit_node_parts(meta_of(5, 4), "t1", descs, holders, 1));
   // Node 0's committer gathers only now: node 1's parts directory is its step.
