@@ -40,7 +40,8 @@ using self_ptr = checkpoint_writer_actor::stateful_pointer<writer_state>;
 
 /// Writes one snapshot to one store; never throws (an exception is a
 /// failed save).
-void write_to(checkpoint_store& store, const save_request& req, save_outcome& o, uint32_t rank) {
+void write_to(checkpoint_store& store, const save_request& req, save_outcome& o, uint32_t rank,
+              const commit_gate& gate) {
   try {
     if (req.make_room) store.keep_only_newest();
     capture_wait wait;
@@ -54,7 +55,7 @@ void write_to(checkpoint_store& store, const save_request& req, save_outcome& o,
     else
       req.buffers->wait_capture_end();
     for (auto& p : req.replica_parts) p.bytes->wait_capture_end();
-    auto r = req.part_tag.empty() ? store.save(req.buffers->view(), req.meta, wait)
+    auto r = req.part_tag.empty() ? store.save(req.buffers->view(), req.meta, wait, gate)
                                   : store.save_part(req.buffers->view(), req.meta, req.part_tag, rank,
                                                     req.with_replicated, wait);
     for (auto& p : req.replica_parts) {
@@ -81,7 +82,7 @@ void write_to(checkpoint_store& store, const save_request& req, save_outcome& o,
 /// Writes one snapshot; a save that must not be lost goes to the fallback
 /// directory when the primary cannot take it.
 save_outcome write(checkpoint_store& store, checkpoint_store* fallback, spdlog::logger& log, const save_request& req,
-                   uint32_t rank) {
+                   uint32_t rank, const commit_gate& gate) {
   save_outcome o;
   o.step = req.meta.step;
   o.kind = req.meta.kind;
@@ -89,7 +90,7 @@ save_outcome write(checkpoint_store& store, checkpoint_store* fallback, spdlog::
   o.snap_ns = req.snap_ns;
   o.part = !req.part_tag.empty();
   const int64_t t0 = mono_ns();
-  write_to(store, req, o, rank);
+  write_to(store, req, o, rank, gate);
   // A failed capture fails every directory alike: no fallback for it. A
   // part belongs in the directory the other ranks write to: none either.
   if (!o.ok && fallback && !o.part && o.kind != checkpoint_kind::periodic && !req.buffers->capture_failed()) {
@@ -99,7 +100,7 @@ save_outcome write(checkpoint_store& store, checkpoint_store* fallback, spdlog::
     emit_event("save_fallback",
                {{"step", o.step}, {"kind", to_string(o.kind)}, {"error", primary}, {"dir", fallback->dir().string()}});
     o.error.clear();
-    write_to(*fallback, req, o, rank);
+    write_to(*fallback, req, o, rank, gate);
     o.error = o.ok ? primary : primary + "; fallback " + fallback->dir().string() + ": " + o.error;
   }
   o.write_ns = mono_ns() - t0;
@@ -142,7 +143,8 @@ void record(spdlog::logger& log, const save_outcome& o) {
                                  {"bytes", o.stats.total_bytes},
                                  {"write_ns", o.write_ns},
                                  {"save_ns", o.save_ns},
-                                 {"path", o.stats.path.string()}});
+                                 {"path", o.stats.path.string()},
+                                 {"committed_ns", o.stats.committed_wall_ns}});
 }
 
 /// Keeps what the commit of a part written now needs (the newest few steps:
@@ -245,6 +247,27 @@ std::optional<std::string> fence(self_ptr self, uint64_t id, uint64_t step) {
   return refused;
 }
 
+/// The fence of a periodic whole-state save (the chief's): asked once its
+/// files are durable, before the rename, so a chief frozen or cut off
+/// mid-save and declared dead meanwhile commits nothing after it thaws.
+/// With the service known to be gone, no: a periodic save needs none of
+/// its own (the chief's save without the service is a just-in-time one).
+commit_gate periodic_gate(self_ptr self, const save_request& req) {
+  auto& st = self->state;
+  if (!req.part_tag.empty() || req.meta.kind != checkpoint_kind::periodic || !st.cfg.coord) return {};
+  return [self, step = req.meta.step]() -> status {
+    auto& st = self->state;
+    std::optional<std::string> refused;
+    if (st.cfg.ctl && st.cfg.ctl->coordinator_gone())
+      refused = "the coordination service is gone";
+    else
+      refused = fence(self, 0, step);
+    if (!refused) return {};
+    emit_event("commit_fenced", {{"step", step}, {"why", *refused}});
+    return error{errc::failed, "not committed: the coordination service refused it (" + *refused + ")"};
+  };
+}
+
 /// Reports a commit's outcome to the service (and a failure to the trainer).
 void finish_commit(self_ptr self, save_outcome& o, int64_t t0) {
   auto& st = self->state;
@@ -299,7 +322,7 @@ checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_c
   return {
       [self](save_atom, const save_request& req) -> save_outcome {
         auto& st = self->state;
-        auto o = write(*st.cfg.store, st.cfg.fallback, *st.cfg.log, req, st.cfg.rank);
+        auto o = write(*st.cfg.store, st.cfg.fallback, *st.cfg.log, req, st.cfg.rank, periodic_gate(self, req));
         if (o.part && o.ok) remember_part(st, req);
         // Reported before the trainer hears of it: a commit waits for this.
         if ((o.agreement_id || o.part) && st.cfg.coord)

@@ -25,6 +25,7 @@
 
 #include "runtime/device_copy.hpp"
 #include "runtime/direct_io.hpp"
+#include "runtime/events.hpp"
 #include "runtime/manifest.hpp"
 #include "runtime/posix_file.hpp"
 #include "runtime/safetensors.hpp"
@@ -356,6 +357,7 @@ status commit(const checkpoint_store& store, tmp_step_dir& tmp, uint64_t step, s
     return error{errc::failed,
                  tmp.path().string() + ": cannot rename to " + final_path.string() + ": " + errno_str(errno)};
   tmp.keep();
+  stats.committed_wall_ns = wall_ns();
   if (auto st = timed(stats.fsync_seconds, [&] { return fsync_dir(store.dir()); }); !st) return st;
   stats.path = final_path;
   spdlog::info("checkpoint step {} committed: {} ({} files, {} bytes, write {:.3f}s, fsync {:.3f}s)", step,
@@ -367,7 +369,7 @@ status commit(const checkpoint_store& store, tmp_step_dir& tmp, uint64_t step, s
 }  // namespace
 
 result<save_stats> checkpoint_store::save(const std::vector<snapshot_tensor>& tensors, const checkpoint_meta& meta,
-                                          const capture_wait& wait) {
+                                          const capture_wait& wait, const commit_gate& gate) {
   auto plan = plan_shards(tensors, shard_bytes_);
   if (!plan) return plan.err();
   std::error_code ec;
@@ -385,6 +387,7 @@ result<save_stats> checkpoint_store::save(const std::vector<snapshot_tensor>& te
     whole.rank_files.clear();  // a commit of parts names them; a whole-state save has none
     st = write_index_and_manifest(tmp.path(), index_for(*plan, tensors), whole, stats);
   }
+  if (st && gate) st = gate();
   if (st) st = commit(*this, tmp, meta.step, stats);
   if (!st) {
     spdlog::error("checkpoint step {}: save failed: {}", meta.step, st.err().message);

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -127,7 +128,14 @@ struct save_stats {
   double write_seconds = 0;      ///< writing and checksumming
   double fsync_seconds = 0;      ///< fsync of files and directories
   bool already_existed = false;  ///< a valid step-N was there; ours was discarded
+  /// Wall-clock time of the rename that committed it (0: not renamed by
+  /// this save): a commit's moment, where the save's end may come later.
+  int64_t committed_wall_ns = 0;
 };
+
+/// Asked once every file of a save is durable, right before the rename
+/// that commits it: an error leaves the step uncommitted (the fence).
+using commit_gate = std::function<status()>;
 
 /// One entry of `checkpoint_store::list`.
 struct checkpoint_info {
@@ -231,8 +239,9 @@ public:
   /// the snapshot is still being captured): called before each piece of
   /// tensor bytes is read; a false answer fails the save before anything
   /// is committed.
+  /// `gate`: asked before the rename; its error fails the save, nothing committed.
   result<save_stats> save(const std::vector<snapshot_tensor>& tensors, const checkpoint_meta& meta,
-                          const capture_wait& wait = {});
+                          const capture_wait& wait = {}, const commit_gate& gate = {});
 
   /// Every `step-*` and leftover `.tmp-*` directory, oldest first, with a
   /// quick validity check (no checksums). Empty if the directory is missing.

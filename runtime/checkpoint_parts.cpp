@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/device_copy.hpp"
+#include "runtime/events.hpp"
 #include "runtime/manifest.hpp"
 #include "runtime/posix_file.hpp"
 
@@ -261,6 +262,7 @@ status commit_dir(const checkpoint_store& store, const fs::path& dir, uint64_t s
   if (::rename(dir.c_str(), final_path.c_str()) != 0)
     return error{errc::failed, dir.string() + ": cannot rename to " + final_path.string() + ": " + errno_str(errno)};
   stats.path = final_path;
+  stats.committed_wall_ns = wall_ns();
   return timed(stats.fsync_seconds, [&] { return fsync_dir(store.dir()); });
 }
 

@@ -500,7 +500,7 @@ std::optional<int64_t> fenced_at(const run_result& res, const fault_record& f) {
 
 /// Fencing on the test bed: a host cut off or frozen past dead-after never
 /// commits a checkpoint in the incarnation it was declared dead in, once
-/// it was (fenced_at).
+/// it was (fenced_at). A commit is the rename (`committed_ns`).
 verdict no_split_brain(const check_input& in) {
   auto& res = *in.res;
   verdict v{"no_split_brain", verdict_status::skip, ""};
@@ -516,7 +516,10 @@ verdict no_split_brain(const check_input& in) {
     }
     ++isolated;
     for (auto& e : res.events) {
-      if (e.name != "committed_local" || e.incarnation != f.incarnation || e.t_ns <= *fence) continue;
+      // The rename's own time where the event has it: the save's end (the
+      // event) may come long after, when the host froze in its last fsync.
+      const int64_t committed = e.j.value("committed_ns", int64_t(0)) > 0 ? e.j.value("committed_ns", int64_t(0)) : e.t_ns;
+      if (e.name != "committed_local" || e.incarnation != f.incarnation || committed <= *fence) continue;
       if (std::find(f.ranks.begin(), f.ranks.end(), e.rank) == f.ranks.end()) continue;
       bad.push_back("rank " + std::to_string(e.rank) + " on host " + std::to_string(f.f.host) + " committed " +
                     e.j.value("path", std::string("?")) + " in incarnation " + std::to_string(e.incarnation) +

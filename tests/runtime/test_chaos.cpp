@@ -149,6 +149,12 @@ TEST_CASE("a host cut off past dead-after must not commit in the incarnation it 
   res.events.back().t_ns = static_cast<int64_t>(6.4 * sec);
   CHECK(find(check(cfg, res), "no_split_brain").status == verdict_status::pass);
   res.events.back().t_ns = static_cast<int64_t>(6.6 * sec);
+  // Renamed before the verdict, its event written after (the host froze in
+  // the save's last fsync): not a commit after the fence.
+  res.events.back().j["committed_ns"] = static_cast<int64_t>(6.4 * sec);
+  CHECK(find(check(cfg, res), "no_split_brain").status == verdict_status::pass);
+  res.events.back().j["committed_ns"] = static_cast<int64_t>(6.55 * sec);
+  CHECK(find(check(cfg, res), "no_split_brain").status == verdict_status::fail);
   auto undeclared = res;
   undeclared.events.erase(std::remove_if(undeclared.events.begin(), undeclared.events.end(),
                                          [](const grace::event& e) { return e.name == "peer_lost"; }),

@@ -24,6 +24,7 @@
 #include <xxhash.h>
 
 #include "runtime/checkpoint.hpp"
+#include "runtime/events.hpp"
 #include "runtime/safetensors.hpp"
 #include "runtime/snapshot.hpp"
 #include "../skip.hpp"
@@ -300,6 +301,34 @@ TEST_CASE("tensors are split across shards of at most shard_bytes", "[checkpoint
   REQUIRE(store.restore_latest(refs).ok());
   CHECK(data == copy);
   CHECK(big == big_copy);
+}
+
+TEST_CASE("a commit gate's no leaves the save uncommitted and the previous step intact", "[checkpoint][fence]") {
+  temp_dir td;
+  checkpoint_store store(td.path, 0);
+  model m(1);
+  save_ok(store, m, 1);
+  int asked = 0;
+  auto no = store.save(snap(m.refs()), meta_for(2), {}, [&]() -> status {
+    ++asked;
+    CHECK(store.list().size() == 2);  // asked with every file durable, the step not renamed yet
+    return error{errc::failed, "declared dead"};
+  });
+  REQUIRE_FALSE(no.ok());
+  CHECK_THAT(no.err().message, Catch::Contains("declared dead"));
+  CHECK(asked == 1);
+  CHECK_FALSE(fs::exists(store.step_path(2)));
+  auto l = store.list();
+  REQUIRE(l.size() == 1);  // no temporary left either
+  CHECK(l[0].step == 1);
+  CHECK(store.verify(store.step_path(1)));
+
+  const int64_t before = wall_ns();
+  auto yes = store.save(snap(m.refs()), meta_for(3), {}, [] { return status{}; });
+  REQUIRE(yes.ok());
+  CHECK(fs::exists(store.step_path(3)));
+  CHECK(yes->committed_wall_ns >= before);
+  CHECK(yes->committed_wall_ns <= wall_ns());
 }
 
 TEST_CASE("keep_last deletes only older valid checkpoints", "[checkpoint]") {
