@@ -518,7 +518,8 @@ verdict no_split_brain(const check_input& in) {
     for (auto& e : res.events) {
       // The rename's own time where the event has it: the save's end (the
       // event) may come long after, when the host froze in its last fsync.
-      const int64_t committed = e.j.value("committed_ns", int64_t(0)) > 0 ? e.j.value("committed_ns", int64_t(0)) : e.t_ns;
+      const int64_t renamed = e.j.value("committed_ns", int64_t(0));
+      const int64_t committed = renamed > 0 ? renamed : e.t_ns;
       if (e.name != "committed_local" || e.incarnation != f.incarnation || committed <= *fence) continue;
       if (std::find(f.ranks.begin(), f.ranks.end(), e.rank) == f.ranks.end()) continue;
       bad.push_back("rank " + std::to_string(e.rank) + " on host " + std::to_string(f.f.host) + " committed " +
