@@ -63,9 +63,9 @@ void io_staging::prepare(uint64_t state_bytes) {
   if (state_bytes < direct_read_min) return;
   std::lock_guard<std::mutex> lk(prepared_mutex_);
   lease bufs(*this);
-  // Chunk i of a file lands in buffer i % 2: a state of B bytes uses up to
-  // min(B, 64 MiB) of the first buffer and min(B - 64 MiB, 64 MiB) of the
-  // second (plus a header and alignment: round up to whole pages).
+  // Chunk i of a file lands in buffer i % count: a state of B bytes uses
+  // min(B - i * bytes, bytes) of buffer i, when positive (plus a header and
+  // alignment: round up to whole pages).
   const uint64_t want = state_bytes + align;
   for (int i = 0; i < count; ++i) {
     const uint64_t start = uint64_t(i) * bytes;
@@ -308,7 +308,7 @@ status stream_buffered(const fs::path& p, int fd, uint64_t size, const chunk_sin
   return {};
 }
 
-/// The direct read of one file: chunk i lives in staging buffer i % 2 and
+/// The direct read of one file: chunk i lives in staging buffer i % count and
 /// is read as two concurrent halves. The reads in flight are declared
 /// after the lease so they are waited for before the pair goes back, on
 /// every path out.
@@ -318,8 +318,7 @@ public:
       : fd_(fd), size_(size), chunks_((size + chunk - 1) / chunk), bufs_(staging) {}
 
   status run(const fs::path& p, const chunk_sink& sink, xxh3_hash& hash) {
-    issue(0);
-    if (chunks_ > 1) issue(1);
+    for (uint64_t i = 0; i < io_staging::count && i < chunks_; ++i) issue(i);
     for (uint64_t i = 0; i < chunks_; ++i) {
       for (auto& pc : inflight_[i % io_staging::count]) {
         if (pc.want == 0) continue;
