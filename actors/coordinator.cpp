@@ -7,6 +7,7 @@
 #include "runtime/deadline.hpp"
 #include "runtime/events.hpp"
 #include "runtime/job_token.hpp"
+#include "runtime/leadership.hpp"
 #include "runtime/membership.hpp"
 #include "runtime/net_address.hpp"
 #include "runtime/rendezvous_table.hpp"
@@ -471,22 +472,6 @@ std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Read
   return std::nullopt;
 }
 
-/// The ranks a takeover waits for before its window closes: this node's and
-/// those of every launcher registered here.
-std::set<uint32_t> takeover_expected(self_ptr self) {
-  auto& st = self->state;
-  std::set<uint32_t> out;
-  auto add_node = [&](int32_t node, int32_t nproc) {
-    for (int32_t i = 0; i < nproc; ++i) {
-      const uint64_t r = static_cast<uint64_t>(node) * static_cast<uint64_t>(nproc) + static_cast<uint64_t>(i);
-      if (r < st.cfg.world_size) out.insert(static_cast<uint32_t>(r));
-    }
-  };
-  add_node(st.cfg.own_node, st.cfg.nproc);
-  for (auto& [node_id, l] : st.launchers) add_node(l.first, l.second);
-  return out;
-}
-
 /// Ends the takeover: ranks that did not rejoin are lost, and the
 /// survivors' just-in-time round starts (runtime/agreement.hpp, "Takeover").
 void end_takeover(self_ptr self, const std::string& why) {
@@ -507,18 +492,23 @@ void end_takeover(self_ptr self, const std::string& why) {
 }
 
 /// After each rejoin, registration and takeover timer: ends the takeover
-/// once nobody more is to be waited for.
+/// once nobody more is to be waited for (runtime/leadership.hpp,
+/// takeover_outcome).
 void check_takeover(self_ptr self) {
   auto& st = self->state;
   if (!st.takeover) return;
-  const int64_t age = now_ns(self) - st.takeover_since_ns;
-  if (st.workers.size() == st.cfg.world_size) return end_takeover(self, "every rank rejoined");
-  if (age >= std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.takeover_window).count())
-    return end_takeover(self, "window closed");
-  if (age < std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.takeover_min).count()) return;
-  for (auto r : takeover_expected(self))
-    if (!st.workers.count(r)) return;
-  end_takeover(self, "every rank of the live nodes rejoined");
+  takeover_progress p;
+  p.world_size = st.cfg.world_size;
+  p.nproc = static_cast<uint32_t>(std::max(st.cfg.nproc, 0));
+  p.own_node = st.cfg.own_node;
+  p.lost_leader = st.cfg.lost_leader_node;
+  for (auto& [node_id, l] : st.launchers) p.registered.insert(l.first);
+  p.rejoined_count = static_cast<uint32_t>(st.workers.size());
+  p.age_ns = now_ns(self) - st.takeover_since_ns;
+  p.min_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.takeover_min).count();
+  p.window_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.takeover_window).count();
+  const auto end = takeover_outcome(p, [&](uint32_t r) { return st.workers.count(r) > 0; });
+  if (end != takeover_end::wait) end_takeover(self, to_string(end));
 }
 
 msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {

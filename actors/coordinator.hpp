@@ -58,13 +58,18 @@ struct coordinator_config {
   uint64_t first_agreement_id = 0;
   /// Take over the running group of `incarnation`: its survivors rejoin,
   /// then one just-in-time round saves them (runtime/agreement.hpp,
-  /// "Takeover"). The takeover ends when every rank rejoined, or once every
-  /// rank of this node and of each launcher registered here rejoined (not
-  /// before `takeover_min`, so the other launchers can register), and at
-  /// the latest after `takeover_window`; ranks not back by then are lost.
+  /// "Takeover"). The takeover ends when every rank rejoined, or every rank
+  /// but those of `lost_leader_node` rejoined, or once every rank of this
+  /// node and of each launcher registered here rejoined (not before
+  /// `takeover_min`, so the other launchers can register), and at the
+  /// latest after `takeover_window`; ranks not back by then are lost
+  /// (runtime/leadership.hpp, takeover_outcome).
   bool takeover = false;
   std::chrono::milliseconds takeover_window{1500};
-  std::chrono::milliseconds takeover_min{300};
+  std::chrono::milliseconds takeover_min{200};
+  /// The node whose launcher hosted the service before this one (its lease
+  /// ran out); -1 when not known.
+  int32_t lost_leader_node = -1;
   /// The node of the launcher hosting this service and its workers per
   /// node (a takeover expects their ranks; that node registers no launcher).
   int32_t own_node = 0;

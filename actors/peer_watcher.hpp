@@ -39,7 +39,7 @@ struct peer_watcher_config {
   std::string coordinator_file;
   uint64_t epoch = 0;
   std::chrono::milliseconds failover_wait{0};
-  std::chrono::milliseconds follow_poll{100};
+  std::chrono::milliseconds follow_poll{25};  ///< a read of a small file: cheap, and on the failover path
   /// Sharded state: the service says every part of (agreement id, step) is
   /// durable and this worker commits them (handed to its checkpoint writer).
   /// (agreement id, step, node-local: each node's checkpoint server)

@@ -390,6 +390,7 @@ private:
   // --etcd: the election of the launcher hosting the service
   std::shared_ptr<leader_elector> elector_;  ///< shared with the hosted service's lease check
   bool leading_ = false;
+  int32_t leader_node_ = -1;  ///< the node hosting the service, as last elected or followed; -1 none yet
   bool group_running_ = false;
   bool warned_plaintext_ = false;
   std::string coordinator_file_;  ///< the service's location for this node's workers (GRACE_COORDINATOR_FILE)
@@ -515,6 +516,9 @@ coordinator_config launcher::service_config(bool takeover, uint64_t epoch) {
   cc.first_agreement_id = epoch * 1'000'000;
   cc.takeover = takeover;
   cc.takeover_window = o_.takeover_window;
+  // The node whose lease ran out: its ranks need not be waited for once
+  // every other rank is back.
+  if (takeover && leader_node_ != o_.node_rank) cc.lost_leader_node = leader_node_;
   cc.own_node = o_.node_rank;
   cc.nproc = o_.nproc;
   if (elector_) cc.lease_holds = lease_check();
@@ -1094,8 +1098,10 @@ void launcher::on_elected(const coordinator_location& where) {
       std::to_string(where.epoch) + ")" +
       (takeover ? ", taking over incarnation " + std::to_string(incarnation_) : std::string()));
   emit_event("coordinator_elected", {{"epoch", where.epoch}, {"takeover", takeover}, {"endpoint", where.endpoint}});
-  if (auto st = host_service(takeover, where.epoch); !st) {
-    say("cannot host the coordination service: " + st.err().message);
+  auto hosted = host_service(takeover, where.epoch);
+  leader_node_ = static_cast<int32_t>(where.node);
+  if (!hosted) {
+    say("cannot host the coordination service: " + hosted.err().message);
     return;
   }
   if (auto w = plaintext_warning(ep_.listen_ip, tls_.any()); w && !warned_plaintext_) {
@@ -1113,6 +1119,7 @@ void launcher::on_following(const coordinator_location& where) {
   say("following the coordination service on " + where.endpoint + " (epoch " + std::to_string(where.epoch) +
       ", node " + std::to_string(where.node) + ")");
   emit_event("coordinator_following", {{"epoch", where.epoch}, {"endpoint", where.endpoint}, {"node", where.node}});
+  leader_node_ = static_cast<int32_t>(where.node);
   set_location(where);
   auto h = connect_as_launcher(std::chrono::seconds(3));
   if (!h) {

@@ -32,7 +32,7 @@ struct elector_config {
   std::string endpoint;             ///< where this launcher would host the service ("address:port")
   uint32_t node = 0;                ///< this launcher's node rank
   int ttl_seconds = 2;              ///< the leader lease
-  std::chrono::milliseconds poll{200};  ///< how often a follower reads the key
+  std::chrono::milliseconds poll{50};  ///< how often a follower reads the key (a GET; on the failover path)
   /// A newcomer's wait before it campaigns (see may_campaign).
   std::chrono::milliseconds newcomer_defer{0};
   /// A key without a lease that the first leader creates and the last one

@@ -39,4 +39,38 @@ bool may_campaign(bool member, bool saw_other_leader, int64_t absent_ns, int64_t
   return member || !saw_other_leader || absent_ns >= defer_ns;
 }
 
+const char* to_string(takeover_end e) noexcept {
+  switch (e) {
+    case takeover_end::wait: return "waiting";
+    case takeover_end::everyone: return "every rank rejoined";
+    case takeover_end::all_but_lost_leader: return "every rank but the lost leader's node's rejoined";
+    case takeover_end::live_nodes: return "every rank of the live nodes rejoined";
+    case takeover_end::window: return "window closed";
+  }
+  return "?";
+}
+
+namespace {
+/// Whether every rank on the nodes `on` picks rejoined.
+template <class Pick>
+bool all_back(const takeover_progress& p, const std::function<bool(uint32_t)>& back, Pick on) {
+  for (uint32_t r = 0; r < p.world_size; ++r)
+    if (on(static_cast<int32_t>(r / p.nproc)) && !back(r)) return false;
+  return true;
+}
+}  // namespace
+
+takeover_end takeover_outcome(const takeover_progress& p, const std::function<bool(uint32_t)>& back) {
+  if (p.rejoined_count >= p.world_size) return takeover_end::everyone;
+  if (p.age_ns >= p.window_ns) return takeover_end::window;
+  if (p.nproc == 0) return takeover_end::wait;
+  if (p.lost_leader >= 0 && p.lost_leader != p.own_node &&
+      all_back(p, back, [&](int32_t node) { return node != p.lost_leader; }))
+    return takeover_end::all_but_lost_leader;
+  if (p.age_ns < p.min_ns) return takeover_end::wait;
+  if (all_back(p, back, [&](int32_t node) { return node == p.own_node || p.registered.count(node) > 0; }))
+    return takeover_end::live_nodes;
+  return takeover_end::wait;
+}
+
 } // namespace grace

@@ -20,7 +20,9 @@
 #include "runtime/error.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <set>
 #include <string>
 
 namespace grace {
@@ -72,5 +74,38 @@ follow_action next_follow_action(const std::optional<coordinator_location>& know
 /// would host a fresh service that refuses their rejoin (their work since
 /// the last checkpoint lost). It still leads when no survivor does.
 bool may_campaign(bool member, bool saw_other_leader, int64_t absent_ns, int64_t defer_ns);
+
+/// A successor's takeover so far: the running group's survivors rejoin it
+/// before one just-in-time round saves them. Rank r runs on node r / nproc.
+struct takeover_progress {
+  uint32_t world_size = 0;
+  uint32_t nproc = 0;                  ///< workers per node
+  int32_t own_node = 0;                ///< the node hosting the successor
+  int32_t lost_leader = -1;            ///< the node that hosted the service before (its lease ran out); -1 unknown
+  std::set<int32_t> registered;        ///< nodes whose launcher registered with the successor
+  uint32_t rejoined_count = 0;         ///< ranks back
+  int64_t age_ns = 0;                  ///< since the takeover began
+  int64_t min_ns = 0;                  ///< before this, only the two rules that need no launcher to register
+  int64_t window_ns = 0;               ///< the latest end
+};
+
+/// Why a takeover ends now, or `wait`.
+enum class takeover_end {
+  wait,
+  everyone,             ///< every rank rejoined
+  all_but_lost_leader,  ///< every rank but the lost leader's node's rejoined: nobody else can come back
+  live_nodes,           ///< after min_ns: every rank of this node and of each registered launcher rejoined
+  window,               ///< the window closed
+};
+const char* to_string(takeover_end e) noexcept;
+
+/// The takeover's end rule. The lost leader's node is the one whose lease
+/// etcd dropped: its service deposed itself and its workers, if alive, look
+/// for a successor they may not reach (a cut). Once every other rank is back
+/// there is nobody left worth waiting for; otherwise the successor waits
+/// `min_ns` for the other launchers to register (a node also lost never
+/// does), then for their ranks, at most `window_ns`. `back(r)`: rank r
+/// rejoined.
+takeover_end takeover_outcome(const takeover_progress& p, const std::function<bool(uint32_t)>& back);
 
 } // namespace grace

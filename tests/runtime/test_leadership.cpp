@@ -73,3 +73,55 @@ TEST_CASE("leader key: value without the epoch, location with the key's create r
   v.value = "192.0.2.2:99999 1";
   CHECK_FALSE(location_from(v));
 }
+
+TEST_CASE("a takeover ends once nobody more is worth waiting for", "[leadership]") {
+  // Three nodes of two workers: ranks 0-1 on node 0 (the lost leader), 2-3
+  // on node 1, 4-5 on node 2 (the successor).
+  takeover_progress p;
+  p.world_size = 6;
+  p.nproc = 2;
+  p.own_node = 2;
+  p.lost_leader = 0;
+  p.min_ns = 200;
+  p.window_ns = 1500;
+  std::set<uint32_t> back;
+  auto outcome = [&] {
+    p.rejoined_count = static_cast<uint32_t>(back.size());
+    return takeover_outcome(p, [&](uint32_t r) { return back.count(r) > 0; });
+  };
+  back = {4, 5, 2};
+  p.age_ns = 50;
+  CHECK(outcome() == takeover_end::wait);  // rank 3 is still on its way
+  back.insert(3);
+  CHECK(outcome() == takeover_end::all_but_lost_leader);  // before min_ns: nobody else can come back
+  back = {0, 1, 2, 3, 4, 5};
+  CHECK(outcome() == takeover_end::everyone);
+
+  SECTION("another node lost too: its launcher never registers, so the wait is min_ns") {
+    back = {4, 5};
+    p.age_ns = 199;
+    CHECK(outcome() == takeover_end::wait);
+    p.age_ns = 200;
+    CHECK(outcome() == takeover_end::live_nodes);  // node 1 did not register
+    p.registered = {1};
+    CHECK(outcome() == takeover_end::wait);  // it did: its ranks are awaited
+    p.age_ns = 1500;
+    CHECK(outcome() == takeover_end::window);
+  }
+  SECTION("the lost leader not known, or the successor's own node: only the registered nodes count") {
+    back = {2, 3, 4, 5};
+    p.age_ns = 50;
+    p.lost_leader = -1;
+    CHECK(outcome() == takeover_end::wait);
+    p.lost_leader = 2;
+    CHECK(outcome() == takeover_end::wait);
+    p.age_ns = 300;
+    CHECK(outcome() == takeover_end::live_nodes);
+  }
+  SECTION("a world that does not fill its last node") {
+    p.world_size = 5;  // node 2 holds rank 4 alone
+    back = {2, 3, 4};
+    p.age_ns = 10;
+    CHECK(outcome() == takeover_end::all_but_lost_leader);
+  }
+}
