@@ -42,6 +42,7 @@ namespace {
 
 using kv_promise = caf::typed_response_promise<msg<proto::KvReply>>;
 using barrier_promise = caf::typed_response_promise<msg<proto::BarrierReply>>;
+using plan_promise = caf::typed_response_promise<msg<proto::GroupPlan>>;
 
 struct coordinator_state {
   static inline const char* name = "coordinator";
@@ -80,6 +81,18 @@ struct coordinator_state {
   std::map<uint64_t, kv_promise> get_waiters;  ///< table waiter id -> the get's promise
   std::map<uint64_t, barrier_promise> barrier_waiters;
   uint64_t next_waiter = 0;
+  /// Elastic jobs: who forms each incarnation's group, the launchers
+  /// waiting for a plan, and the incarnations ended by a growth.
+  std::unique_ptr<group_planner> planner;
+  struct plan_waiter {
+    int32_t node;
+    std::string host;
+    uint32_t from;
+    plan_promise promise;
+  };
+  std::vector<plan_waiter> plan_waiters;
+  std::set<uint32_t> grown;
+  int64_t plan_said_ns = 0;  ///< the last "waiting for nodes" line
   std::shared_ptr<spdlog::logger> log;
 };
 
@@ -143,9 +156,24 @@ std::string replica_ranks(const std::vector<uint32_t>& ranks) {
   return s;
 }
 
+/// Elastic jobs: the current incarnation's group, if it is formed.
+const group_plan* current_plan(self_ptr self) {
+  auto& st = self->state;
+  if (!st.planner || !st.planner->current() || st.planner->incarnation() != st.cfg.incarnation) return nullptr;
+  return &*st.planner->current();
+}
+
 void reset_incarnation(self_ptr self, uint32_t incarnation) {
   auto& st = self->state;
   st.cfg.incarnation = incarnation;
+  if (st.planner) {
+    // The group of an elastic job forms once its plan is decided (no
+    // member can join before: its launcher waits for the plan).
+    st.planner->enter(incarnation, now_ns(self));
+    st.plan_said_ns = now_ns(self);  // "forming the group" is said after 5 s of waiting
+    auto plan = current_plan(self);
+    st.cfg.world_size = plan ? plan->world_size() : 0;
+  }
   st.agree = std::make_unique<agreement>(st.cfg.world_size, st.cfg.first_agreement_id);
   st.takeover = false;
   ++st.takeover_gen;
@@ -173,13 +201,26 @@ void reset_incarnation(self_ptr self, uint32_t incarnation) {
 
 void arm_rescue(self_ptr self);
 std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& acts);
+void advance_plan(self_ptr self);
+
+/// The node `rank` runs on in this incarnation: its slot's in an elastic
+/// job (runtime/elastic.hpp), else rank / workers per node (`nproc`).
+std::optional<int32_t> node_of_rank(self_ptr self, uint32_t rank, int32_t nproc) {
+  auto& st = self->state;
+  if (st.planner) {
+    auto plan = current_plan(self);
+    return plan ? plan->node_of_rank(rank) : std::nullopt;
+  }
+  if (nproc <= 0) return std::nullopt;
+  return static_cast<int32_t>(rank / static_cast<uint32_t>(nproc));
+}
 
 /// The node whose relay carries orders for `rank`, if it has one.
 std::optional<int32_t> relay_node(self_ptr self, uint32_t rank) {
   auto& st = self->state;
   if (st.relays.empty() || st.relay_nproc <= 0 || !st.relayed.count(rank)) return std::nullopt;
-  auto node = static_cast<int32_t>(rank / static_cast<uint32_t>(st.relay_nproc));
-  if (!st.relays.count(node)) return std::nullopt;
+  auto node = node_of_rank(self, rank, st.relay_nproc);
+  if (!node || !st.relays.count(*node)) return std::nullopt;
   return node;
 }
 
@@ -207,6 +248,26 @@ std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& act
   auto reply = carry_out(self, acts);
   arm_rescue(self);
   return reply;
+}
+
+/// Node-local directories: each node's checkpoint server, indexed by the
+/// node the agreement counts (rank / ranks per node): the node rank, or in
+/// an elastic job the slot ("" where unknown).
+std::vector<std::string> servers_by_slot(self_ptr self) {
+  auto& st = self->state;
+  std::vector<std::string> out;
+  if (auto plan = current_plan(self)) {
+    for (auto node : plan->nodes) {
+      auto it = st.ckpt_servers.find(node);
+      out.push_back(it == st.ckpt_servers.end() ? std::string() : it->second);
+    }
+    return out;
+  }
+  if (st.ckpt_servers.empty() || st.ckpt_servers.rbegin()->first < 0) return out;
+  out.resize(static_cast<size_t>(st.ckpt_servers.rbegin()->first) + 1);
+  for (auto& [node, ep] : st.ckpt_servers)
+    if (node >= 0) out[static_cast<size_t>(node)] = ep;
+  return out;
 }
 
 std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& acts) {
@@ -312,9 +373,9 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
                  b.setAgreementId(a.id);
                  b.setStep(a.step);
                  if (!st.node_local || st.ckpt_servers.empty()) return;
-                 auto sv = b.initServers(static_cast<unsigned>(st.ckpt_servers.rbegin()->first + 1));
-                 for (auto& [node, ep] : st.ckpt_servers)
-                   if (node >= 0) sv.set(static_cast<unsigned>(node), ep);
+                 auto servers = servers_by_slot(self);
+                 auto sv = b.initServers(static_cast<unsigned>(servers.size()));
+                 for (unsigned i = 0; i < servers.size(); ++i) sv.set(i, servers[i]);
                }));
         break;
       case ty::deadline_update:
@@ -432,6 +493,18 @@ std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Read
     return refuse("protocol version " + std::to_string(j.getProtocolVersion()) + " != coordinator's " +
                   std::to_string(proto::PROTOCOL_VERSION));
   if (!constant_time_equal(str(j.getToken()), st.cfg.token)) return refuse("wrong job token");
+  if (st.planner && j.getIncarnation() != st.cfg.incarnation)
+    return refuse_for_now(
+        "incarnation " + std::to_string(j.getIncarnation()) + " != current " + std::to_string(st.cfg.incarnation),
+        st.cfg.incarnation);
+  if (st.planner && !current_plan(self))
+    return refuse_for_now("the group of incarnation " + std::to_string(st.cfg.incarnation) + " is not formed yet",
+                          st.cfg.incarnation);
+  if (st.planner && j.getWorldSize() != st.cfg.world_size)
+    return refuse_for_now("world size " + std::to_string(j.getWorldSize()) + " != the " +
+                              std::to_string(st.cfg.world_size) + " of incarnation " +
+                              std::to_string(st.cfg.incarnation) + "'s group",
+                          st.cfg.incarnation);
   if (j.getWorldSize() != st.cfg.world_size)
     return refuse("world size " + std::to_string(j.getWorldSize()) + " != job's " + std::to_string(st.cfg.world_size));
   if (j.getRank() >= st.cfg.world_size) return refuse("rank " + std::to_string(j.getRank()) + " out of range");
@@ -500,9 +573,17 @@ void check_takeover(self_ptr self) {
   takeover_progress p;
   p.world_size = st.cfg.world_size;
   p.nproc = static_cast<uint32_t>(std::max(st.cfg.nproc, 0));
-  p.own_node = st.cfg.own_node;
-  p.lost_leader = st.cfg.lost_leader_node;
-  for (auto& [node_id, l] : st.launchers) p.registered.insert(l.first);
+  // The rule counts nodes as rank / nproc: an elastic group's slots.
+  auto place = [&](int32_t node) -> int32_t {
+    auto plan = current_plan(self);
+    if (!plan) return node;
+    auto slot = plan->slot_of(node);
+    return slot ? static_cast<int32_t>(*slot) : -1;
+  };
+  p.own_node = place(st.cfg.own_node);
+  p.lost_leader = st.cfg.lost_leader_node >= 0 ? place(st.cfg.lost_leader_node) : -1;
+  for (auto& [node_id, l] : st.launchers)
+    if (auto n = place(l.first); n >= 0) p.registered.insert(n);
   p.rejoined_count = static_cast<uint32_t>(st.workers.size());
   p.age_ns = now_ns(self) - st.takeover_since_ns;
   p.min_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.takeover_min).count();
@@ -642,7 +723,7 @@ std::optional<int32_t> node_of(self_ptr self, uint32_t rank) {
   if (!sender) return std::nullopt;
   auto it = self->state.launchers.find(sender->node());
   if (it == self->state.launchers.end() || it->second.second <= 0) return std::nullopt;
-  return static_cast<int32_t>(rank / static_cast<uint32_t>(it->second.second));
+  return node_of_rank(self, rank, it->second.second);
 }
 
 /// Timers are the actor's own delayed messages; from anyone else they are
@@ -654,6 +735,16 @@ bool from_self(self_ptr self, const char* what) {
   return false;
 }
 
+/// A launcher or relay of `node` with `nproc` workers belongs to this job:
+/// its ranks lie inside the world, or (elastic) it is one of max_nodes
+/// nodes of the job's workers per node.
+bool node_fits(self_ptr self, int32_t node, int32_t nproc) {
+  auto& st = self->state;
+  if (node < 0 || nproc <= 0) return false;
+  if (st.planner) return static_cast<uint32_t>(node) < st.cfg.max_nodes && nproc == st.cfg.nproc;
+  return static_cast<uint64_t>(node) * static_cast<uint64_t>(nproc) < st.cfg.world_size;
+}
+
 std::string on_launcher(self_ptr self, int32_t node, int32_t nproc, const std::string& token) {
   auto& st = self->state;
   auto sender = self->current_sender();
@@ -662,10 +753,11 @@ std::string on_launcher(self_ptr self, int32_t node, int32_t nproc, const std::s
     why = "wrong job token";
   else if (!sender)
     why = "no sender";
-  else if (node < 0 || node == st.cfg.own_node || nproc <= 0 ||
-           static_cast<uint64_t>(node) * static_cast<uint64_t>(nproc) >= st.cfg.world_size)
-    why = "node " + std::to_string(node) + " with " + std::to_string(nproc) + " workers does not fit a world of " +
-          std::to_string(st.cfg.world_size);
+  else if (node < 0 || node == st.cfg.own_node || !node_fits(self, node, nproc))
+    why = "node " + std::to_string(node) + " with " + std::to_string(nproc) + " workers does not fit " +
+          (st.planner ? "an elastic job of at most " + std::to_string(st.cfg.max_nodes) + " nodes of " +
+                            std::to_string(st.cfg.nproc) + " workers"
+                      : "a world of " + std::to_string(st.cfg.world_size));
   if (!why.empty()) {
     note_refusal(self, "a launcher registration for node " + std::to_string(node), why);
     return why;
@@ -799,8 +891,10 @@ bool on_leave(self_ptr self, msg<proto::Leave>& m) {
 /// worker that died before it joined).
 void on_exited(self_ptr self, uint32_t rank, uint32_t incarnation, int32_t code) {
   auto& st = self->state;
-  if (!from_launcher(self, "a worker-exit report", node_of(self, rank))) return;
+  // An exit of an earlier group changes nothing (in an elastic job its rank
+  // may be another node's now).
   if (incarnation != st.cfg.incarnation || rank >= st.cfg.world_size) return;
+  if (!from_launcher(self, "a worker-exit report", node_of(self, rank))) return;
   if (st.refused.count(rank) && !st.workers.count(rank)) return;  // told to restart: its exit is expected
   member_lost(self, rank, loss_reason::dead,
               code > 128 ? "dead: killed by signal " + std::to_string(code - 128)
@@ -850,6 +944,7 @@ void on_tick(self_ptr self) {
     std::string why = std::string(to_string(v.what)) + ": " + v.detail;
     member_lost(self, v.rank, v.what == verdict::hung ? loss_reason::hung : loss_reason::dead, why, v.completed);
   }
+  advance_plan(self);  // the elastic wait, and a growth claim that did not win yet
   self->delayed_send(self, st.cfg.heartbeat_check, tick_atom::value);
 }
 
@@ -863,6 +958,7 @@ uint32_t on_incarnation(self_ptr self, uint32_t incarnation) {
     return incarnation;  // already advanced by an early join
   self->state.log->info("new incarnation {}", incarnation);
   reset_incarnation(self, incarnation);
+  advance_plan(self);
   return incarnation;
 }
 
@@ -881,6 +977,7 @@ void on_down(self_ptr self, caf::down_msg& dm) {
   for (auto r = st.relays.begin(); r != st.relays.end(); ++r)
     if (r->second.address() == dm.source) {
       st.log->warn("node {}'s relay is gone: its workers' orders go to them directly", r->first);
+      if (st.planner) st.planner->forget(r->first);  // its launcher with it: not counted for a group
       st.relays.erase(r);
       return;
     }
@@ -898,8 +995,7 @@ void on_relay(self_ptr self, int32_t node, int32_t nproc) {
   auto& st = self->state;
   auto sender = self->current_sender();
   if (!sender || !from_launcher(self, "a relay registration", node)) return;
-  if (nproc <= 0 || (st.relay_nproc > 0 && nproc != st.relay_nproc) ||
-      static_cast<uint64_t>(node) * static_cast<uint64_t>(nproc) >= st.cfg.world_size) {
+  if ((st.relay_nproc > 0 && nproc != st.relay_nproc) || !node_fits(self, node, nproc)) {
     note_refusal(self, "a relay registration for node " + std::to_string(node), "it does not fit the job");
     return;
   }
@@ -925,8 +1021,7 @@ bool from_relay(self_ptr self, int32_t node, const char* what) {
 
 bool rank_of_node(self_ptr self, uint32_t rank, int32_t node) {
   auto& st = self->state;
-  return st.relay_nproc > 0 && static_cast<int64_t>(rank / static_cast<uint32_t>(st.relay_nproc)) == node &&
-         st.workers.count(rank);
+  return node_of_rank(self, rank, st.relay_nproc) == node && st.workers.count(rank);
 }
 
 void accept_heartbeat(self_ptr self, proto::Heartbeat::Reader h) {
@@ -955,6 +1050,124 @@ void on_ack_batch(self_ptr self, msg<proto::AckBatch>& m) {
   dispatch(self, acts);
 }
 
+// ------------------------------------------------- elastic groups (runtime/elastic.hpp)
+
+msg<proto::GroupPlan> plan_message(proto::PlanStatus status, uint32_t incarnation, const group_plan* p,
+                                   const std::string& reason = "") {
+  return make<proto::GroupPlan>([&](auto b) {
+    b.setStatus(status);
+    b.setIncarnation(incarnation);
+    b.setReason(reason);
+    if (!p) return;
+    auto nodes = b.initNodes(static_cast<unsigned>(p->nodes.size()));
+    auto hosts = b.initHosts(static_cast<unsigned>(p->hosts.size()));
+    for (unsigned i = 0; i < p->nodes.size(); ++i) nodes.set(i, p->nodes[i]);
+    for (unsigned i = 0; i < p->hosts.size(); ++i) hosts.set(i, p->hosts[i]);
+    b.setWorkersPerNode(p->nproc);
+  });
+}
+
+/// The answer to the launcher of `node` asking for a group from incarnation
+/// `from` on, on the wire; nothing while the planner says wait.
+std::optional<msg<proto::GroupPlan>> plan_reply(self_ptr self, int32_t node, const std::string& host, uint32_t from) {
+  using reply = group_planner::reply;
+  auto& st = self->state;
+  auto plan = current_plan(self);
+  if (st.agree->phase() == agreement_phase::finishing && !(plan && plan->has(node)))
+    return plan_message(proto::PlanStatus::FINISHED, st.cfg.incarnation, nullptr,
+                        "the job is finishing (its workers left with exit code 0)");
+  auto a = st.planner->ask(node, host, from);
+  if (a.what == reply::plan) return plan_message(proto::PlanStatus::PLAN, a.incarnation, &a.plan);
+  if (a.what == reply::wait) return std::nullopt;
+  self->state.log->info("node {} asked to take part after the group of incarnation {} formed without it: it joins "
+                        "the next group",
+                        node, a.incarnation);
+  return plan_message(proto::PlanStatus::EXCLUDED, a.incarnation, nullptr,
+                      "the group of incarnation " + std::to_string(a.incarnation) + " formed without node " +
+                          std::to_string(node));
+}
+
+/// A newcomer waits while the group is smaller than MAX: this service
+/// claims an agreed save as a notice would (every worker then exits for a
+/// restart, and the next plan has the newcomer). A claim that does not win
+/// (a round is on) is tried again at the next check; that round may end
+/// the group first, which serves as well.
+void grow_if_due(self_ptr self) {
+  auto& st = self->state;
+  if (!st.planner || !st.planner->growth_due() || st.grown.count(st.cfg.incarnation) || fenced(self)) return;
+  auto acts = st.agree->on_claim(launcher_rank, 0, 0);
+  const bool won = std::any_of(acts.begin(), acts.end(), [](const agreement_action& a) {
+    return a.what == agreement_action::type::claim_reply && a.won;
+  });
+  if (!won) return;
+  st.grown.insert(st.cfg.incarnation);
+  std::string waiting;
+  for (auto& [node, host] : st.planner->waiting())
+    if (!st.planner->current()->has(node)) waiting += (waiting.empty() ? "" : ", ") + std::to_string(node);
+  st.log->info("node(s) {} wait to join the group of {}: it saves at an agreed step and restarts with them", waiting,
+               st.planner->current()->describe());
+  emit_event("grow", {{"incarnation", st.cfg.incarnation}, {"waiting", waiting}});
+  dispatch(self, acts);
+}
+
+/// Decides the current plan when a rule is met, answers the launchers it
+/// settles, and claims a growth when one is due.
+void advance_plan(self_ptr self) {
+  auto& st = self->state;
+  if (!st.planner) return;
+  if (auto p = st.planner->decide(now_ns(self))) {
+    st.cfg.world_size = p->world_size();
+    st.agree = std::make_unique<agreement>(st.cfg.world_size, st.cfg.first_agreement_id);
+    st.log->info("the group of incarnation {}: {}", p->incarnation, p->describe());
+    nlohmann::json nodes = p->nodes;
+    emit_event("group_formed", {{"incarnation", p->incarnation}, {"nodes", nodes}, {"world_size", p->world_size()}});
+  } else if (!st.planner->current() && now_ns(self) - st.plan_said_ns > 5'000'000'000) {
+    st.plan_said_ns = now_ns(self);
+    st.log->info("forming the group of incarnation {}: {}", st.cfg.incarnation, st.planner->progress());
+  }
+  for (auto it = st.plan_waiters.begin(); it != st.plan_waiters.end();) {
+    auto reply = plan_reply(self, it->node, it->host, it->from);
+    if (!reply) {
+      ++it;
+      continue;
+    }
+    it->promise.deliver(std::move(*reply));
+    it = st.plan_waiters.erase(it);
+  }
+  grow_if_due(self);
+}
+
+caf::result<msg<proto::GroupPlan>> on_plan_request(self_ptr self, msg<proto::GroupPlanRequest>& m) {
+  auto& st = self->state;
+  auto refused = [&](const std::string& why) {
+    return plan_message(proto::PlanStatus::REFUSED, st.cfg.incarnation, nullptr, why);
+  };
+  auto r = decode(m);
+  if (!r) return refused(r.err().message);
+  auto q = r->get();
+  const int32_t node = q.getNode();
+  if (!st.planner) return refused("this job is not elastic: give every launcher the same --nnodes MIN:MAX");
+  if (!from_launcher(self, "a group plan request", node)) return refused("not the launcher of node " + std::to_string(node));
+  if (node < 0 || static_cast<uint32_t>(node) >= st.cfg.max_nodes)
+    return refused("node " + std::to_string(node) + " does not fit a job of at most " +
+                   std::to_string(st.cfg.max_nodes) + " nodes");
+  const auto host = str(q.getHost());
+  auto reply = plan_reply(self, node, host, q.getFromIncarnation());
+  if (!reply) {
+    advance_plan(self);  // this request may complete the group
+    reply = plan_reply(self, node, host, q.getFromIncarnation());
+  }
+  grow_if_due(self);
+  if (reply) return std::move(*reply);
+  // A launcher asks again when its request timed out: only its newest waits.
+  st.plan_waiters.erase(std::remove_if(st.plan_waiters.begin(), st.plan_waiters.end(),
+                                       [&](const auto& w) { return w.node == node; }),
+                        st.plan_waiters.end());
+  auto rp = self->make_response_promise<msg<proto::GroupPlan>>();
+  st.plan_waiters.push_back({node, host, q.getFromIncarnation(), rp});
+  return rp;
+}
+
 void start_takeover(self_ptr self) {
   auto& st = self->state;
   st.takeover = true;
@@ -972,8 +1185,21 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
   auto& st = self->state;
   st.cfg = cfg;
   st.log = cfg.log ? cfg.log : spdlog::default_logger();
+  if (cfg.max_nodes > 0) {
+    planner_config pc;
+    pc.min_nodes = cfg.min_nodes;
+    pc.max_nodes = cfg.max_nodes;
+    pc.nproc = static_cast<uint32_t>(std::max(cfg.nproc, 1));
+    pc.wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(cfg.elastic_wait).count();
+    st.planner = std::make_unique<group_planner>(pc);
+    if (cfg.plan) {
+      st.planner->adopt(*cfg.plan);
+      st.cfg.world_size = cfg.plan->world_size();
+    }
+  }
   rendezvous_table::limits lim;
-  lim.barrier_count = cfg.world_size;  // a barrier waiting for more members could never complete
+  // A barrier waiting for more members could never complete.
+  lim.barrier_count = st.planner ? st.cfg.max_nodes * static_cast<uint32_t>(std::max(cfg.nproc, 1)) : cfg.world_size;
   st.table = rendezvous_table(lim);
   reset_incarnation(self, cfg.incarnation);
   if (cfg.takeover) start_takeover(self);
@@ -1033,6 +1259,10 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
       [self](msg<proto::HeartbeatBatch>& m) { on_heartbeat_batch(self, m); },
       [self](msg<proto::AckBatch>& m) { on_ack_batch(self, m); },
       [self](msg<proto::CommitCheck>& m) { return on_commit_check(self, m); },
+      [self](msg<proto::GroupPlanRequest>& m) { return on_plan_request(self, m); },
+      [self](resize_atom, uint32_t inc) {
+        return from_launcher(self, "a membership-change question") && self->state.grown.count(inc) > 0;
+      },
       [self](takeover_atom, uint64_t gen) {
         if (from_self(self, "a takeover timer") && gen == self->state.takeover_gen) check_takeover(self);
       },

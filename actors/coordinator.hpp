@@ -5,6 +5,7 @@
 /// The logic lives in runtime/agreement and runtime/membership.
 
 #include "messages/caf_types.hpp"
+#include "runtime/elastic.hpp"
 #include "runtime/error.hpp"
 
 #include <caf/fwd.hpp>
@@ -38,7 +39,9 @@ using coordinator_actor = caf::typed_actor<
     caf::reacts_to<cutoff_atom, uint64_t>, caf::reacts_to<tick_atom>, caf::reacts_to<kv_timeout_atom, uint64_t>,
     caf::reacts_to<takeover_atom, uint64_t>, caf::reacts_to<relay_atom, int32_t, int32_t>,
     caf::reacts_to<msg<proto::HeartbeatBatch>>, caf::reacts_to<msg<proto::AckBatch>>,
-    caf::replies_to<msg<proto::CommitCheck>>::with<msg<proto::CommitCheckReply>>>;
+    caf::replies_to<msg<proto::CommitCheck>>::with<msg<proto::CommitCheckReply>>,
+    caf::replies_to<msg<proto::GroupPlanRequest>>::with<msg<proto::GroupPlan>>,
+    caf::replies_to<resize_atom, uint32_t>::with<bool>>;
 
 struct coordinator_config {
   uint32_t world_size = 1;
@@ -92,6 +95,15 @@ struct coordinator_config {
   /// thawed after its lease ran out cannot agree a save with its own ranks
   /// in the moment before its elector deposes it. May block briefly.
   std::function<bool()> lease_holds;
+  /// Elastic jobs (`grace-launch --nnodes MIN:MAX`, runtime/elastic.hpp):
+  /// the service decides each incarnation's group from the launchers that
+  /// ask for it (GroupPlanRequest); `world_size` is then the current
+  /// plan's, and a rank's node is its slot's. Off while max_nodes is 0.
+  uint32_t min_nodes = 0;
+  uint32_t max_nodes = 0;
+  std::chrono::milliseconds elastic_wait{30000};
+  /// A successor's (takeover) plan of the group it takes over.
+  std::optional<group_plan> plan;
 };
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg);

@@ -30,6 +30,7 @@ struct node_relay_state {
   std::map<uint32_t, peer_watcher_actor> workers;  ///< local watchers of the current incarnation
   std::map<caf::actor_addr, uint32_t> ranks;
   relay_batches batches;
+  uint32_t first_rank = 0;  ///< this node's first rank in the current group (an elastic job's slot * nproc)
   uint64_t flush_gen = 0;
 };
 
@@ -55,7 +56,7 @@ void note_own_loss(self_ptr self, msg<proto::PeerLost>& m) {
   auto r = decode(m);
   if (!r) return;
   auto p = r->get();
-  if (static_cast<int64_t>(p.getRank() / static_cast<uint32_t>(st.cfg.nproc)) != st.cfg.node) return;
+  if (p.getRank() < st.first_rank || p.getRank() - st.first_rank >= static_cast<uint32_t>(st.cfg.nproc)) return;
   if (p.getIncarnation() != st.batches.incarnation()) return;
   st.cfg.on_own_rank_lost(p.getRank(), p.getIncarnation(), str(p.getDetail()));
 }
@@ -136,8 +137,9 @@ bool on_register(self_ptr self, uint32_t rank, uint32_t incarnation) {
   return true;
 }
 
-void on_incarnation(self_ptr self, uint32_t incarnation) {
+void on_incarnation(self_ptr self, uint32_t incarnation, uint32_t first_rank) {
   auto& st = self->state;
+  st.first_rank = first_rank;
   if (incarnation == st.batches.incarnation()) return;
   send_acks(self, st.batches.take_acks());
   st.batches.set_incarnation(incarnation);
@@ -159,6 +161,7 @@ node_relay_actor::behavior_type node_relay(self_ptr self, node_relay_config cfg)
   auto& st = self->state;
   st.cfg = std::move(cfg);
   st.log = st.cfg.log ? st.cfg.log : spdlog::default_logger();
+  st.first_rank = static_cast<uint32_t>(std::max(st.cfg.node, 0) * std::max(st.cfg.nproc, 0));
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     auto it = st.ranks.find(dm.source);
@@ -180,8 +183,9 @@ node_relay_actor::behavior_type node_relay(self_ptr self, node_relay_config cfg)
       },
       [self](msg<proto::ClusterError>& m) { fan_out(self, m); },
       [self](msg<proto::DeadlineUpdate>& m) { fan_out(self, m); },
-      [self](incarnation_atom, uint32_t inc) {
-        if (self->current_sender() && self->current_sender()->node() == self->node()) on_incarnation(self, inc);
+      [self](incarnation_atom, uint32_t inc, uint32_t first_rank) {
+        if (self->current_sender() && self->current_sender()->node() == self->node())
+          on_incarnation(self, inc, first_rank);
       },
       [self](coord_atom, caf::actor& coord) {
         if (self->current_sender() && self->current_sender()->node() == self->node()) on_coordinator(self, coord);

@@ -1,5 +1,6 @@
 // grace-launch: the launcher and coordination service.
 #include "actors/signal_watcher.hpp"
+#include "runtime/elastic.hpp"
 #include "runtime/exit_codes.hpp"
 #include "runtime/launch_env.hpp"
 #include "runtime/launcher.hpp"
@@ -58,7 +59,18 @@ int main(int argc, char** argv) {
   grace::launch_options o;
   int grace_ms = 0, exit_timeout_ms = 15000, dead_ms = 3000, hang_ms = 0, coord_wait_ms = 30000;
   app.add_option("--nproc", o.nproc, "workers on this node")->check(CLI::Range(1, 4096));
-  app.add_option("--nnodes", o.nnodes, "nodes in the job")->check(CLI::Range(1, 4096));
+  std::string nnodes;
+  app.add_option("--nnodes", nnodes,
+                 "nodes in the job, or MIN:MAX for an elastic job (each group has MIN to MAX nodes: it trains on "
+                 "without a node lost for good and grows when one comes back; docs/DEPLOY.md)");
+  int elastic_wait_ms = 30000, join_timeout_ms = 600000;
+  app.add_option("--elastic-wait-ms", elastic_wait_ms,
+                 "elastic: how long a group waits for a node that is missing (of the previous group, or at the "
+                 "start) before it forms without it")
+      ->check(CLI::Range(0, 86400000));
+  app.add_option("--join-timeout-ms", join_timeout_ms,
+                 "elastic: how long this launcher waits for a group that has its node before it stops with 44")
+      ->check(CLI::Range(1, 86400000));
   app.add_option("--node-rank", o.node_rank, "this node's index (0 hosts the coordinator)");
   app.add_option("--coordinator", o.coordinator,
                  "host:port of the coordination service, a name or an "
@@ -143,6 +155,17 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : grace::exit_code::usage;
   }
+  if (!nnodes.empty()) {
+    auto range = grace::parse_node_range(nnodes);
+    if (!range) {
+      spdlog::error("grace-launch: {}", range.err().message);
+      return grace::exit_code::usage;
+    }
+    o.min_nodes = range->min;
+    o.nnodes = range->max;
+  }
+  o.elastic_wait = std::chrono::milliseconds(elastic_wait_ms);
+  o.join_timeout = std::chrono::milliseconds(join_timeout_ms);
   if (!ignore_env && !apply_scheduler_environment(app, o)) return grace::exit_code::usage;
   o.grace_period = std::chrono::milliseconds(grace_ms);
   o.exit_timeout = std::chrono::milliseconds(exit_timeout_ms);

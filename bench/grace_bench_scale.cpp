@@ -291,7 +291,7 @@ node_relay_actor start_relay(caf::actor_system& sys, const coordinator_actor& co
       uint32_t inc = static_cast<uint32_t>(std::stoul(cmd.substr(5)));
       if (relay) {
         caf::scoped_actor self{sys};
-        self->send(relay, incarnation_atom::value, inc);
+        self->send(relay, incarnation_atom::value, inc, index * per_host);
       }
       for (auto r : ranks) mine.push_back(sys.spawn(member, *coord, member_state{r, inc, world, &t, relay}));
       t.wait(t.joined, count);

@@ -58,6 +58,9 @@ using moved_atom = caf::atom_constant<caf::atom("g_moved")>;
 using relay_atom = caf::atom_constant<caf::atom("g_relay")>;
 /// Launcher -> node relay: the coordination service to talk to.
 using coord_atom = caf::atom_constant<caf::atom("g_coord")>;
+/// Launcher -> coordinator (elastic jobs): did incarnation N end to change
+/// its membership (a growth), so its restart is not a failure?
+using resize_atom = caf::atom_constant<caf::atom("g_resize")>;
 /// Node relay -> itself: send the acknowledgements gathered (generation).
 using flush_atom = caf::atom_constant<caf::atom("g_flush")>;
 

@@ -292,3 +292,32 @@ struct AckBatch {             # node relay -> coordinator, once the node's worke
   node @0 :Int32;
   acks @1 :List(Ack);
 }
+
+# ---- elastic groups (grace-launch --nnodes MIN:MAX, runtime/elastic.hpp) ------
+
+# Launcher -> coordinator before each group: the first group this node may
+# take part in, in incarnation `fromIncarnation` or later. Answered once the
+# plan of that incarnation is decided (the service holds the request).
+struct GroupPlanRequest {
+  node @0 :Int32;              # the launcher's node rank (--node-rank)
+  fromIncarnation @1 :UInt32;  # its previous group's + 1, or where it starts
+  host @2 :Text;               # the address this node advertises to its peers
+}
+
+enum PlanStatus {
+  plan @0;       # `nodes` are the group, in slot order: this node is in it
+  excluded @1;   # the group of `incarnation` formed without this node: ask
+                 # from incarnation + 1 (a group smaller than MAX saves and
+                 # restarts with it)
+  refused @2;    # not the launcher of a node of this job (`reason`)
+  finished @3;   # the job is finishing: no group left to join
+}
+
+struct GroupPlan {
+  status @0 :PlanStatus;
+  incarnation @1 :UInt32;
+  nodes @2 :List(Int32);       # slot -> node rank, ascending
+  hosts @3 :List(Text);        # slot -> the address that node advertises
+  workersPerNode @4 :UInt32;
+  reason @5 :Text;
+}

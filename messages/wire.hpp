@@ -36,7 +36,7 @@ constexpr size_t frame_header_bytes = 16;
   X(Welcome) X(Heartbeat) X(PeerLost) X(Leave) X(Notice) X(Claim) X(ClaimReply) X(CheckpointAt) X(Ack)             \
       X(CheckpointSaved) X(ProposeFinal) X(DeadlineUpdate) X(Committed) X(ErrorReport) X(ClusterError) X(Shutdown) \
           X(KvSet) X(KvGet) X(KvReply) X(Barrier) X(BarrierReply) X(HeartbeatBatch) X(AckBatch) X(CommitParts) \
-              X(CommitCheck) X(CommitCheckReply)
+              X(CommitCheck) X(CommitCheckReply) X(GroupPlanRequest) X(GroupPlan)
 
 /// A Cap'n Proto message of schema `S`, framed, as bytes.
 template <class S>

@@ -31,21 +31,23 @@ void group_end::add(exit_effect e, bool no_rendezvous, const std::string& descri
 
 launcher_decision decide_after_group(const group_end& g, const group_context& c, rendezvous_streak& streak) {
   if (g.fatal)
-    return {false, g.usage ? exit_code::usage : exit_code::fatal, "fatal error, not restarting: " + g.fatal_cause};
+    return {false, true, g.usage ? exit_code::usage : exit_code::fatal, "fatal error, not restarting: " + g.fatal_cause};
   if (!g.restart)
-    return {false, exit_code::success,
+    return {false, true, exit_code::success,
             c.notice_forwarded ? "all workers finished (a notice arrived at the very end)"
                                : "all " + std::to_string(c.nproc) + " workers finished"};
   if (c.notice_forwarded)
-    return {false, c.restart_code, "preempted: workers saved and exited; restart this job to resume"};
+    return {false, true, c.restart_code, "preempted: workers saved and exited; restart this job to resume"};
   if (streak.group_ended(g.rendezvous_failed))
-    return {false, exit_code::no_progress,
+    return {false, true, exit_code::no_progress,
             "the group failed its rendezvous " + std::to_string(streak.count()) + " times in a row (last: " + g.cause +
                 "): " + c.rendezvous_hint};
+  if (c.membership_change)
+    return {true, false, 0, "the group grows: a node waited to join (a membership change, not counted as a restart)"};
   if (c.restarts >= c.max_restarts)
-    return {false, exit_code::no_progress,
+    return {false, true, exit_code::no_progress,
             "restarts exhausted (" + std::to_string(c.max_restarts) + "), last cause: " + g.cause};
-  return {true, 0, g.cause};
+  return {true, true, 0, g.cause};
 }
 
 launcher_decision coordinator_gone(const std::string& where, int64_t waited_ms, uint64_t newest_step,

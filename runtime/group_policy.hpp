@@ -74,6 +74,7 @@ struct group_end {
 /// What the launcher does after a group ended.
 struct launcher_decision {
   bool restart = false;  ///< start the next group (then `code` is unused)
+  bool counted = true;   ///< ... and it counts toward --max-restarts (a membership change does not)
   int code = 0;          ///< the launcher's exit code otherwise
   std::string reason;    ///< the one line it prints and writes to grace-exit.json
 };
@@ -84,6 +85,9 @@ struct group_context {
   int restarts = 0;               ///< groups restarted so far
   int max_restarts = 0;
   int restart_code = 42;
+  /// Elastic jobs: the group ended to take in a node that waited (a
+  /// growth, runtime/elastic.hpp), not because anything failed.
+  bool membership_change = false;
   /// Appended to the "failed its rendezvous" reason: what to check (the
   /// coordinator's address, the one this node advertises).
   std::string rendezvous_hint;
@@ -92,8 +96,8 @@ struct group_context {
 /// The decision after a group ended. A fatal exit stops (2 or 3); all
 /// finished stops with 0; a forwarded notice stops with the restart code
 /// (the scheduler restarts the job); `streak` (updated here) stops with 44
-/// after too many failed rendezvous in a row, as do exhausted restarts;
-/// otherwise restart.
+/// after too many failed rendezvous in a row, as do exhausted restarts
+/// (a membership change is not counted); otherwise restart.
 launcher_decision decide_after_group(const group_end& g, const group_context& c, rendezvous_streak& streak);
 
 /// A launcher on node > 0 whose coordination service (in node 0's launcher)

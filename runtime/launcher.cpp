@@ -239,8 +239,17 @@ void fetch_newer_checkpoint(caf::actor_system& sys, coordinator_actor& coord, co
 /// reports free on 127.0.0.1, never the previous one. Several nodes must
 /// agree without talking: a port derived from the run id and incarnation
 /// (20000-39999) on node 0's address.
+/// The group a worker is part of, as torchrun describes it: rank 0's
+/// node address (its TCPStore), the world, this node's place and the nodes.
+struct torchrun_group {
+  std::string master_addr;
+  uint32_t world = 1;
+  uint32_t group_rank = 0;
+  uint32_t group_world = 1;
+};
+
 void add_torchrun_environment(std::map<std::string, std::string>& env, const launch_options& o,
-                              const std::string& node0_host, int rank, int local_rank, uint32_t incarnation,
+                              const torchrun_group& g, int rank, int local_rank, uint32_t incarnation,
                               int restarts) {
   static uint32_t port_incarnation = UINT32_MAX;
   static uint16_t port = 0;
@@ -265,14 +274,13 @@ void add_torchrun_environment(std::map<std::string, std::string>& env, const lau
       port = static_cast<uint16_t>(20000 + h % 20000);
     }
   }
-  const int world = o.nproc * o.nnodes;
   env["RANK"] = env["ROLE_RANK"] = std::to_string(rank);
   env["LOCAL_RANK"] = std::to_string(local_rank);
-  env["WORLD_SIZE"] = env["ROLE_WORLD_SIZE"] = std::to_string(world);
+  env["WORLD_SIZE"] = env["ROLE_WORLD_SIZE"] = std::to_string(g.world);
   env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
-  env["GROUP_RANK"] = std::to_string(o.node_rank);
-  env["GROUP_WORLD_SIZE"] = std::to_string(o.nnodes);
-  env["MASTER_ADDR"] = o.nnodes == 1 ? "127.0.0.1" : node0_host;
+  env["GROUP_RANK"] = std::to_string(g.group_rank);
+  env["GROUP_WORLD_SIZE"] = std::to_string(g.group_world);
+  env["MASTER_ADDR"] = o.nnodes == 1 ? "127.0.0.1" : g.master_addr;
   env["MASTER_PORT"] = std::to_string(port);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restarts);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
@@ -284,7 +292,10 @@ status validate(const launch_options& o) {
   if (o.command.empty())
     return error{errc::invalid_input, "no program given (grace-launch --nproc N -- PROGRAM ARGS...)"};
   if (o.nproc < 1 || o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes)
-    return error{errc::invalid_input, "need --nproc >= 1 and 0 <= --node-rank < --nnodes"};
+    return error{errc::invalid_input, o.elastic() ? "need --nproc >= 1 and 0 <= --node-rank < MAX (--nnodes MIN:MAX)"
+                                                  : "need --nproc >= 1 and 0 <= --node-rank < --nnodes"};
+  if (o.min_nodes < 0 || o.min_nodes > o.nnodes)
+    return error{errc::invalid_input, "--nnodes MIN:MAX: need 1 <= MIN <= MAX"};
   if (o.nnodes > 1 && o.coordinator.empty() && o.etcd.empty())
     return error{errc::invalid_input,
                  "--nnodes > 1 needs --coordinator host:port (node 0's address) or --etcd (an elected coordinator)"};
@@ -346,7 +357,14 @@ private:
   void tell_relay_incarnation();
   result<coordinator_actor> connect_as_launcher(std::chrono::milliseconds timeout);
   void start_checkpoint_server();
-  void enter_incarnation();
+  std::optional<launcher_decision> enter_incarnation();
+  std::optional<launcher_decision> await_plan();
+  std::optional<msg<proto::GroupPlan>> request_plan(uint32_t from);
+  void adopt_plan(proto::GroupPlan::Reader p);
+  bool ended_for_growth();
+  std::optional<std::string> stop_signal();
+  int rank_of(int local_rank) const { return static_cast<int>(slot_) * o_.nproc + local_rank; }
+  torchrun_group torchrun_shape() const;
   void level_checkpoints();
   void stop_coordinator();
   void linger_for_scrapes();
@@ -366,7 +384,11 @@ private:
   std::string host_ = "127.0.0.1";  ///< the coordinator's address
   uint16_t port_ = 0;
   endpoints ep_;
-  uint32_t world_ = 0;
+  uint32_t world_ = 0;  ///< the current group's workers (an elastic job's plan)
+  /// This node's place in the current group: its node rank, or in an
+  /// elastic job its slot in the incarnation's plan (runtime/elastic.hpp).
+  uint32_t slot_ = 0;
+  std::optional<group_plan> plan_;  ///< elastic: the current incarnation's group
   std::string token_;
   tls_files tls_;
   int sfd_ = -1;
@@ -431,7 +453,8 @@ status launcher::setup_addresses() {
   if (!ep) return ep.err();
   ep_ = *ep;
   host_ = ep_.coordinator_ip;
-  world_ = static_cast<uint32_t>(o_.nproc * o_.nnodes);
+  world_ = o_.elastic() ? 0 : static_cast<uint32_t>(o_.nproc * o_.nnodes);  // elastic: each plan's
+  slot_ = static_cast<uint32_t>(o_.node_rank);
   auto token = launcher_token(o_.token_file, std::getenv("GRACE_TOKEN"), o_.nnodes);
   if (!token) return token.err();
   token_ = *token;
@@ -522,6 +545,12 @@ coordinator_config launcher::service_config(bool takeover, uint64_t epoch) {
   cc.own_node = o_.node_rank;
   cc.nproc = o_.nproc;
   if (elector_) cc.lease_holds = lease_check();
+  if (o_.elastic()) {
+    cc.min_nodes = static_cast<uint32_t>(o_.min_nodes);
+    cc.max_nodes = static_cast<uint32_t>(o_.nnodes);
+    cc.elastic_wait = o_.elastic_wait;
+    if (takeover) cc.plan = plan_;  // the group it takes over
+  }
   return cc;
 }
 
@@ -582,7 +611,7 @@ void launcher::tell_relay_coordinator() {
 void launcher::tell_relay_incarnation() {
   if (!relay_) return;
   caf::scoped_actor self{rt_->sys()};
-  self->send(relay_, incarnation_atom::value, incarnation_);
+  self->send(relay_, incarnation_atom::value, incarnation_, static_cast<uint32_t>(rank_of(0)));
 }
 
 void launcher::start_checkpoint_server() {
@@ -598,8 +627,10 @@ void launcher::start_checkpoint_server() {
 }
 
 /// Node 0 moves the coordinator to the group's incarnation; other nodes
-/// start theirs in the coordinator's current one (group_policy.hpp).
-void launcher::enter_incarnation() {
+/// start theirs in the coordinator's current one (group_policy.hpp). An
+/// elastic job's launcher then waits for the plan of a group that has its
+/// node; the decision to stop if none comes.
+std::optional<launcher_decision> launcher::enter_incarnation() {
   auto& sys = rt_->sys();
   if (elector_) take_leadership_events();
   if (hosts_service()) {
@@ -614,6 +645,8 @@ void launcher::enter_incarnation() {
       say("starting the group in incarnation " + std::to_string(incarnation_) +
           ", the coordination service's current one");
   }
+  if (o_.elastic())
+    if (auto stop = await_plan()) return stop;
   if (node_local_sync_ && o_.node_local_checkpoints)
     level_checkpoints();
   else if (node_local_sync_)
@@ -621,6 +654,138 @@ void launcher::enter_incarnation() {
                            [this](const std::string& l) { say(l); });
   tell_relay_incarnation();
   set_event_identity(launcher_rank, incarnation_);
+  return std::nullopt;
+}
+
+/// A SIGTERM or SIGINT that arrived while no group runs (SIGCHLDs of
+/// workers already reaped are drained).
+std::optional<std::string> launcher::stop_signal() {
+  signalfd_siginfo si;
+  while (::read(sfd_, &si, sizeof(si)) == sizeof(si))
+    if (si.ssi_signo != SIGCHLD) return std::string(si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+  return std::nullopt;
+}
+
+/// One ask for the plan of the first group this node may join from
+/// incarnation `from` on. The service holds the request until that plan is
+/// decided; nothing when no answer came within a second (asked again).
+std::optional<msg<proto::GroupPlan>> launcher::request_plan(uint32_t from) {
+  std::optional<msg<proto::GroupPlan>> out;
+  caf::scoped_actor self{rt_->sys()};
+  self->request(coord_, std::chrono::seconds(1), make<proto::GroupPlanRequest>([&](auto b) {
+                  b.setNode(o_.node_rank);
+                  b.setFromIncarnation(from);
+                  b.setHost(ep_.adv.address);
+                }))
+      .receive([&](msg<proto::GroupPlan>& m) { out = std::move(m); }, [](caf::error&) {});
+  return out;
+}
+
+/// This node's group: its slot, the world and the incarnation.
+void launcher::adopt_plan(proto::GroupPlan::Reader p) {
+  group_plan g;
+  g.incarnation = p.getIncarnation();
+  g.nproc = p.getWorkersPerNode();
+  for (auto n : p.getNodes()) g.nodes.push_back(n);
+  for (auto h : p.getHosts()) g.hosts.push_back(str(h));
+  slot_ = g.slot_of(o_.node_rank).value_or(0);
+  world_ = g.world_size();
+  incarnation_ = g.incarnation;
+  say("the group of incarnation " + std::to_string(incarnation_) + ": " + g.describe() + "; this node is slot " +
+      std::to_string(slot_) + " (ranks " + std::to_string(rank_of(0)) + "-" + std::to_string(rank_of(o_.nproc - 1)) +
+      ")");
+  emit_event("group_plan", {{"incarnation", incarnation_}, {"slot", slot_}, {"world_size", world_},
+                            {"nodes", nlohmann::json(g.nodes)}});
+  plan_ = std::move(g);
+}
+
+/// Elastic jobs, before each group: asks until the service decides a group
+/// that has this node (a node excluded from a group formed without it asks
+/// for the next: the group grows at its next agreed save). Stops on a
+/// signal, when the service is gone for --coordinator-wait-ms, or after
+/// --join-timeout-ms without a group.
+std::optional<launcher_decision> launcher::await_plan() {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto heard = t0, probed = t0;
+  uint32_t from = incarnation_;
+  bool said_wait = false, said_excluded = false;
+  for (;;) {
+    if (elector_) take_leadership_events();
+    if (auto sig = stop_signal())
+      return launcher_decision{false, true, o_.restart_code,
+                               "received " + *sig + " while waiting for its group (no worker was running here)"};
+    auto reply = request_plan(from);
+    const auto now = clock::now();
+    if (reply) {
+      heard = now;
+      auto r = decode(*reply);
+      if (!r) return launcher_decision{false, true, exit_code::usage, "group plan: " + r.err().message};
+      auto p = r->get();
+      const auto why = str(p.getReason());
+      bool has_node = false;
+      for (auto n : p.getNodes()) has_node |= n == o_.node_rank;
+      switch (p.getStatus()) {
+        case proto::PlanStatus::PLAN:
+          if (!has_node || p.getWorkersPerNode() != static_cast<uint32_t>(o_.nproc) ||
+              p.getHosts().size() != p.getNodes().size())
+            return launcher_decision{false, true, exit_code::usage,
+                                     "the coordination service sent a group plan without this node or for another "
+                                     "number of workers per node (protocol error)"};
+          adopt_plan(p);
+          return std::nullopt;
+        case proto::PlanStatus::EXCLUDED:
+          from = p.getIncarnation() + 1;
+          if (!std::exchange(said_excluded, true))
+            say(why + ": this node waits for the next group (a group smaller than " + std::to_string(o_.nnodes) +
+                " nodes saves at an agreed step and restarts with it)");
+          continue;
+        case proto::PlanStatus::FINISHED:
+          return launcher_decision{false, true, exit_code::success, "nothing to join: " + why};
+        default:
+          return launcher_decision{false, true, exit_code::usage,
+                                   "the coordination service refused this node's place in a group: " + why};
+      }
+    }
+    // Held by the service, or the service is gone: probe it now and then.
+    if (!hosts_service() && now - probed > std::chrono::seconds(3)) {
+      probed = now;
+      if (current_incarnation(rt_->sys(), coord_, [this] { return connect_as_launcher(std::chrono::seconds(2)); }))
+        heard = clock::now();
+    }
+    if (!hosts_service() && now - heard > o_.coordinator_wait) {
+      auto newest = o_.checkpoint_dir.empty() ? 0 : checkpoint_store(o_.checkpoint_dir).newest_valid_step();
+      return coordinator_gone(host_ + ":" + std::to_string(port_),
+                              std::chrono::duration_cast<std::chrono::milliseconds>(now - heard).count(), newest,
+                              o_.restart_code);
+    }
+    if (now - t0 > o_.join_timeout)
+      return launcher_decision{false, true, exit_code::no_progress,
+                               "no group with this node formed within --join-timeout-ms (" +
+                                   std::to_string(o_.join_timeout.count()) + " ms): fewer than " +
+                                   std::to_string(o_.min_nodes) + " nodes were ready"};
+    if (!std::exchange(said_wait, true))
+      say("waiting for the group of incarnation " + std::to_string(from) + " or later: " +
+          std::to_string(o_.min_nodes) + " to " + std::to_string(o_.nnodes) +
+          " nodes; the coordination service waits up to " + std::to_string(o_.elastic_wait.count()) +
+          " ms for missing ones");
+  }
+}
+
+/// Elastic jobs: whether the group that just ended was ended by the
+/// service to take in a waiting node (not a failure).
+bool launcher::ended_for_growth() {
+  bool grew = false;
+  caf::scoped_actor self{rt_->sys()};
+  self->request(coord_, std::chrono::seconds(2), resize_atom::value, incarnation_)
+      .receive([&](bool g) { grew = g; }, [](caf::error&) {});
+  return grew;
+}
+
+torchrun_group launcher::torchrun_shape() const {
+  if (plan_) return {plan_->hosts.empty() ? host_ : plan_->hosts.front(), world_, slot_,
+                     static_cast<uint32_t>(plan_->nodes.size())};
+  return {host_, world_, static_cast<uint32_t>(o_.node_rank), static_cast<uint32_t>(o_.nnodes)};
 }
 
 /// --node-local-checkpoints: this node's directory brought level with its
@@ -630,7 +795,7 @@ void launcher::level_checkpoints() {
   c.dir = o_.checkpoint_dir;
   c.token = token_;
   c.peers = checkpoint_peers(rt_->sys(), coord_, o_, ckpt_server_ ? ckpt_server_->endpoint() : std::string());
-  for (int i = 0; i < o_.nproc; ++i) c.ranks.push_back(static_cast<uint32_t>(o_.node_rank * o_.nproc + i));
+  for (int i = 0; i < o_.nproc; ++i) c.ranks.push_back(static_cast<uint32_t>(rank_of(i)));
   c.world = world_;
   auto t0 = mono_ns();
   auto r = level_node_local(c, [this](const std::string& l) { say(l); });
@@ -663,7 +828,7 @@ std::map<std::string, std::string> launcher::worker_environment(int rank, int lo
   if (!o_.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o_.checkpoint_dir;
   if (o_.node_local_checkpoints) env["GRACE_NODE_LOCAL_CHECKPOINTS"] = "1";
   env.merge(tls_environment(tls_));
-  add_torchrun_environment(env, o_, host_, rank, local_rank, incarnation_, restarts_);
+  add_torchrun_environment(env, o_, torchrun_shape(), rank, local_rank, incarnation_, restarts_);
   return env;
 }
 
@@ -671,7 +836,7 @@ status launcher::start_group() {
   workers_.assign(o_.nproc, worker_proc{});
   const auto spares_deadline = spares_ ? spares_->ready_deadline() : standby_pool::clock::now();
   for (int i = 0; i < o_.nproc; ++i) {
-    int rank = o_.node_rank * o_.nproc + i;
+    int rank = rank_of(i);
     workers_[i].rank = rank;
     workers_[i].pid = start_worker(i, worker_environment(rank, i), spares_deadline);
     if (workers_[i].pid < 0) return error{errc::failed, std::string("fork failed: ") + std::strerror(errno)};
@@ -688,7 +853,7 @@ pid_t launcher::start_worker(int local_rank, const env_map& env, standby_pool::c
   if (spares_ && spares_->count() > 0) {
     auto pid = spares_->release(local_rank, env, spares_deadline);
     if (pid) {
-      emit_event("standby_released", {{"worker_rank", o_.node_rank * o_.nproc + local_rank}, {"pid", *pid}});
+      emit_event("standby_released", {{"worker_rank", rank_of(local_rank)}, {"pid", *pid}});
       return *pid;
     }
     say("local rank " + std::to_string(local_rank) + ": spare not used (" + pid.err().message +
@@ -702,7 +867,7 @@ pid_t launcher::start_worker(int local_rank, const env_map& env, standby_pool::c
 void launcher::start_spares() {
   nlohmann::json pids = nlohmann::json::object();
   for (int i = 0; i < o_.nproc; ++i) {
-    const int rank = o_.node_rank * o_.nproc + i;
+    const int rank = rank_of(i);
     auto pid = spares_->start(i, spare_environment(worker_environment(rank, i)));
     if (!pid) {
       say("spares not started: " + pid.err().message);
@@ -876,7 +1041,10 @@ int launcher::run() {
   }
   set_event_identity(launcher_rank, incarnation_);
   say("coordination service on " + host_ + ":" + std::to_string(port_) + ", run " + o_.run_id + ", " +
-      std::to_string(world_) + " workers (" + std::to_string(o_.nproc) + " on this node); this node advertises " +
+      (o_.elastic() ? "elastic: " + std::to_string(o_.min_nodes) + " to " + std::to_string(o_.nnodes) + " nodes of " +
+                          std::to_string(o_.nproc) + " workers"
+                    : std::to_string(world_) + " workers (" + std::to_string(o_.nproc) + " on this node)") +
+      "; this node advertises " +
       ep_.adv.address + (ep_.adv.iface.empty() ? "" : " (" + ep_.adv.iface + ")") + " from " + ep_.adv.source);
   start_checkpoint_server();
   if (o_.standby) spares_ = std::make_unique<standby_pool>(o_.command, o_.standby_ready_wait);
@@ -894,12 +1062,15 @@ int launcher::run() {
   // The failure history (--save-every auto) is node 0's: its chief saves.
   const bool keeps_history = o_.node_rank == 0 && !o_.checkpoint_dir.empty();
   for (;;) {
-    if (restarts_ > 0 && !hosts_service())
+    if (previous_group_ && !hosts_service())
       if (auto gone = await_coordinator()) {
         d = *gone;
         break;
       }
-    enter_incarnation();
+    if (auto stop = enter_incarnation()) {
+      d = *stop;
+      break;
+    }
     if (auto st = start_group(); !st) {
       spdlog::error("grace-launch: {}", st.err().message);
       return exit_code::unhealthy;
@@ -914,14 +1085,16 @@ int launcher::run() {
                              g.crashed || g.fatal);
     ctx.notice_forwarded = notice_forwarded_;
     ctx.restarts = restarts_;
+    ctx.membership_change = o_.elastic() && g.restart && !g.fatal && !notice_forwarded_ && ended_for_growth();
     d = decide_after_group(g, ctx, streak);
     if (!d.restart) break;
     monitor_->restart(g.crashed, g.rendezvous_failed);
-    ++restarts_;
+    if (d.counted) ++restarts_;
     previous_group_ = incarnation_;
     ++incarnation_;
-    say("restart " + std::to_string(restarts_) + "/" + std::to_string(o_.max_restarts) + " (incarnation " +
-        std::to_string(incarnation_) + "): " + d.reason);
+    say((d.counted ? "restart " + std::to_string(restarts_) + "/" + std::to_string(o_.max_restarts)
+                   : std::string("regrouping")) +
+        " (incarnation " + std::to_string(incarnation_) + "): " + d.reason);
   }
   if (spares_) spares_->discard();
   if (hosts_service()) stop_coordinator();

@@ -15,7 +15,17 @@ namespace grace {
 
 struct launch_options {
   int nproc = 1;  ///< workers on this node
-  int nnodes = 1;
+  int nnodes = 1;  ///< nodes in the job; with min_nodes < nnodes the most (elastic)
+  /// Elastic jobs (`--nnodes MIN:MAX`, runtime/elastic.hpp): each
+  /// incarnation's group has min_nodes..nnodes nodes, decided by the
+  /// coordination service. 0: nnodes (not elastic).
+  int min_nodes = 0;
+  /// Elastic: how long the service waits for a node of the previous group
+  /// (or any node, at the first group) before it forms a smaller group.
+  std::chrono::milliseconds elastic_wait{30000};
+  /// Elastic: how long a launcher waits for a group that has it (at least
+  /// min_nodes ready) before it stops with exit 44.
+  std::chrono::milliseconds join_timeout{600000};
   int node_rank = 0;
   std::string coordinator;  ///< host:port (multi-node); default 127.0.0.1, any free port
   std::string token_file;   ///< the job's secret (runtime/job_token.hpp); several nodes need it or GRACE_TOKEN
@@ -68,6 +78,7 @@ struct launch_options {
   std::chrono::milliseconds takeover_window{1500};
   std::vector<std::string> command;
   bool quiet = false;
+  bool elastic() const noexcept { return min_nodes > 0 && min_nodes < nnodes; }
 };
 
 /// Runs the job; returns the launcher's exit code.

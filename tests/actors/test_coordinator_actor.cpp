@@ -707,7 +707,7 @@ TEST_CASE("coordinator: a node relay carries its node's orders, heartbeats and a
   rc.heartbeat = 200ms;
   auto relay = spawn_node_relay(*f.sys, rc);
   caf::scoped_actor launcher{*f.sys};
-  launcher->send(relay, incarnation_atom::value, uint32_t{0});
+  launcher->send(relay, incarnation_atom::value, uint32_t{0}, uint32_t{2});
   launcher->send(relay, coord_atom::value, caf::actor_cast<caf::actor>(f.coord));
   f.run();
   for (uint32_t r : {2u, 3u}) f.w(r)->send(relay, relay_atom::value, r, uint32_t{0});

@@ -48,5 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try_decode<p::CommitParts>(bytes);
   try_decode<p::CommitCheck>(bytes);
   try_decode<p::CommitCheckReply>(bytes);
+  try_decode<p::GroupPlanRequest>(bytes);
+  try_decode<p::GroupPlan>(bytes);
   return 0;
 }

@@ -78,5 +78,21 @@ int main(int argc, char** argv) {
     b.setRank(1);
     b.setExitCode(42);
   });
+  seed<p::GroupPlanRequest>(d, "group_plan_request", [](auto b) {
+    b.setNode(2);
+    b.setFromIncarnation(5);
+    b.setHost("192.0.2.3");
+  });
+  seed<p::GroupPlan>(d, "group_plan", [](auto b) {
+    b.setStatus(p::PlanStatus::PLAN);
+    b.setIncarnation(5);
+    auto n = b.initNodes(2);
+    n.set(0, 0);
+    n.set(1, 2);
+    auto h = b.initHosts(2);
+    h.set(0, "192.0.2.1");
+    h.set(1, "192.0.2.3");
+    b.setWorkersPerNode(2);
+  });
   return 0;
 }

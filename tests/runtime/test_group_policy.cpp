@@ -111,6 +111,23 @@ TEST_CASE("after a group: stop with the right code or restart", "[launcher]") {
     CHECK(d.code == exit_code::no_progress);
     CHECK(d.reason == "restarts exhausted (3), last cause: rank 0 code 42");
   }
+  SECTION("a growth of an elastic group: restart, not counted, even with no restarts left") {
+    c.restarts = 3;
+    c.membership_change = true;
+    auto d = decide_after_group(ended({{42, 0}, {42, 0}}), c, streak);
+    CHECK(d.restart);
+    CHECK_FALSE(d.counted);
+    CHECK(d.reason.find("membership change") != std::string::npos);
+    SECTION("... but a forwarded notice still stops the launcher") {
+      c.notice_forwarded = true;
+      CHECK_FALSE(decide_after_group(ended({{42, 0}}), c, streak).restart);
+    }
+  }
+  SECTION("a restart after a failure is counted") {
+    auto d = decide_after_group(ended({{42, 0}}), c, streak);
+    CHECK(d.restart);
+    CHECK(d.counted);
+  }
 }
 
 TEST_CASE("coordination service gone: stop with the restart code, naming the checkpoint", "[launcher]") {
