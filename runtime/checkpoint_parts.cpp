@@ -360,8 +360,13 @@ result<std::vector<std::string>> read_part_descriptions(const fs::path& dir) {
 
 result<std::vector<std::string>> checkpoint_store::part_descriptions(uint64_t step, const std::string& tag) const {
   if (!safe_tag(tag)) return error{errc::invalid_input, "parts tag '" + tag + "' is not a safe file-name part"};
+  // The parts directory may become the step while it is read (this node's
+  // commit renames it): its kept descriptions are linked before that.
   auto out = read_part_descriptions(parts_path(step, tag));
-  if (out && out->empty()) return read_part_descriptions(kept_descriptions_path(parts_path(step, tag)));
+  if (!out || out->empty()) {
+    auto kept = read_part_descriptions(kept_descriptions_path(parts_path(step, tag)));
+    if (kept && !kept->empty()) return kept;
+  }
   return out;
 }
 

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Elastic jobs (grace-launch --nnodes 2:3, runtime/elastic.hpp): three hosts x
+# 2 workers (tests/netns/testbed.sh), one grace-launch per host. Host 2 is lost
+# for good (every process SIGKILLed, link down): the survivors save just in
+# time, and once the service waited --elastic-wait-ms for it, the group goes
+# on with hosts 0 and 1 (4 workers, the checkpoint of 6 restored on 4). Then
+# host 2 comes back (link up, a new launcher): the group of 4 saves at an
+# agreed step and restarts with it (6 workers). Each scenario checks: every
+# launcher exits 0, the groups were 6, 4 and 6 workers, each restored the
+# step the previous size saved, every step ran exactly once (the global
+# batch of a step is the same on any number of workers, so every sample
+# once), the growth was not counted as a restart, and the final weights are
+# bit for bit those of a run that changed size at the same steps without a
+# fault (6 workers to T1, 4 to T2, 6 to the end).
+#   elastic.sh shrink_grow       replicated state, checkpoints in the
+#                                directory shared by all hosts
+#   elastic.sh sharded_local     sharded state (--shard-optimizer) on
+#                                node-local disks (--node-local-checkpoints):
+#                                host 2's disk is lost with it; the survivors
+#                                write its ranks' parts from their replicas,
+#                                the group of 4 reshards the 6 parts, and the
+#                                relaunched host 2 (empty disk) fetches the
+#                                parts of the group of 4's save it reads
+source "$(dirname "$0")/../integration/lib.sh"
+source "$(dirname "$0")/testbed.sh"
+SCENARIO=${1:?scenario: shrink_grow or sharded_local}
+tb_init 3
+STEPS=500
+TRAIN=(--device cpu --step-delay-ms 10 --batch 48 --save-every 50)
+COMMON=(--nproc 2 --nnodes 2:3 --coordinator h0:29500 --run-id el --elastic-wait-ms 2000
+        --dead-after-ms 1500 --exit-timeout-ms 5000 --max-restarts 6)
+case "$SCENARIO" in
+  shrink_grow) ;;
+  sharded_local) TRAIN+=(--shard-optimizer); COMMON+=(--node-local-checkpoints) ;;
+  *) fail "unknown scenario $SCENARIO" ;;
+esac
+E0="$TB/h0/events.jsonl"
+declare -A LP
+
+ckdir() { # the checkpoint directory of host I
+  if [ "$SCENARIO" = sharded_local ]; then echo "$TB/h$1/ck"; else echo "$TB/shared/ck"; fi
+}
+launch() {
+  local pid
+  tb_launch "$1" pid "$TB/h$1" "${COMMON[@]}" --node-rank "$1" --checkpoint-dir "$(ckdir "$1")" -- \
+    "${TRAIN[@]}" --steps $STEPS --collective-timeout-ms 20000 --output out.json
+  LP[$1]=$pid
+}
+field() { # field FILE EXPR FIELD: FIELD of the first event in FILE matching EXPR
+  events "$1" "$2" | "$PY" -c "import json,sys; l=sys.stdin.readline(); print(json.loads(l)['$3'] if l else '')"
+}
+# The same size changes without a fault: 6 workers to $1, 4 to $2, 6 to the end.
+schedule_reference() {
+  local d="$WORK/ref" n steps
+  mkdir -p "$d"
+  for phase in "6 $1" "4 $2" "6 $STEPS"; do
+    read -r n steps <<<"$phase"
+    (cd "$d" && "$GRACE_LAUNCH" --quiet --nproc "$n" --checkpoint-dir ck -- "$GRACE_TRAIN" "${TRAIN[@]}" \
+      --steps "$steps" --output out.json >>log.txt 2>&1) || { tail -n 20 "$d/log.txt"; fail "reference ($n workers to $steps) failed"; }
+  done
+  json "$d/out.json" weights_checksum
+}
+
+for h in 0 1 2; do launch $h; done
+tb_wait_event "$E0" "e['event']=='group_formed' and e['world_size']==6" 60
+for h in 0 1 2; do tb_wait_event "$TB/h$h/events.jsonl" "e['event']=='first_step'" 60; done
+sleep 1
+
+# Host 2 lost for good: the survivors save just in time, then train on 4.
+tb_kill_host 2
+wait "${LP[2]}" 2>/dev/null || true
+tb_wait_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" 30
+T1=$(field "$E0" "e['event']=='agreed' and e['kind']=='jit'" step)
+tb_wait_event "$E0" "e['event']=='group_formed' and e['world_size']==4" 30
+inc4=$(field "$E0" "e['event']=='group_formed' and e['world_size']==4" incarnation)
+tb_wait_event "$E0" "e['event']=='first_step' and e['incarnation']==$inc4" 60
+grep -q "the group of incarnation $inc4: nodes 0, 1 (4 workers)" "$TB/h1/log.txt" ||
+  fail "host 1's launcher did not report the group of 4"
+sleep 1.5
+
+# Host 2 comes back (a replacement with the same node rank): the group grows.
+[ "$SCENARIO" = sharded_local ] && rm -rf "$(ckdir 2)"   # its disk was lost with it
+tb_link 2 up
+launch 2
+tb_wait_event "$E0" "e['event']=='grow'" 60
+tb_wait_event "$E0" "e['event']=='group_formed' and e['world_size']==6 and e['incarnation']>$inc4" 60
+inc6=$(field "$E0" "e['event']=='group_formed' and e['world_size']==6 and e['incarnation']>$inc4" incarnation)
+T2=$(field "$E0" "e['event']=='agreed' and e['incarnation']==$inc4 and e['kind']!='jit'" step)
+for h in 0 1 2; do
+  tb_wait_pid "${LP[$h]}" lrc
+  [ "$lrc" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "host $h's launcher exited $lrc"; }
+done
+
+out="$TB/h0/out.json"
+[ "$(json "$out" steps_done)" -eq $STEPS ] || fail "steps_done != $STEPS across the size changes"
+[ "$(json "$out" step_index_sum)" -eq $((STEPS * (STEPS + 1) / 2)) ] || fail "a step ran twice or never"
+[ "$(json "$out" world_size)" -eq 6 ] || fail "the last group did not run on 6 workers"
+worlds=$(events "$E0" "e['event']=='group_formed'" | "$PY" -c 'import json,sys; print(" ".join(str(json.loads(l)["world_size"]) for l in sys.stdin))')
+[ "$worlds" = "6 4 6" ] || fail "groups of $worlds workers, expected 6 4 6"
+for inc in $inc4 $inc6; do
+  want=$([ "$inc" = "$inc4" ] && echo "$T1" || echo "$T2")
+  n=$(count_events "$E0" "e['event']=='restored' and e['incarnation']==$inc and e['step']==$want")
+  n1=$(count_events "$TB/h1/events.jsonl" "e['event']=='restored' and e['incarnation']==$inc and e['step']==$want")
+  [ "$n" -eq 2 ] && [ "$n1" -eq 2 ] || fail "incarnation $inc: hosts 0 and 1 did not all restore step $want"
+done
+[ "$(count_events "$TB/h2/events.jsonl" "e['event']=='restored' and e['incarnation']==$inc6 and e['step']==$T2")" -eq 2 ] ||
+  fail "host 2's ranks did not restore step $T2"
+[ "$(grep -c '\] restart [0-9]*/' "$TB/h0/log.txt")" -eq 1 ] ||
+  fail "expected one counted restart on host 0 (the loss); the growth is a membership change"
+grep -q "regrouping (incarnation $inc6)" "$TB/h0/log.txt" || fail "host 0 did not regroup for the growth"
+grep -q "formed without node 2: this node waits for the next group" "$TB/h2/log.txt" ||
+  fail "the relaunched host 2 did not say it waits for the next group"
+if [ "$SCENARIO" = sharded_local ]; then
+  for r in 4 5; do
+    cat "$TB"/h0/log.txt "$TB"/h1/log.txt | grep -q "writing rank $r's part of step $T1 from the replica" ||
+      fail "rank $r's part of step $T1 was not written from its replica"
+  done
+  grep -q "step $T2: fetched rank-" "$TB/h2/log.txt" || fail "host 2 fetched no part of step $T2"
+fi
+REF=$(schedule_reference "$T1" "$T2")
+[ "$(json "$out" weights_checksum)" = "$REF" ] ||
+  fail "final weights differ from the run that changed size at steps $T1 and $T2 without a fault"
+pass "$SCENARIO: host 2 lost at step ~$T1 (just-in-time save), 4 workers from $T1, host 2 back: agreed save $T2, 6 workers to $STEPS; every step once, weights identical ($REF)"
