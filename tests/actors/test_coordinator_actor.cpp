@@ -789,3 +789,105 @@ TEST_CASE("coordinator: a node relay carries its node's orders, heartbeats and a
   caf::anon_send_exit(relay, caf::exit_reason::user_shutdown);
   f.run();
 }
+
+namespace {
+msg<proto::GroupPlanRequest> plan_request(int32_t node, uint32_t from) {
+  return make<proto::GroupPlanRequest>([&](auto b) {
+    b.setNode(node);
+    b.setFromIncarnation(from);
+    b.setHost("10.0.0." + std::to_string(node + 1));
+  });
+}
+}  // namespace
+
+TEST_CASE("coordinator: an elastic job forms its groups, shrinks after the wait and grows", "[coordinator][elastic]") {
+  using namespace std::chrono_literals;
+  fixture f(3, "tok", 5000ms, [](coordinator_config& c) {
+    c.min_nodes = 2;
+    c.max_nodes = 3;
+    c.nproc = 1;
+    c.elastic_wait = 1000ms;
+  });
+  caf::scoped_actor l0{*f.sys}, l1{*f.sys}, l2{*f.sys};
+  auto plan_of = [&](caf::scoped_actor& l) {
+    std::optional<reader<proto::GroupPlan>> out;
+    l->receive([&](msg<proto::GroupPlan>& m) { out.emplace(std::move(decode(m).value())); },
+               caf::after(std::chrono::milliseconds(0)) >> [] {});
+    return out;
+  };
+  // Two of three ask: held until the wait passed, then a group of two.
+  l0->send(f.coord, plan_request(0, 0));
+  l1->send(f.coord, plan_request(1, 0));
+  f.run();
+  CHECK_FALSE(plan_of(l0));
+  // Joins before the group formed are refused for now.
+  f.w(0)->send(f.coord, fixture::join_msg(0, 2));
+  f.run();
+  auto early = f.expect<proto::Welcome>(0);
+  CHECK_FALSE(early->getAccepted());
+  CHECK(early->getRestartable());
+  CHECK(str(early->getReason()).find("not formed yet") != std::string::npos);
+  f.sched->advance_time(1100ms);
+  f.run();
+  for (auto* l : {&l0, &l1}) {
+    auto p = plan_of(*l);
+    REQUIRE(p);
+    CHECK((*p)->getStatus() == proto::PlanStatus::PLAN);
+    CHECK((*p)->getIncarnation() == 0);
+    REQUIRE((*p)->getNodes().size() == 2);
+    CHECK((*p)->getNodes()[1] == 1);
+    CHECK(str((*p)->getHosts()[1]) == "10.0.0.2");
+  }
+  // A join for another world size is refused for now; the group's are welcome.
+  f.w(0)->send(f.coord, fixture::join_msg(0, 3));
+  f.run();
+  auto wrong = f.expect<proto::Welcome>(0);
+  CHECK_FALSE(wrong->getAccepted());
+  CHECK(wrong->getRestartable());
+  for (uint32_t r : {0u, 1u}) f.w(r)->send(f.coord, fixture::join_msg(r, 2));
+  f.run();
+  for (uint32_t r : {0u, 1u}) REQUIRE(f.expect<proto::Welcome>(r)->getAccepted());
+  // Node 2 comes: excluded from this group, and the group saves to grow.
+  l2->send(f.coord, plan_request(2, 0));
+  f.run();
+  auto ex = plan_of(l2);
+  REQUIRE(ex);
+  CHECK((*ex)->getStatus() == proto::PlanStatus::EXCLUDED);
+  CHECK((*ex)->getIncarnation() == 0);
+  for (uint32_t r : {0u, 1u}) {
+    auto p = f.expect<proto::CheckpointAt>(r);
+    CHECK_FALSE(p->getAgreed());
+    CHECK(p->getKind() == proto::CheckpointKind::INITIAL);
+  }
+  bool grew = false;
+  l0->send(f.coord, resize_atom::value, uint32_t{0});
+  f.run();
+  l0->receive([&](bool g) { grew = g; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+  CHECK(grew);
+  // The next incarnation: node 2 counted already, the group of three forms
+  // as soon as the others ask.
+  l2->send(f.coord, plan_request(2, 1));
+  l0->send(f.coord, plan_request(0, 1));
+  f.run();
+  CHECK_FALSE(plan_of(l2));
+  l1->send(f.coord, incarnation_atom::value, uint32_t{1});
+  f.run();
+  l1->receive([](uint32_t) {}, caf::after(std::chrono::milliseconds(0)) >> [] {});
+  CHECK_FALSE(plan_of(l0));  // node 1 not yet: every node of the previous group is awaited
+  l1->send(f.coord, plan_request(1, 1));
+  f.run();
+  for (auto* l : {&l0, &l1, &l2}) {
+    auto p = plan_of(*l);
+    REQUIRE(p);
+    CHECK((*p)->getStatus() == proto::PlanStatus::PLAN);
+    CHECK((*p)->getIncarnation() == 1);
+    CHECK((*p)->getNodes().size() == 3);
+  }
+  // A refusal names what is wrong.
+  l2->send(f.coord, plan_request(7, 1));
+  f.run();
+  auto bad = plan_of(l2);
+  REQUIRE(bad);
+  CHECK((*bad)->getStatus() == proto::PlanStatus::REFUSED);
+  CHECK(str((*bad)->getReason()).find("at most 3 nodes") != std::string::npos);
+}

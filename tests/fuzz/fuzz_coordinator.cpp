@@ -90,8 +90,19 @@ harness& env() {
 }
 
 /// Inputs whose length is 3 mod 7 run against a service taking a group
-/// over (etcd failover): its members rejoin instead of joining.
+/// over (etcd failover): its members rejoin instead of joining; 5 mod 7
+/// against an elastic job's (2 to 3 nodes of one worker: the group forms
+/// from the launchers' plan requests first).
 bool rejoining = false;
+bool elastic = false;
+
+msg<proto::GroupPlanRequest> plan_request(int32_t node, uint32_t from, const std::string& host) {
+  return make<proto::GroupPlanRequest>([&](auto b) {
+    b.setNode(node);
+    b.setFromIncarnation(from);
+    b.setHost(host);
+  });
+}
 
 msg<proto::Join> join(uint32_t rank, input& in, bool faithful) {
   return make<proto::Join>([&](auto b) {
@@ -212,7 +223,9 @@ void send_raw(uint8_t kind, uint8_t who, senders& s, const coordinator_actor& c,
 
 /// The launchers' messages, the questions and the service's own timers.
 void send_control(uint8_t kind, uint8_t who, senders& s, const coordinator_actor& c, input& in) {
-  switch (kind % 9) {
+  switch (kind % 11) {
+    case 9: s.send(who, c, plan_request(int32_t{in.byte() % 5} - 1, in.byte() % 4u, in.text(16))); break;
+    case 10: s.send(who, c, resize_atom::value, uint32_t{in.byte() % 4u}); break;
     case 0: s.send(who, c, exited_atom::value, in.rank(), uint32_t{in.byte() % 3u}, int32_t{in.byte()}); break;
     case 1: s.send(who, c, launcher_atom::value, int32_t{in.byte()} - 1, int32_t{in.byte() % 4}, in.text(24)); break;
     case 2: s.send(who, c, incarnation_atom::value, uint32_t{in.byte() % 4u}); break;
@@ -293,12 +306,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cc.hung_after = std::chrono::milliseconds(3000);
   cc.log = spdlog::default_logger();
   rejoining = size % 7 == 3;
+  elastic = size % 7 == 5;
   cc.takeover = rejoining;
+  if (elastic) {
+    cc.min_nodes = 2;
+    cc.max_nodes = world;
+    cc.nproc = 1;
+    cc.elastic_wait = std::chrono::milliseconds(200);
+  }
   cc.first_agreement_id = rejoining ? 2'000'000 : 0;
   auto coord = spawn_coordinator(*h.sys, cc);
   senders s;
   for (uint32_t r = 0; r < world; ++r) s.members.push_back(std::make_unique<caf::scoped_actor>(*h.sys));
   s.outsider = std::make_unique<caf::scoped_actor>(*h.sys);
+  if (elastic)
+    for (uint32_t r = 0; r < world; ++r) (*s.members[r])->send(coord, plan_request(int32_t(r), 0, "10.0.0.1"));
+  h.sched->run();
   for (uint32_t r = 0; r < world; ++r) (*s.members[r])->send(coord, join(r, in, true));
   h.sched->run();
   for (int op = 0; op < 256 && in.n > 0; ++op) {

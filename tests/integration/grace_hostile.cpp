@@ -144,6 +144,18 @@ int forge_launcher(caf::scoped_actor& self, const coordinator_actor& coord) {
       .receive([&](std::string& r) { after = r; }, [](caf::error&) {});
   if (after.find("127.0.0.1:1") != std::string::npos) rc |= failed("a checkpoint server registration");
   std::printf("refused a checkpoint server registration\n");
+  // A place in an elastic job's group: refused (the job under attack is
+  // not elastic, and this process is no launcher of it either way).
+  rc |= expect_refused<proto::GroupPlan>(self, coord, make<proto::GroupPlanRequest>([](auto b) {
+                                           b.setNode(1);
+                                           b.setHost("127.0.0.1");
+                                         }),
+                                         "a group plan request for node 1",
+                                         [](auto r) { return r.getStatus() != proto::PlanStatus::REFUSED; });
+  bool grew = true;
+  self->request(coord, wait, resize_atom::value, uint32_t{0}).receive([&](bool g) { grew = g; }, [](caf::error&) {});
+  if (grew) rc |= failed("a membership-change question");
+  std::printf("refused a membership-change question\n");
   return rc;
 }
 

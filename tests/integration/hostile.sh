@@ -61,7 +61,7 @@ pass "garbage and silent connections sent to port $PORT"
 out=$("$GRACE_HOSTILE" 127.0.0.1 "$PORT" 2 join) || { echo "$out"; fail "a join with a wrong secret was not refused"; }
 grep -q "refused join:.*secret\|refused join:.*token" <<< "$out" || fail "the refusal must name the secret: $out"
 out=$("$GRACE_HOSTILE" 127.0.0.1 "$PORT" 2 forge) || { echo "$out"; fail "a forged message got through"; }
-[ "$(grep -c '^refused' <<< "$out")" -eq 9 ] || fail "expected 9 refused requests: $out"
+[ "$(grep -c '^refused' <<< "$out")" -eq 11 ] || fail "expected 11 refused requests: $out"
 pass "a wrong secret and forged member messages refused"
 
 wait_job
