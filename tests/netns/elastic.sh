@@ -21,20 +21,33 @@
 #                                the group of 4 reshards the 6 parts, and the
 #                                relaunched host 2 (empty disk) fetches the
 #                                parts of the group of 4's save it reads
+#   elastic.sh leader_lost       the coordination service elected through
+#                                etcd (--etcd, a member on each host), and
+#                                the host lost is host 0, which hosts it: a
+#                                launcher on host 1 or 2 takes the group over
+#                                (the survivors save just in time), the next
+#                                group is hosts 1 and 2, and host 0 comes back
+#                                as the newcomer
 source "$(dirname "$0")/../integration/lib.sh"
 source "$(dirname "$0")/testbed.sh"
-SCENARIO=${1:?scenario: shrink_grow or sharded_local}
+SCENARIO=${1:?scenario: shrink_grow, sharded_local or leader_lost}
 tb_init 3
 STEPS=500
 TRAIN=(--device cpu --step-delay-ms 10 --batch 48 --save-every 50)
-COMMON=(--nproc 2 --nnodes 2:3 --coordinator h0:29500 --run-id el --elastic-wait-ms 2000
-        --dead-after-ms 1500 --exit-timeout-ms 5000 --max-restarts 6)
+COMMON=(--nproc 2 --nnodes 2:3 --run-id el --elastic-wait-ms 2000 --dead-after-ms 1500 --exit-timeout-ms 5000
+        --max-restarts 6)
+LOST=2
 case "$SCENARIO" in
-  shrink_grow) ;;
-  sharded_local) TRAIN+=(--shard-optimizer); COMMON+=(--node-local-checkpoints) ;;
+  shrink_grow) COMMON+=(--coordinator h0:29500) ;;
+  sharded_local) COMMON+=(--coordinator h0:29500 --node-local-checkpoints); TRAIN+=(--shard-optimizer) ;;
+  leader_lost)
+    tb_etcd_start 0 1 2
+    COMMON+=(--etcd "$(tb_etcd_endpoints 0 1 2)" --etcd-ttl 2 --coordinator-port 29500)
+    LOST=0 ;;
   *) fail "unknown scenario $SCENARIO" ;;
 esac
-E0="$TB/h0/events.jsonl"
+SURVIVORS=$(printf '%s\n' 0 1 2 | grep -vx "$LOST" | paste -sd' ')
+FIRST=${SURVIVORS%% *}
 declare -A LP
 
 ckdir() { # the checkpoint directory of host I
@@ -46,8 +59,22 @@ launch() {
     "${TRAIN[@]}" --steps $STEPS --collective-timeout-ms 20000 --output out.json
   LP[$1]=$pid
 }
-field() { # field FILE EXPR FIELD: FIELD of the first event in FILE matching EXPR
-  events "$1" "$2" | "$PY" -c "import json,sys; l=sys.stdin.readline(); print(json.loads(l)['$3'] if l else '')"
+all_events() { cat "$TB"/h*/events.jsonl | "$PY" -c 'import json,sys
+for e in sorted((json.loads(l) for l in sys.stdin if l.startswith("{")), key=lambda e: e["t_ns"]): print(json.dumps(e))'; }
+field() { # field EXPR FIELD: FIELD of the first event of any host matching EXPR
+  all_events | "$PY" -c "import json,sys
+m = [e for e in map(json.loads, sys.stdin) if eval(sys.argv[1], {}, {'e': e})]
+print(m[0][sys.argv[2]] if m else '')" "$1" "$2"
+}
+wait_all() { # wait_all EXPR SECONDS: until an event of any host matches
+  local end=$((SECONDS + $2))
+  until [ -n "$(field "$1" t_ns)" ]; do
+    [ $SECONDS -lt $end ] || { tail -n 20 "$TB"/h*/log.txt; fail "no event '$1' within $2 s"; }
+    sleep 0.1
+  done
+}
+restored_on() { # restored_on HOST INCARNATION STEP: how many of the host's ranks restored STEP there
+  count_events "$TB/h$1/events.jsonl" "e['event']=='restored' and e['incarnation']==$2 and e['step']==$3"
 }
 # The same size changes without a fault: 6 workers to $1, 4 to $2, 6 to the end.
 schedule_reference() {
@@ -61,31 +88,34 @@ schedule_reference() {
   json "$d/out.json" weights_checksum
 }
 
-for h in 0 1 2; do launch $h; done
-tb_wait_event "$E0" "e['event']=='group_formed' and e['world_size']==6" 60
+launch 0
+[ "$SCENARIO" = leader_lost ] && tb_wait_event "$TB/h0/events.jsonl" "e['event']=='coordinator_elected'" 30
+launch 1
+launch 2
+wait_all "e['event']=='group_formed' and e['world_size']==6" 60
 for h in 0 1 2; do tb_wait_event "$TB/h$h/events.jsonl" "e['event']=='first_step'" 60; done
 sleep 1
 
-# Host 2 lost for good: the survivors save just in time, then train on 4.
-tb_kill_host 2
-wait "${LP[2]}" 2>/dev/null || true
-tb_wait_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" 30
-T1=$(field "$E0" "e['event']=='agreed' and e['kind']=='jit'" step)
-tb_wait_event "$E0" "e['event']=='group_formed' and e['world_size']==4" 30
-inc4=$(field "$E0" "e['event']=='group_formed' and e['world_size']==4" incarnation)
-tb_wait_event "$E0" "e['event']=='first_step' and e['incarnation']==$inc4" 60
-grep -q "the group of incarnation $inc4: nodes 0, 1 (4 workers)" "$TB/h1/log.txt" ||
-  fail "host 1's launcher did not report the group of 4"
+# Host $LOST lost for good: the survivors save just in time, then train on 4.
+tb_kill_host $LOST
+wait "${LP[$LOST]}" 2>/dev/null || true
+wait_all "e['event']=='agreed' and e['kind']=='jit'" 30
+T1=$(field "e['event']=='agreed' and e['kind']=='jit'" step)
+wait_all "e['event']=='group_formed' and e['world_size']==4" 30
+inc4=$(field "e['event']=='group_formed' and e['world_size']==4" incarnation)
+tb_wait_event "$TB/h$FIRST/events.jsonl" "e['event']=='first_step' and e['incarnation']==$inc4" 60
+grep -q "the group of incarnation $inc4: nodes ${SURVIVORS// /, }" "$TB/h$FIRST/log.txt" ||
+  fail "host $FIRST's launcher did not report the group of hosts $SURVIVORS"
 sleep 1.5
 
-# Host 2 comes back (a replacement with the same node rank): the group grows.
-[ "$SCENARIO" = sharded_local ] && rm -rf "$(ckdir 2)"   # its disk was lost with it
-tb_link 2 up
-launch 2
-tb_wait_event "$E0" "e['event']=='grow'" 60
-tb_wait_event "$E0" "e['event']=='group_formed' and e['world_size']==6 and e['incarnation']>$inc4" 60
-inc6=$(field "$E0" "e['event']=='group_formed' and e['world_size']==6 and e['incarnation']>$inc4" incarnation)
-T2=$(field "$E0" "e['event']=='agreed' and e['incarnation']==$inc4 and e['kind']!='jit'" step)
+# Host $LOST comes back (a replacement with the same node rank): the group grows.
+[ "$SCENARIO" = sharded_local ] && rm -rf "$(ckdir $LOST)"   # its disk was lost with it
+tb_link $LOST up
+launch $LOST
+wait_all "e['event']=='grow'" 60
+wait_all "e['event']=='group_formed' and e['world_size']==6 and e['incarnation']>$inc4" 60
+inc6=$(field "e['event']=='group_formed' and e['world_size']==6 and e['incarnation']>$inc4" incarnation)
+T2=$(field "e['event']=='agreed' and e['incarnation']==$inc4 and e['kind']!='jit'" step)
 for h in 0 1 2; do
   tb_wait_pid "${LP[$h]}" lrc
   [ "$lrc" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "host $h's launcher exited $lrc"; }
@@ -95,21 +125,18 @@ out="$TB/h0/out.json"
 [ "$(json "$out" steps_done)" -eq $STEPS ] || fail "steps_done != $STEPS across the size changes"
 [ "$(json "$out" step_index_sum)" -eq $((STEPS * (STEPS + 1) / 2)) ] || fail "a step ran twice or never"
 [ "$(json "$out" world_size)" -eq 6 ] || fail "the last group did not run on 6 workers"
-worlds=$(events "$E0" "e['event']=='group_formed'" | "$PY" -c 'import json,sys; print(" ".join(str(json.loads(l)["world_size"]) for l in sys.stdin))')
+worlds=$(all_events | "$PY" -c 'import json,sys; print(" ".join(str(e["world_size"]) for e in map(json.loads, sys.stdin) if e["event"]=="group_formed"))')
 [ "$worlds" = "6 4 6" ] || fail "groups of $worlds workers, expected 6 4 6"
-for inc in $inc4 $inc6; do
-  want=$([ "$inc" = "$inc4" ] && echo "$T1" || echo "$T2")
-  n=$(count_events "$E0" "e['event']=='restored' and e['incarnation']==$inc and e['step']==$want")
-  n1=$(count_events "$TB/h1/events.jsonl" "e['event']=='restored' and e['incarnation']==$inc and e['step']==$want")
-  [ "$n" -eq 2 ] && [ "$n1" -eq 2 ] || fail "incarnation $inc: hosts 0 and 1 did not all restore step $want"
+for h in $SURVIVORS; do
+  [ "$(restored_on $h $inc4 $T1)" -eq 2 ] || fail "host $h's ranks did not restore step $T1 in the group of 4"
+  [ "$(restored_on $h $inc6 $T2)" -eq 2 ] || fail "host $h's ranks did not restore step $T2 in the group of 6"
+  [ "$(grep -c '\] restart [0-9]*/' "$TB/h$h/log.txt")" -eq 1 ] ||
+    fail "expected one counted restart on host $h (the loss); the growth is a membership change"
+  grep -q "regrouping (incarnation $inc6)" "$TB/h$h/log.txt" || fail "host $h did not regroup for the growth"
 done
-[ "$(count_events "$TB/h2/events.jsonl" "e['event']=='restored' and e['incarnation']==$inc6 and e['step']==$T2")" -eq 2 ] ||
-  fail "host 2's ranks did not restore step $T2"
-[ "$(grep -c '\] restart [0-9]*/' "$TB/h0/log.txt")" -eq 1 ] ||
-  fail "expected one counted restart on host 0 (the loss); the growth is a membership change"
-grep -q "regrouping (incarnation $inc6)" "$TB/h0/log.txt" || fail "host 0 did not regroup for the growth"
-grep -q "formed without node 2: this node waits for the next group" "$TB/h2/log.txt" ||
-  fail "the relaunched host 2 did not say it waits for the next group"
+[ "$(restored_on $LOST $inc6 $T2)" -eq 2 ] || fail "host $LOST's ranks did not restore step $T2"
+grep -q "formed without node $LOST: this node waits for the next group" "$TB/h$LOST/log.txt" ||
+  fail "the relaunched host $LOST did not say it waits for the next group"
 if [ "$SCENARIO" = sharded_local ]; then
   for r in 4 5; do
     cat "$TB"/h0/log.txt "$TB"/h1/log.txt | grep -q "writing rank $r's part of step $T1 from the replica" ||
@@ -117,7 +144,10 @@ if [ "$SCENARIO" = sharded_local ]; then
   done
   grep -q "step $T2: fetched rank-" "$TB/h2/log.txt" || fail "host 2 fetched no part of step $T2"
 fi
+if [ "$SCENARIO" = leader_lost ]; then
+  [ -n "$(field "e['event']=='coordinator_elected' and e['takeover']" t_ns)" ] || fail "no launcher took the group over"
+fi
 REF=$(schedule_reference "$T1" "$T2")
 [ "$(json "$out" weights_checksum)" = "$REF" ] ||
   fail "final weights differ from the run that changed size at steps $T1 and $T2 without a fault"
-pass "$SCENARIO: host 2 lost at step ~$T1 (just-in-time save), 4 workers from $T1, host 2 back: agreed save $T2, 6 workers to $STEPS; every step once, weights identical ($REF)"
+pass "$SCENARIO: host $LOST lost at step ~$T1 (just-in-time save), 4 workers from $T1, host $LOST back: agreed save $T2, 6 workers to $STEPS; every step once, weights identical ($REF)"
