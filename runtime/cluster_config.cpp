@@ -193,6 +193,12 @@ result<cluster_config> cluster_from_environment() {
       if (auto hp = parse_host_port(v); !hp) return error{errc::invalid_input, "GRACE_RELAY: " + hp.err().message};
       c.relay = v;
     }
+    if (auto v = env("GRACE_GROUP_NODES")) {
+      const std::string nodes = v;
+      if (nodes.empty() || nodes.size() > 64 * 1024 || nodes.find_first_not_of("0123456789,") != std::string::npos)
+        return bad("GRACE_GROUP_NODES=" + nodes.substr(0, 64) + ": expected node ranks separated by commas");
+      c.group_nodes = nodes;
+    }
     if (auto v = env("GRACE_RUN_ID")) {
       if (auto st = check_run_id(v, "GRACE_RUN_ID"); !st) return st.err();
       c.run_id = v;

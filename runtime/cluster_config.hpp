@@ -36,6 +36,10 @@ struct cluster_config {
   /// This node's relay (GRACE_RELAY, "127.0.0.1:port"; multi-node jobs):
   /// heartbeats and acknowledgements go through it (actors/node_relay.hpp).
   std::string relay;
+  /// Elastic jobs (grace-launch --nnodes MIN:MAX): the node ranks of this
+  /// incarnation's group in slot order (GRACE_GROUP_NODES, "0,2"): a rank's
+  /// node in a checkpoint is its slot; this names the hosts behind them.
+  std::string group_nodes;
   /// Sharded state in node-local checkpoint directories, declared by
   /// grace-launch --node-local-checkpoints (GRACE_NODE_LOCAL_CHECKPOINTS=1):
   /// every node commits its own parts (runtime/shared_dir.hpp checks it).

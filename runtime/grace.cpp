@@ -191,6 +191,7 @@ struct session::impl {
     m.kind = kind;
     for (auto& [name, p] : counters) m.counters[name] = *p;
     m.metadata["grace.saved_by_rank"] = std::to_string(cluster.rank);
+    if (!cluster.group_nodes.empty()) m.metadata["grace.group_nodes"] = cluster.group_nodes;
     return m;
   }
 

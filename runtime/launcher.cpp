@@ -827,6 +827,11 @@ std::map<std::string, std::string> launcher::worker_environment(int rank, int lo
   }
   if (!o_.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o_.checkpoint_dir;
   if (o_.node_local_checkpoints) env["GRACE_NODE_LOCAL_CHECKPOINTS"] = "1";
+  if (plan_) {
+    std::string nodes;
+    for (auto n : plan_->nodes) nodes += (nodes.empty() ? "" : ",") + std::to_string(n);
+    env["GRACE_GROUP_NODES"] = nodes;
+  }
   env.merge(tls_environment(tls_));
   add_torchrun_environment(env, o_, torchrun_shape(), rank, local_rank, incarnation_, restarts_);
   return env;

@@ -72,6 +72,16 @@ TEST_CASE("cluster: GRACE_* environment", "[cluster]") {
   CHECK(c->coordinator_port == 4567);
   CHECK(c->incarnation == 2);
   CHECK(c->source == "GRACE_*");
+  CHECK(c->group_nodes.empty());
+  ::setenv("GRACE_GROUP_NODES", "0,2", 1);  // an elastic job's group
+  auto e = cluster_from_environment();
+  REQUIRE(e);
+  CHECK(e->group_nodes == "0,2");
+  ::setenv("GRACE_GROUP_NODES", "0;rm -rf", 1);
+  auto bad_nodes = cluster_from_environment();
+  REQUIRE_FALSE(bad_nodes);
+  CHECK(bad_nodes.err().message.find("GRACE_GROUP_NODES") != std::string::npos);
+  ::unsetenv("GRACE_GROUP_NODES");
   ::setenv("GRACE_RANK", "4", 1);
   CHECK_FALSE(cluster_from_environment());
   ::unsetenv("GRACE_RANK");
