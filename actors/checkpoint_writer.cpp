@@ -220,31 +220,43 @@ result<save_stats> carry_out(writer_state& st, const commit_plan& c) {
 /// to the requester until the timeout's cancellation is processed, and a
 /// detached actor still referenced when the system shuts down makes the
 /// shutdown wait for it forever (a process that never exits).
+/// Asked again every quarter second, of the service this worker talks to
+/// then: a service lost meanwhile never answers (a message to a dead
+/// remote actor vanishes), and once the peer watcher follows its successor
+/// (etcd failover) that one decides. The question is idempotent.
 std::optional<std::string> fence(self_ptr self, uint64_t id, uint64_t step) {
   auto& st = self->state;
-  auto c = st.cfg.coord ? st.cfg.coord->get() : coordinator_actor{};
-  if (!c) return std::nullopt;
+  if (!st.cfg.coord || !st.cfg.coord->get()) return std::nullopt;
   auto check = make<proto::CommitCheck>([&](auto b) {
     b.setRank(st.cfg.rank);
     b.setAgreementId(id);
     b.setStep(step);
     b.setIncarnation(st.cfg.incarnation);
   });
-  std::optional<std::string> refused;
-  caf::scoped_actor asker{self->system()};
-  asker->request(c, st.cfg.commit_check_timeout, std::move(check))
-      .receive(
-          [&](msg<proto::CommitCheckReply>& m) {
-            auto r = decode(m);
-            if (!r)
-              refused = r.err().message;
-            else if (!r->get().getOk())
-              refused = str(r->get().getReason());
-          },
-          [&](caf::error& e) {
-            refused = "no answer from the coordination service (" + self->system().render(e) + ")";
-          });
-  return refused;
+  const auto deadline = std::chrono::steady_clock::now() + st.cfg.commit_check_timeout;
+  for (;;) {
+    if (st.cfg.ctl && st.cfg.ctl->coordinator_gone()) return std::string("the coordination service is gone");
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    std::optional<std::string> refused;
+    bool answered = false;
+    caf::scoped_actor asker{self->system()};
+    asker->request(st.cfg.coord->get(), std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(250)),
+                   check)
+        .receive(
+            [&](msg<proto::CommitCheckReply>& m) {
+              answered = true;
+              auto r = decode(m);
+              if (!r)
+                refused = r.err().message;
+              else if (!r->get().getOk())
+                refused = str(r->get().getReason());
+            },
+            [&](caf::error& e) {
+              refused = "no answer from the coordination service within " +
+                        std::to_string(st.cfg.commit_check_timeout.count()) + " ms (" + self->system().render(e) + ")";
+            });
+    if (answered || std::chrono::steady_clock::now() >= deadline) return refused;
+  }
 }
 
 /// The fence of a periodic whole-state save (the chief's): asked once its
@@ -256,12 +268,7 @@ commit_gate periodic_gate(self_ptr self, const save_request& req) {
   auto& st = self->state;
   if (!req.part_tag.empty() || req.meta.kind != checkpoint_kind::periodic || !st.cfg.coord) return {};
   return [self, step = req.meta.step]() -> status {
-    auto& st = self->state;
-    std::optional<std::string> refused;
-    if (st.cfg.ctl && st.cfg.ctl->coordinator_gone())
-      refused = "the coordination service is gone";
-    else
-      refused = fence(self, 0, step);
+    auto refused = fence(self, 0, step);
     if (!refused) return {};
     emit_event("commit_fenced", {{"step", step}, {"why", *refused}});
     return error{errc::failed, "not committed: the coordination service refused it (" + *refused + ")"};

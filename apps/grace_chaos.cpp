@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include <iostream>
 #include <optional>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -141,6 +143,74 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
   return ref;
 }
 
+/// An elastic run's reference: the same trainer, one phase per size the
+/// run trained at (size_phases), each resuming the previous phase's final
+/// checkpoint; cached by the phases.
+reference elastic_reference(const run_config& base, const run_result& res, const fs::path& cache_dir) {
+  reference ref;
+  const auto phases = size_phases(res.events, base.steps);
+  if (phases.empty()) {
+    ref.note = "no group formed: no elastic reference";
+    return ref;
+  }
+  nlohmann::json key = {{"trainer", base.trainer}, {"prefix", base.trainer_prefix}, {"args", base.trainer_args},
+                        {"save_every", base.save_every}, {"device", base.device}};
+  std::string sizes;
+  for (auto& p : phases) {
+    key["phases"].push_back({p.workers, p.from, p.to});
+    sizes += (sizes.empty() ? "" : ", ") + std::to_string(p.workers) + " workers to step " + std::to_string(p.to);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(key.dump()));
+  std::error_code ec;
+  fs::create_directories(cache_dir, ec);
+  const auto file = cache_dir / (std::string("elastic-") + hex + ".json");
+  if (std::ifstream f(file); f) {
+    try {
+      nlohmann::json j;
+      f >> j;
+      if (j.value("key", nlohmann::json()) == key) {
+        ref.checksum = j["weights_checksum"].get<std::string>();
+        ref.note = "the same size changes without a fault (" + sizes + "), cached " + file.string();
+        return ref;
+      }
+    } catch (...) {}
+  }
+  const auto dir = cache_dir / (std::string("elastic-run-") + hex);
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir, ec);
+  std::fprintf(stderr, "grace-chaos: running the reference with the run's size changes (%s)\n", sizes.c_str());
+  for (auto& p : phases) {
+    run_config rc = base;
+    rc.steps = static_cast<uint64_t>(p.to);
+    rc.step_delay_ms = 0;  // the weights do not depend on it
+    std::vector<std::string> a = {base.launcher, "--nproc", std::to_string(p.workers), "--max-restarts", "0",
+                                  "--checkpoint-dir", (dir / "ckpt").string(), "--quiet", "--"};
+    for (auto& x : trainer_argv(rc, dir / "out.json")) a.push_back(x);
+    a.insert(a.end(), base.trainer_args.begin(), base.trainer_args.end());
+    const pid_t pid = spawn(a, dir / "log.txt", {}, false);
+    int st = 0;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      ref.note = "the elastic reference failed at " + std::to_string(p.workers) + " workers to step " +
+                 std::to_string(p.to) + " (see " + (dir / "log.txt").string() + ")";
+      return ref;
+    }
+  }
+  try {
+    nlohmann::json out;
+    std::ifstream(dir / "out.json") >> out;
+    ref.checksum = out.at("weights_checksum").get<std::string>();
+  } catch (const std::exception& e) {
+    ref.note = std::string("the elastic reference wrote no usable out.json: ") + e.what();
+    return ref;
+  }
+  std::ofstream(file) << nlohmann::json{{"key", key}, {"weights_checksum", *ref.checksum}}.dump(2) << "\n";
+  fs::remove_all(dir, ec);
+  ref.note = "the same size changes without a fault (" + sizes + "), cached " + file.string();
+  return ref;
+}
+
 struct one_result {
   bool passed = false;
   int injected = 0;
@@ -149,11 +219,15 @@ struct one_result {
 };
 
 one_result run_one(const run_config& base, const std::vector<fault>& schedule, const fs::path& out_dir,
-                   const reference& ref, const nlohmann::json& origin, bool print_table) {
+                   const reference& uninterrupted, const nlohmann::json& origin, bool print_table,
+                   const fs::path& cache_dir) {
   run_config cfg = base;
   cfg.dir = out_dir / "run";
-  if (ref.step_ns > 0) cfg.step_ns_hint = ref.step_ns;
+  if (uninterrupted.step_ns > 0) cfg.step_ns_hint = uninterrupted.step_ns;
   auto res = run_job(cfg, schedule);
+  // An elastic job is held to a reference that changed size where it did.
+  reference ref = uninterrupted;
+  if (cfg.elastic_min > 0 && uninterrupted.wanted) ref = elastic_reference(cfg, res, cache_dir);
   one_result r;
   check_input in;
   in.cfg = &cfg;
@@ -223,6 +297,13 @@ void add_job_options(CLI::App& app, chaos_args& a) {
   app.add_flag("--node-local", cfg.node_local,
                "--hosts: a checkpoint directory per host (node-local disks) instead of one shared by all; a lost "
                "host's replacement starts with an empty one");
+  app.add_option("--elastic", cfg.elastic_min,
+                 "--hosts: an elastic job (grace-launch --nnodes MIN:HOSTS): a host lost for longer than "
+                 "--elastic-wait-ms is left out of the group until its replacement comes; the reference changes "
+                 "size at the same steps")
+      ->check(CLI::Range(1, 15));
+  app.add_option("--elastic-wait-ms", cfg.elastic_wait_ms, "--elastic: grace-launch --elastic-wait-ms")
+      ->check(CLI::Range(0, 600000));
   app.add_option("--steps", cfg.steps, "training steps")->check(CLI::Range(uint64_t(10), uint64_t(1) << 30));
   app.add_option("--save-every", cfg.save_every,
                  "periodic checkpoint interval (bounds work lost to a damaged checkpoint)")
@@ -340,6 +421,8 @@ std::optional<std::string> check_schedule(const run_config& cfg, const std::vect
 /// What is wrong with the test bed options (--etcd, --node-local), or nullopt.
 std::optional<std::string> check_test_bed(const run_config& cfg) {
   if (cfg.node_local && cfg.hosts < 2) return std::string("--node-local needs the multi-host test bed (--hosts N)");
+  if (cfg.elastic_min > 0 && (cfg.hosts < 2 || cfg.elastic_min >= cfg.hosts))
+    return std::string("--elastic MIN needs the multi-host test bed with more hosts than MIN (--hosts N, N > MIN)");
   if (!cfg.etcd) return std::nullopt;
   if (cfg.hosts < 3)
     return std::string("--etcd runs a three-member etcd on hosts 0..2: it needs --hosts 3 or more");
@@ -376,7 +459,7 @@ int run_single(const chaos_args& a, const std::vector<fault>& schedule, const fs
   std::cout.flush();
   nlohmann::json origin =
       a.schedule_file.empty() ? nlohmann::json{{"seed", a.seed}} : nlohmann::json{{"schedule_file", a.schedule_file}};
-  return run_one(a.cfg, schedule, out_dir, ref, origin, true).passed ? exit_pass : exit_fail;
+  return run_one(a.cfg, schedule, out_dir, ref, origin, true, a.cache_dir).passed ? exit_pass : exit_fail;
 }
 
 /// Runs seeds seed..seed+soak-1, one line each, and writes soak.json.
@@ -405,7 +488,7 @@ int run_soak(const chaos_args& a, const std::function<std::vector<fault>(uint64_
     auto dir = out_dir / ("seed-" + std::to_string(s));
     std::error_code ec;
     fs::create_directories(dir, ec);
-    auto r = run_one(a.cfg, schedule, dir, ref, {{"seed", s}}, false);
+    auto r = run_one(a.cfg, schedule, dir, ref, {{"seed", s}}, false, a.cache_dir);
     total_faults += r.injected;
     failed += !r.passed;
     std::printf("seed %-6llu %s  %d/%zu faults injected  [%s]%s\n", (unsigned long long)s, r.passed ? "PASS" : "FAIL",
@@ -488,6 +571,7 @@ int main(int argc, char** argv) {
     g.steps = a.cfg.steps;
     g.kinds = *kinds;
     g.overlap = a.overlap;
+    if (a.cfg.elastic_min > 0) g.elastic_wait_ms = a.cfg.elastic_wait_ms;
     return generate(g);
   };
   if (a.print_only) {

@@ -67,6 +67,7 @@ public:
       res_.faults.push_back(r);
     }
     view_.workers = c.total_workers();
+    view_.per_host = c.workers;
     view_.step_ns = c.step_ns_hint;
   }
 
@@ -78,7 +79,11 @@ public:
                          (cfg_.etcd ? "coordination host elected through etcd (members on hosts 0.." +
                                           std::to_string(etcd_members - 1) + ")"
                                     : "coordinator on host 0 (" + tb_->address(0) + ")") +
-                         (cfg_.node_local ? ", a checkpoint directory per host" : ", one shared checkpoint directory"));
+                         (cfg_.node_local ? ", a checkpoint directory per host" : ", one shared checkpoint directory") +
+                         (cfg_.elastic_min > 0 ? ", elastic: groups of " + std::to_string(cfg_.elastic_min) + " to " +
+                                                     std::to_string(cfg_.hosts) + " hosts (wait " +
+                                                     std::to_string(cfg_.elastic_wait_ms) + " ms)"
+                                               : std::string()));
     if (cfg_.etcd) start_etcd_cluster();
     res_.start_ns = now_ns();
     for (int h = 0; h < cfg_.hosts; ++h) start_launcher(h);
@@ -202,9 +207,14 @@ private:
     lr.index = static_cast<int>(res_.launches.size());
     lr.host = h;
     std::vector<std::string> a = tb_->exec_prefix(h);
-    for (auto& s : std::vector<std::string>{cfg_.launcher, "--nproc", std::to_string(cfg_.workers), "--nnodes",
-                                            std::to_string(cfg_.hosts), "--node-rank", std::to_string(h)})
+    const std::string nnodes =
+        (cfg_.elastic_min > 0 ? std::to_string(cfg_.elastic_min) + ":" : std::string()) + std::to_string(cfg_.hosts);
+    for (auto& s : std::vector<std::string>{cfg_.launcher, "--nproc", std::to_string(cfg_.workers), "--nnodes", nnodes,
+                                            "--node-rank", std::to_string(h)})
       a.push_back(s);
+    if (cfg_.elastic_min > 0)
+      for (auto& s : std::vector<std::string>{"--elastic-wait-ms", std::to_string(cfg_.elastic_wait_ms)})
+        a.push_back(s);
     for (auto& s : coordination_args()) a.push_back(s);
     for (auto& s : std::vector<std::string>{"--run-id", "chaos", "--checkpoint-dir", ckpt_of(h).string(),
                                             "--dead-after-ms", std::to_string(cfg_.dead_after_ms), "--exit-timeout-ms",
@@ -407,7 +417,7 @@ private:
     }
     auto& slot = slots_[static_cast<size_t>(h)];
     r.launch = slot.launch;
-    for (int i = 0; i < cfg_.workers; ++i) r.ranks.push_back(h * cfg_.workers + i);
+    r.ranks = view_.ranks_of(h);  // none: an elastic group that runs without it
     a.timer_ns = now + int64_t(r.f.duration_ms) * 1000000;
     switch (r.f.kind) {
       case fault_kind::host_lost:
@@ -447,7 +457,7 @@ private:
       return false;
     }
     r.ranks.push_back(rank);
-    r.launch = slots_[static_cast<size_t>(rank / cfg_.workers)].launch;
+    if (auto h = view_.host_of(rank); h >= 0 && h < cfg_.hosts) r.launch = slots_[static_cast<size_t>(h)].launch;
     if (sig == SIGSTOP && r.f.duration_ms > 0) {
       a.stopped.push_back(p);
       a.timer_ns = now + int64_t(r.f.duration_ms) * 1000000;

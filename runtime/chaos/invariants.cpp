@@ -270,8 +270,16 @@ verdict exit_codes(const check_input& in) {
   // `finished` event in that incarnation), never after a save that asked
   // for a restart.
   std::set<std::pair<int64_t, int64_t>> finished;  // (incarnation, rank)
-  for (auto& e : res.events)
+  // Incarnations the service ended itself: to take in a host (an elastic
+  // growth), or because a member restored another step than the group
+  // (node-local directories that a replacement levelled while a save was
+  // still being committed: the group restarts once more, level).
+  std::set<int64_t> regrouped;
+  for (auto& e : res.events) {
     if (e.name == "finished") finished.insert({e.incarnation, e.rank});
+    if (e.name == "grow" || (e.name == "peer_lost" && e.str("why").rfind("not level:", 0) == 0))
+      regrouped.insert(e.incarnation);
+  }
   int worker_exits = 0;
   for (auto& e : res.events) {
     if (e.name != "worker_exit") continue;
@@ -295,7 +303,7 @@ verdict exit_codes(const check_input& in) {
     // 45: a worker whose rendezvous failed because a fault hit its group
     // while it was connecting: restarted like 42.
     else if (code == 42 || code == 45)
-      ok = has([](const fault_record& f) { return restarts_group(f); });
+      ok = has([](const fault_record& f) { return restarts_group(f); }) || regrouped.count(e.incarnation) > 0;
     else if (code == 3)
       ok = has([](const fault_record& f) { return f.f.kind == fault_kind::step_error; });
     if (!ok) {
@@ -542,6 +550,31 @@ verdict no_split_brain(const check_input& in) {
 }
 
 }  // namespace
+
+std::vector<size_phase> size_phases(const std::vector<event>& events, uint64_t steps) {
+  std::map<int64_t, int> workers;       // incarnation -> its group's size
+  std::map<int64_t, int64_t> restored;  // incarnation -> the step its workers restored (0: none)
+  std::set<int64_t> trained;
+  for (auto& e : events) {
+    if (e.name == "group_formed") workers[e.incarnation] = e.j.value("world_size", 0);
+    const bool worker = e.rank >= 0 && e.rank < (int64_t(1) << 24);  // not a launcher's or the harness's
+    if (!worker) continue;
+    if (e.name == "restored") restored[e.incarnation] = std::max(restored[e.incarnation], e.step());
+    if (e.name == "first_step") trained.insert(e.incarnation);
+  }
+  std::vector<size_phase> out;
+  for (auto inc : trained) {
+    auto w = workers.find(inc);
+    if (w == workers.end() || w->second <= 0) continue;
+    const int64_t from = restored.count(inc) ? restored[inc] : 0;
+    while (!out.empty() && out.back().from >= from) out.pop_back();  // superseded by this restore
+    if (!out.empty()) out.back().to = from;
+    if (!out.empty() && out.back().workers == w->second) continue;  // the same size goes on
+    out.push_back({w->second, from, 0});
+  }
+  if (!out.empty()) out.back().to = static_cast<int64_t>(steps);
+  return out;
+}
 
 check_output check_invariants(const check_input& in) {
   check_output out;

@@ -31,6 +31,22 @@ struct verdict {
   std::string detail;
 };
 
+/// An elastic job's sizes (--elastic): the reference run that a faulted
+/// run must equal changes size where the run did. One phase: `workers`
+/// trained from the checkpoint of step `from` (0: the start) to `to`.
+struct size_phase {
+  int workers = 0;
+  int64_t from = 0;
+  int64_t to = 0;
+  bool operator==(const size_phase& o) const { return workers == o.workers && from == o.from && to == o.to; }
+};
+/// From the events: each group that trained (its size from the service's
+/// group_formed, its start from what it restored); a restore at step s
+/// supersedes whatever trained past s before it; equal sizes in a row are
+/// one phase (a restart at the same size changes nothing). The last phase
+/// ends at `steps`. Empty when no group formed.
+std::vector<size_phase> size_phases(const std::vector<event>& events, uint64_t steps);
+
 /// Work lost by one fault, from the events.
 struct fault_loss {
   size_t index = 0;

@@ -189,7 +189,40 @@ static void collect_checkpoints(const fs::path& ckpt, bool full_names, run_resul
   }
 }
 
+int job_view::group_workers() const {
+  auto it = groups.find(incarnation);
+  return it == groups.end() ? workers : static_cast<int>(it->second.size()) * per_host;
+}
+
+int job_view::host_of(int rank) const {
+  if (per_host <= 0 || rank < 0) return -1;
+  auto it = groups.find(incarnation);
+  if (it == groups.end()) return rank / per_host;
+  const auto slot = static_cast<size_t>(rank / per_host);
+  return slot < it->second.size() ? it->second[slot] : -1;
+}
+
+std::vector<int> job_view::ranks_of(int host) const {
+  std::vector<int> out;
+  if (per_host <= 0) return out;
+  int slot = host;
+  if (auto it = groups.find(incarnation); it != groups.end()) {
+    auto pos = std::find(it->second.begin(), it->second.end(), host);
+    if (pos == it->second.end()) return out;
+    slot = static_cast<int>(pos - it->second.begin());
+  }
+  for (int i = 0; i < per_host; ++i) out.push_back(slot * per_host + i);
+  return out;
+}
+
 void job_view::apply(const event& e) {
+  if (e.name == "group_formed" && e.j.contains("nodes") && e.j["nodes"].is_array()) {
+    auto& g = groups[e.incarnation];
+    g.clear();
+    for (auto& n : e.j["nodes"])
+      if (n.is_number_integer()) g.push_back(n.get<int>());
+    return;
+  }
   if (e.name == "group_started") {
     if (e.incarnation > incarnation) {
       incarnation = e.incarnation;

@@ -77,8 +77,19 @@ struct job_view {
   double step_ns = 25e6;
 
   void apply(const event& e);
+  /// Elastic jobs: each incarnation's group (the service's group_formed:
+  /// node ranks in slot order); its workers are their number x per_host.
+  std::map<int64_t, std::vector<int>> groups;
+  int per_host = 0;
+
   void anchor(int64_t s, int64_t t);
-  bool running() const { return static_cast<int>(stepping.size()) == workers && exited.empty(); }
+  /// Workers of the current group (every host's in a fixed-size job).
+  int group_workers() const;
+  /// The host a rank of the current group runs on, or -1.
+  int host_of(int rank) const;
+  /// The ranks of a host in the current group (none: not in it).
+  std::vector<int> ranks_of(int host) const;
+  bool running() const { return static_cast<int>(stepping.size()) == group_workers() && exited.empty(); }
   int64_t estimate(int64_t now) const;
 };
 

@@ -63,6 +63,12 @@ struct run_config {
   /// disk) instead of one shared by all; host_lost's replacement starts
   /// with an empty one, as a new machine would.
   bool node_local = false;
+  /// Test bed: an elastic job (grace-launch --nnodes MIN:hosts): each group
+  /// has elastic_min to `hosts` hosts; a host lost for longer than
+  /// elastic_wait_ms is left out until its replacement comes, and the
+  /// reference run changes size at the same steps (0: not elastic).
+  int elastic_min = 0;
+  int elastic_wait_ms = 2000;
   /// Workers of the whole job.
   int total_workers() const noexcept { return hosts >= 2 ? hosts * workers : workers; }
 };

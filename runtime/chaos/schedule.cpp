@@ -218,12 +218,16 @@ namespace {
 /// runs the coordination service when the fault fires); lost: a
 /// replacement 0-1.5 s later; partition: 3-6 s; freeze: half longer than
 /// dead-after (3-4 s), half a pause (0.2-0.8 s) the group rides out.
-void host_fault_params(fault& f, int hosts, bool host0, splitmix64& rng) {
+void host_fault_params(fault& f, int hosts, bool host0, int elastic_wait_ms, splitmix64& rng) {
   const auto last = static_cast<uint64_t>(std::max(1, hosts - 1));
   f.host = static_cast<int>(rng.range(host0 ? 0 : 1, host0 ? last + 1 : last));
   if (f.host == hosts) f.host = coordinator_host;
+  const auto wait = static_cast<uint64_t>(std::max(0, elastic_wait_ms));
   switch (f.kind) {
-    case fault_kind::host_lost: f.duration_ms = static_cast<int>(rng.range(0, 1500)); break;
+    case fault_kind::host_lost:
+      f.duration_ms = static_cast<int>(wait > 0 && rng.range(0, 1) ? rng.range(wait + 1000, wait + 4000)
+                                                                  : rng.range(0, 1500));
+      break;
     case fault_kind::host_partition: f.duration_ms = static_cast<int>(rng.range(3000, 6000)); break;
     default: f.duration_ms = static_cast<int>(rng.range(0, 1) ? rng.range(3000, 4000) : rng.range(200, 800)); break;
   }
@@ -271,7 +275,9 @@ std::vector<fault> generate(const generate_options& o) {
       }
       case fault_kind::host_lost:
       case fault_kind::host_partition:
-      case fault_kind::host_freeze: host_fault_params(f, o.hosts, o.coordinator_host_faults, rng); break;
+      case fault_kind::host_freeze:
+        host_fault_params(f, o.hosts, o.coordinator_host_faults, o.elastic_wait_ms, rng);
+        break;
       default: break;
     }
     // Grace periods are given at launch: single-host runs only.

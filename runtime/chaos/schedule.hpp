@@ -111,6 +111,10 @@ struct generate_options {
   /// the save or the restart that follows). Single-host runs only: on the
   /// test bed, overlaps are scripted (a host fault chained with after_ms).
   double overlap = 0;
+  /// An elastic job's wait for a missing host (0: not elastic): half of the
+  /// host losses then last past it, so the group shrinks before the
+  /// replacement comes and grows again when it does.
+  int elastic_wait_ms = 0;
 };
 
 /// A random schedule: faults spread over 10%..85% of the steps, at least a

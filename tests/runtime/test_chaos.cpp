@@ -270,3 +270,73 @@ TEST_CASE("the job finished only when every host's last launcher exited 0", "[ch
   out = check(cfg, res);
   CHECK(find(out, "exit_codes").status == verdict_status::fail);
 }
+
+TEST_CASE("elastic: the reference changes size where the run did", "[chaos][elastic]") {
+  auto formed = [](double t, int64_t inc, int world) {
+    return ev("group_formed", t, -1, inc, {{"world_size", world}, {"nodes", nlohmann::json::array()}});
+  };
+  std::vector<grace::event> e = {
+      formed(0, 0, 6),          ev("first_step", 0.1, 0, 0, {{"step", 1}}),
+      formed(3, 1, 4),          ev("restored", 3.1, 0, 1, {{"step", 55}}), ev("first_step", 3.2, 0, 1, {{"step", 56}}),
+      formed(6, 2, 4),          ev("restored", 6.1, 0, 2, {{"step", 90}}), ev("first_step", 6.2, 0, 2, {{"step", 91}}),
+      formed(8, 3, 6),          ev("restored", 8.1, 1, 3, {{"step", 120}}),  // a group that never trained
+      formed(9, 4, 6),          ev("restored", 9.1, 0, 4, {{"step", 140}}), ev("first_step", 9.2, 0, 4, {{"step", 141}}),
+  };
+  auto p = size_phases(e, 500);
+  REQUIRE(p.size() == 3);
+  CHECK(p[0] == size_phase{6, 0, 55});
+  CHECK(p[1] == size_phase{4, 55, 140});  // a restart at the same size is one phase
+  CHECK(p[2] == size_phase{6, 140, 500});
+  // A restore older than the last size change: the size that trained
+  // through that step produced it.
+  e.push_back(formed(12, 5, 4));
+  e.push_back(ev("restored", 12.1, 0, 5, {{"step", 50}}));
+  e.push_back(ev("first_step", 12.2, 0, 5, {{"step", 51}}));
+  auto q = size_phases(e, 500);
+  REQUIRE(q.size() == 2);
+  CHECK(q[0] == size_phase{6, 0, 50});
+  CHECK(q[1] == size_phase{4, 50, 500});
+  CHECK(size_phases({}, 500).empty());
+}
+
+TEST_CASE("elastic: a growth explains the exits it asks for", "[chaos][elastic]") {
+  run_config cfg;
+  cfg.hosts = 3;
+  cfg.workers = 1;
+  cfg.steps = 100;
+  run_result res;
+  res.events = {ev("grow", 4, -1, 1), ev("worker_exit", 4.1, -1, 1, {{"worker_rank", 0}, {"code", 42}}),
+                ev("worker_exit", 4.1, -1, 1, {{"worker_rank", 1}, {"code", 42}})};
+  res.launches = {launch(0, 0, 0), launch(1, 1, 0), launch(2, 2, 0)};
+  check_input in;
+  in.cfg = &cfg;
+  in.res = &res;
+  auto out = check_invariants(in);
+  auto v = std::find_if(out.verdicts.begin(), out.verdicts.end(), [](auto& x) { return x.name == "exit_codes"; });
+  REQUIRE(v != out.verdicts.end());
+  CHECK(v->status == verdict_status::pass);
+  res.events.erase(res.events.begin());  // without the growth, nothing explains them
+  out = check_invariants(in);
+  v = std::find_if(out.verdicts.begin(), out.verdicts.end(), [](auto& x) { return x.name == "exit_codes"; });
+  CHECK(v->status == verdict_status::fail);
+}
+
+TEST_CASE("a group ended for a member that is not level explains its exits", "[chaos]") {
+  run_config cfg;
+  cfg.hosts = 2;
+  cfg.workers = 1;
+  run_result res;
+  res.events = {ev("peer_lost", 4, -1, 2,
+                   {{"lost_rank", 1}, {"verdict", "dead"},
+                    {"why", "not level: rank 1 restored step 180 but the group restored step 200"}}),
+                ev("worker_exit", 4.1, -1, 2, {{"worker_rank", 0}, {"code", 45}}),
+                ev("worker_exit", 4.1, -1, 2, {{"worker_rank", 1}, {"code", 42}})};
+  res.launches = {launch(0, 0, 0), launch(1, 1, 0)};
+  check_input in;
+  in.cfg = &cfg;
+  in.res = &res;
+  auto out = check_invariants(in);
+  auto v = std::find_if(out.verdicts.begin(), out.verdicts.end(), [](auto& x) { return x.name == "exit_codes"; });
+  REQUIRE(v != out.verdicts.end());
+  CHECK(v->status == verdict_status::pass);
+}

@@ -18,7 +18,7 @@ group_planner planner(uint32_t min, uint32_t max, int64_t wait_ms = 2000) {
 }
 }  // namespace
 
-TEST_CASE("--nnodes N and MIN:MAX", "[elastic]") {
+TEST_CASE("node range: N or MIN:MAX, and clear errors", "[elastic]") {
   auto one = parse_node_range("3");
   REQUIRE(one);
   CHECK(one->min == 3);
