@@ -552,21 +552,22 @@ verdict no_split_brain(const check_input& in) {
 }  // namespace
 
 std::vector<size_phase> size_phases(const std::vector<event>& events, uint64_t steps) {
-  std::map<int64_t, int> workers;       // incarnation -> its group's size
-  std::map<int64_t, int64_t> restored;  // incarnation -> the step its workers restored (0: none)
-  std::set<int64_t> trained;
+  std::map<int64_t, int> workers;  // incarnation -> its group's size
+  // incarnation -> the step its group resumed from: its first step - 1
+  // (not a `restored` event: a straggler refused from the group may have
+  // restored a newer step under the same incarnation)
+  std::map<int64_t, int64_t> resumed;
   for (auto& e : events) {
     if (e.name == "group_formed") workers[e.incarnation] = e.j.value("world_size", 0);
     const bool worker = e.rank >= 0 && e.rank < (int64_t(1) << 24);  // not a launcher's or the harness's
-    if (!worker) continue;
-    if (e.name == "restored") restored[e.incarnation] = std::max(restored[e.incarnation], e.step());
-    if (e.name == "first_step") trained.insert(e.incarnation);
+    if (!worker || e.name != "first_step" || e.step() < 1) continue;
+    auto it = resumed.find(e.incarnation);
+    if (it == resumed.end() || e.step() - 1 < it->second) resumed[e.incarnation] = e.step() - 1;
   }
   std::vector<size_phase> out;
-  for (auto inc : trained) {
+  for (auto& [inc, from] : resumed) {
     auto w = workers.find(inc);
     if (w == workers.end() || w->second <= 0) continue;
-    const int64_t from = restored.count(inc) ? restored[inc] : 0;
     while (!out.empty() && out.back().from >= from) out.pop_back();  // superseded by this restore
     if (!out.empty()) out.back().to = from;
     if (!out.empty() && out.back().workers == w->second) continue;  // the same size goes on

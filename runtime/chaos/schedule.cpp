@@ -225,7 +225,7 @@ void host_fault_params(fault& f, int hosts, bool host0, int elastic_wait_ms, spl
   const auto wait = static_cast<uint64_t>(std::max(0, elastic_wait_ms));
   switch (f.kind) {
     case fault_kind::host_lost:
-      f.duration_ms = static_cast<int>(wait > 0 && rng.range(0, 1) ? rng.range(wait + 1000, wait + 4000)
+      f.duration_ms = static_cast<int>(wait > 0 && rng.range(0, 1) ? rng.range(wait + 3000, wait + 8000)
                                                                   : rng.range(0, 1500));
       break;
     case fault_kind::host_partition: f.duration_ms = static_cast<int>(rng.range(3000, 6000)); break;

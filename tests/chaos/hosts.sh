@@ -12,7 +12,11 @@
 #      host (whichever launcher etcd elected) cut off, lost with its disk
 #      and frozen past its lease, each time a successor takes over;
 #      replacement hosts start with empty checkpoint directories and fetch
-#      the newest checkpoint (skipped, saying so, without etcd).
+#      the newest checkpoint (skipped, saying so, without etcd);
+#   5. --elastic 2 with schedules/hosts-elastic.json: a host gone past the
+#      elastic wait (the group trains on with two hosts and grows when it
+#      is back), a worker of the smaller group killed, a host cut off past
+#      the wait; the reference changes size at the same steps.
 # Root only (network namespaces); elsewhere "skipped: ..." and exit 77.
 # Env: GRACE_CHAOS GRACE_LAUNCH GRACE_TRAIN GRACE_CKPT (set by CTest).
 set -u
@@ -69,6 +73,9 @@ if command -v etcd >/dev/null && command -v etcdctl >/dev/null; then
 else
   echo "etcd: skipped: no etcd/etcdctl (Debian etcd-server, etcd-client) for --etcd"
 fi
+run_expect_pass elastic --steps 800 --elastic 2 --elastic-wait-ms 2000 --schedule "$HERE/schedules/hosts-elastic.json"
+grep -q "running the reference with the run's size changes (.*4 workers" "$OUT/elastic.log" ||
+  { echo "elastic: FAIL: the job never trained on fewer hosts"; failed=1; }
 echo "hosts: output in $OUT"
 [ "$failed" = 0 ] && echo "hosts: PASS" || echo "hosts: FAIL"
 exit $failed

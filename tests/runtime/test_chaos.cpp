@@ -280,6 +280,7 @@ TEST_CASE("elastic: the reference changes size where the run did", "[chaos][elas
       formed(3, 1, 4),          ev("restored", 3.1, 0, 1, {{"step", 55}}), ev("first_step", 3.2, 0, 1, {{"step", 56}}),
       formed(6, 2, 4),          ev("restored", 6.1, 0, 2, {{"step", 90}}), ev("first_step", 6.2, 0, 2, {{"step", 91}}),
       formed(8, 3, 6),          ev("restored", 8.1, 1, 3, {{"step", 120}}),  // a group that never trained
+      ev("restored", 8.5, 4, 2, {{"step", 130}}),  // a straggler refused from incarnation 2's group
       formed(9, 4, 6),          ev("restored", 9.1, 0, 4, {{"step", 140}}), ev("first_step", 9.2, 0, 4, {{"step", 141}}),
   };
   auto p = size_phases(e, 500);
@@ -290,7 +291,7 @@ TEST_CASE("elastic: the reference changes size where the run did", "[chaos][elas
   // A restore older than the last size change: the size that trained
   // through that step produced it.
   e.push_back(formed(12, 5, 4));
-  e.push_back(ev("restored", 12.1, 0, 5, {{"step", 50}}));
+  e.push_back(ev("restored", 12.1, 0, 5, {{"step", 50}}));  // (the first step says it)
   e.push_back(ev("first_step", 12.2, 0, 5, {{"step", 51}}));
   auto q = size_phases(e, 500);
   REQUIRE(q.size() == 2);
