@@ -69,6 +69,28 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
+/// A cached result of a run keyed by `key` (everything that determines its
+/// weights): the file it lives in under `dir`, named by the key's hash.
+fs::path cache_file(const fs::path& dir, const std::string& prefix, const nlohmann::json& key) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(key.dump()));
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  return dir / (prefix + hex + ".json");
+}
+
+/// The cached record for `key` in `file`, if it is there and is for it.
+std::optional<nlohmann::json> read_cached(const fs::path& file, const nlohmann::json& key) {
+  std::ifstream f(file);
+  if (!f) return std::nullopt;
+  try {
+    nlohmann::json j;
+    f >> j;
+    if (j.value("key", nlohmann::json()) == key && j.contains("weights_checksum")) return j;
+  } catch (...) {}
+  return std::nullopt;
+}
+
 struct reference {
   std::optional<std::string> checksum;
   double step_ns = 0;
@@ -76,15 +98,13 @@ struct reference {
   bool wanted = true;  ///< false with --no-reference
 };
 
-/// The uninterrupted run for this configuration, cached by a key over
-/// everything that determines the final weights.
-reference get_reference(const run_config& base, const fs::path& cache_dir) {
-  reference ref;
+/// Everything about the trainer and its configuration that determines the
+/// final weights, but the number of workers: the key of a cached reference.
+nlohmann::json trainer_key(const run_config& base) {
   std::error_code ec;
   struct stat st {};
   ::stat(base.trainer.c_str(), &st);
-  nlohmann::json key = {{"workers", base.total_workers()},
-                        {"steps", base.steps},
+  nlohmann::json key = {{"steps", base.steps},
                         {"save_every", base.save_every},
                         {"trainer_args", base.trainer_args},
                         {"trainer", fs::absolute(base.trainer, ec).string()},
@@ -99,21 +119,22 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
     else
       key["trainer_prefix"].push_back(a);
   }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(key.dump()));
-  fs::create_directories(cache_dir, ec);
-  auto file = cache_dir / (std::string("reference-") + hex + ".json");
-  if (std::ifstream f(file); f) {
-    try {
-      nlohmann::json j;
-      f >> j;
-      if (j.value("key", nlohmann::json()) == key) {
-        ref.checksum = j["weights_checksum"].get<std::string>();
-        ref.step_ns = j.value("step_ns", 0.0);
-        ref.note = "cached " + file.string();
-        return ref;
-      }
-    } catch (...) {}
+  return key;
+}
+
+/// The uninterrupted run for this configuration, cached by a key over
+/// everything that determines the final weights.
+reference get_reference(const run_config& base, const fs::path& cache_dir) {
+  reference ref;
+  std::error_code ec;
+  auto key = trainer_key(base);
+  key["workers"] = base.total_workers();
+  const auto file = cache_file(cache_dir, "reference-", key);
+  if (auto j = read_cached(file, key)) {
+    ref.checksum = (*j)["weights_checksum"].get<std::string>();
+    ref.step_ns = j->value("step_ns", 0.0);
+    ref.note = "cached " + file.string();
+    return ref;
   }
   run_config rc = base;
   rc.mutant_args.clear();  // the reference is the correct trainer's run
@@ -121,7 +142,7 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
   // on where the ranks run.
   rc.workers = base.total_workers();
   rc.hosts = 0;
-  rc.dir = cache_dir / (std::string("run-") + hex);
+  rc.dir = file.parent_path() / (file.stem().string() + "-run");
   std::fprintf(stderr, "grace-chaos: running the uninterrupted reference (cached as %s)\n", file.c_str());
   auto res = run_job(rc, {});
   bool ok = !res.launches.empty() && res.launches.back().exit_code == 0 && res.out.contains("weights_checksum");
@@ -153,30 +174,20 @@ reference elastic_reference(const run_config& base, const run_result& res, const
     ref.note = "no group formed: no elastic reference";
     return ref;
   }
-  nlohmann::json key = {{"trainer", base.trainer}, {"prefix", base.trainer_prefix}, {"args", base.trainer_args},
-                        {"save_every", base.save_every}, {"device", base.device}};
+  auto key = trainer_key(base);
   std::string sizes;
   for (auto& p : phases) {
     key["phases"].push_back({p.workers, p.from, p.to});
     sizes += (sizes.empty() ? "" : ", ") + std::to_string(p.workers) + " workers to step " + std::to_string(p.to);
   }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(key.dump()));
-  std::error_code ec;
-  fs::create_directories(cache_dir, ec);
-  const auto file = cache_dir / (std::string("elastic-") + hex + ".json");
-  if (std::ifstream f(file); f) {
-    try {
-      nlohmann::json j;
-      f >> j;
-      if (j.value("key", nlohmann::json()) == key) {
-        ref.checksum = j["weights_checksum"].get<std::string>();
-        ref.note = "the same size changes without a fault (" + sizes + "), cached " + file.string();
-        return ref;
-      }
-    } catch (...) {}
+  const auto file = cache_file(cache_dir, "elastic-", key);
+  if (auto j = read_cached(file, key)) {
+    ref.checksum = (*j)["weights_checksum"].get<std::string>();
+    ref.note = "the same size changes without a fault (" + sizes + "), cached " + file.string();
+    return ref;
   }
-  const auto dir = cache_dir / (std::string("elastic-run-") + hex);
+  std::error_code ec;
+  const auto dir = file.parent_path() / (file.stem().string() + "-run");
   fs::remove_all(dir, ec);
   fs::create_directories(dir, ec);
   std::fprintf(stderr, "grace-chaos: running the reference with the run's size changes (%s)\n", sizes.c_str());

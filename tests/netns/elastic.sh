@@ -59,20 +59,6 @@ launch() {
     "${TRAIN[@]}" --steps $STEPS --collective-timeout-ms 20000 --output out.json
   LP[$1]=$pid
 }
-all_events() { cat "$TB"/h*/events.jsonl | "$PY" -c 'import json,sys
-for e in sorted((json.loads(l) for l in sys.stdin if l.startswith("{")), key=lambda e: e["t_ns"]): print(json.dumps(e))'; }
-field() { # field EXPR FIELD: FIELD of the first event of any host matching EXPR
-  all_events | "$PY" -c "import json,sys
-m = [e for e in map(json.loads, sys.stdin) if eval(sys.argv[1], {}, {'e': e})]
-print(m[0][sys.argv[2]] if m else '')" "$1" "$2"
-}
-wait_all() { # wait_all EXPR SECONDS: until an event of any host matches
-  local end=$((SECONDS + $2))
-  until [ -n "$(field "$1" t_ns)" ]; do
-    [ $SECONDS -lt $end ] || { tail -n 20 "$TB"/h*/log.txt; fail "no event '$1' within $2 s"; }
-    sleep 0.1
-  done
-}
 restored_on() { # restored_on HOST INCARNATION STEP: how many of the host's ranks restored STEP there
   count_events "$TB/h$1/events.jsonl" "e['event']=='restored' and e['incarnation']==$2 and e['step']==$3"
 }
@@ -92,17 +78,17 @@ launch 0
 [ "$SCENARIO" = leader_lost ] && tb_wait_event "$TB/h0/events.jsonl" "e['event']=='coordinator_elected'" 30
 launch 1
 launch 2
-wait_all "e['event']=='group_formed' and e['world_size']==6" 60
+tb_wait_all "e['event']=='group_formed' and e['world_size']==6" 60
 for h in 0 1 2; do tb_wait_event "$TB/h$h/events.jsonl" "e['event']=='first_step'" 60; done
 sleep 1
 
 # Host $LOST lost for good: the survivors save just in time, then train on 4.
 tb_kill_host $LOST
 wait "${LP[$LOST]}" 2>/dev/null || true
-wait_all "e['event']=='agreed' and e['kind']=='jit'" 30
-T1=$(field "e['event']=='agreed' and e['kind']=='jit'" step)
-wait_all "e['event']=='group_formed' and e['world_size']==4" 30
-inc4=$(field "e['event']=='group_formed' and e['world_size']==4" incarnation)
+tb_wait_all "e['event']=='agreed' and e['kind']=='jit'" 30
+T1=$(tb_field "e['event']=='agreed' and e['kind']=='jit'" step)
+tb_wait_all "e['event']=='group_formed' and e['world_size']==4" 30
+inc4=$(tb_field "e['event']=='group_formed' and e['world_size']==4" incarnation)
 tb_wait_event "$TB/h$FIRST/events.jsonl" "e['event']=='first_step' and e['incarnation']==$inc4" 60
 grep -q "the group of incarnation $inc4: nodes ${SURVIVORS// /, }" "$TB/h$FIRST/log.txt" ||
   fail "host $FIRST's launcher did not report the group of hosts $SURVIVORS"
@@ -112,20 +98,17 @@ sleep 1.5
 [ "$SCENARIO" = sharded_local ] && rm -rf "$(ckdir $LOST)"   # its disk was lost with it
 tb_link $LOST up
 launch $LOST
-wait_all "e['event']=='grow'" 60
-wait_all "e['event']=='group_formed' and e['world_size']==6 and e['incarnation']>$inc4" 60
-inc6=$(field "e['event']=='group_formed' and e['world_size']==6 and e['incarnation']>$inc4" incarnation)
-T2=$(field "e['event']=='agreed' and e['incarnation']==$inc4 and e['kind']!='jit'" step)
-for h in 0 1 2; do
-  tb_wait_pid "${LP[$h]}" lrc
-  [ "$lrc" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "host $h's launcher exited $lrc"; }
-done
+tb_wait_all "e['event']=='grow'" 60
+tb_wait_all "e['event']=='group_formed' and e['world_size']==6 and e['incarnation']>$inc4" 60
+inc6=$(tb_field "e['event']=='group_formed' and e['world_size']==6 and e['incarnation']>$inc4" incarnation)
+T2=$(tb_field "e['event']=='agreed' and e['incarnation']==$inc4 and e['kind']!='jit'" step)
+tb_launchers_ok 0 1 2
 
 out="$TB/h0/out.json"
 [ "$(json "$out" steps_done)" -eq $STEPS ] || fail "steps_done != $STEPS across the size changes"
 [ "$(json "$out" step_index_sum)" -eq $((STEPS * (STEPS + 1) / 2)) ] || fail "a step ran twice or never"
 [ "$(json "$out" world_size)" -eq 6 ] || fail "the last group did not run on 6 workers"
-worlds=$(all_events | "$PY" -c 'import json,sys; print(" ".join(str(e["world_size"]) for e in map(json.loads, sys.stdin) if e["event"]=="group_formed"))')
+worlds=$(tb_all_events | "$PY" -c 'import json,sys; print(" ".join(str(e["world_size"]) for e in map(json.loads, sys.stdin) if e["event"]=="group_formed"))')
 [ "$worlds" = "6 4 6" ] || fail "groups of $worlds workers, expected 6 4 6"
 for h in $SURVIVORS; do
   [ "$(restored_on $h $inc4 $T1)" -eq 2 ] || fail "host $h's ranks did not restore step $T1 in the group of 4"
@@ -145,7 +128,7 @@ if [ "$SCENARIO" = sharded_local ]; then
   grep -q "step $T2: fetched rank-" "$TB/h2/log.txt" || fail "host 2 fetched no part of step $T2"
 fi
 if [ "$SCENARIO" = leader_lost ]; then
-  [ -n "$(field "e['event']=='coordinator_elected' and e['takeover']" t_ns)" ] || fail "no launcher took the group over"
+  [ -n "$(tb_field "e['event']=='coordinator_elected' and e['takeover']" t_ns)" ] || fail "no launcher took the group over"
 fi
 REF=$(schedule_reference "$T1" "$T2")
 [ "$(json "$out" weights_checksum)" = "$REF" ] ||

@@ -34,20 +34,6 @@ COMMON=(--nproc 2 --nnodes 3 --etcd "$(tb_etcd_endpoints 0 1 2)" --etcd-ttl 2 --
 declare -A LP
 
 launch() { local pid; tb_launch "$1" pid "$TB/h$1" "${COMMON[@]}" --node-rank "$1" -- "${ARGS[@]}" --output out.json; LP[$1]=$pid; }
-all_events() { cat "$TB"/h*/events.jsonl; }
-field() { # field EXPR FIELD: FIELD of the first event (all hosts) matching EXPR
-  all_events | "$PY" -c "import json,sys
-ev = sorted((json.loads(l) for l in sys.stdin if l.startswith('{')), key=lambda e: e['t_ns'])
-m = [e for e in ev if eval(sys.argv[1], {}, {'e': e})]
-print(m[0][sys.argv[2]] if m else '')" "$1" "$2"
-}
-wait_all() { # wait_all EXPR SECONDS: until an event of any host matches
-  local end=$((SECONDS + $2))
-  until [ -n "$(field "$1" t_ns)" ]; do
-    [ $SECONDS -lt $end ] || { tail -n 20 "$TB"/h*/log.txt; fail "no event '$1' within $2 s"; }
-    sleep 0.1
-  done
-}
 
 start_job() {
   launch 0
@@ -59,11 +45,7 @@ start_job() {
 }
 
 finish_and_check() {
-  local h code
-  for h in 0 1 2; do
-    tb_wait_pid "${LP[$h]}" code
-    [ "$code" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "host $h's launcher exited $code"; }
-  done
+  tb_launchers_ok 0 1 2
   local out="$TB/h0/out.json"
   [ "$(json "$out" steps_done)" -eq $STEPS ] || fail "steps_done != $STEPS"
   [ "$(json "$out" step_index_sum)" -eq $((STEPS * (STEPS + 1) / 2)) ] || fail "a step ran twice or never"
@@ -77,7 +59,7 @@ sys.exit("checkpoints that do not verify: %s" % bad if bad else 0)' || fail "a c
 # The just-in-time round after the takeover: its step, the furthest step a
 # survivor completed in that incarnation, and the step the next one restored.
 check_jit() { # check_jit T0_NS: prints "jit_step lost_steps commit_ms"
-  all_events | "$PY" -c 'import json,sys
+  tb_all_events | "$PY" -c 'import json,sys
 t0 = int(sys.argv[1])
 ev = sorted((json.loads(l) for l in sys.stdin if l.startswith("{")), key=lambda e: e["t_ns"])
 take = [e for e in ev if e["event"] == "takeover" and e["t_ns"] >= t0]
@@ -98,8 +80,8 @@ leader_lost() {
   local t0 r jit lost ms
   t0=$(date +%s%N)
   tb_kill_host 0
-  wait_all "e['event']=='coordinator_elected' and e['takeover'] and e['t_ns']>=$t0" 30
-  wait_all "e['event']=='committed' and e['t_ns']>=$t0" 30
+  tb_wait_all "e['event']=='coordinator_elected' and e['takeover'] and e['t_ns']>=$t0" 30
+  tb_wait_all "e['event']=='committed' and e['t_ns']>=$t0" 30
   tb_link 0 up
   wait "${LP[0]}" 2>/dev/null || true
   launch 0
@@ -116,8 +98,8 @@ leader_cut() {
   local t0 r jit lost ms
   t0=$(date +%s%N)
   tb_link 0 down
-  wait_all "e['event']=='coordinator_elected' and e['takeover'] and e['t_ns']>=$t0" 30
-  wait_all "e['event']=='committed' and e['t_ns']>=$t0" 30
+  tb_wait_all "e['event']=='coordinator_elected' and e['takeover'] and e['t_ns']>=$t0" 30
+  tb_wait_all "e['event']=='committed' and e['t_ns']>=$t0" 30
   tb_wait_event "$TB/h0/events.jsonl" "e['event']=='coordinator_deposed'" 30
   sleep 3
   tb_link 0 up
@@ -130,8 +112,8 @@ leader_cut() {
   # Once the others declared host 0 dead (the takeover's end), host 0 wrote
   # nothing, and nothing it wrote is newer than the successor's save.
   local inc ended
-  inc=$(field "e['event']=='takeover' and e['t_ns']>=$t0" incarnation)
-  ended=$(field "e['event']=='takeover_end' and e['t_ns']>=$t0" t_ns)
+  inc=$(tb_field "e['event']=='takeover' and e['t_ns']>=$t0" incarnation)
+  ended=$(tb_field "e['event']=='takeover_end' and e['t_ns']>=$t0" t_ns)
   [ "$(count_events "$TB/h0/events.jsonl" "e['event'] in ('committed_local','snapshot_done') and e['incarnation']==$inc and e['t_ns']>=$ended")" -eq 0 ] \
     || fail "split brain: the cut-off host wrote a checkpoint after the others declared it dead"
   [ "$(count_events "$TB/h0/events.jsonl" "e['event']=='committed_local' and e['incarnation']==$inc and e['step']>$jit")" -eq 0 ] \

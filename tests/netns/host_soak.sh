@@ -94,10 +94,7 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 [ ${#DONE[@]} -ge 1 ] || fail "no fault was injected"
 
-for h in 0 1 2; do
-  tb_wait_pid "${LP[$h]}" code
-  [ "$code" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "host $h's launcher exited $code"; }
-done
+tb_launchers_ok 0 1 2
 out="$TB/h0/out.json"
 [ "$(json "$out" steps_done)" -eq $STEPS ] || fail "steps_done != $STEPS"
 [ "$(json "$out" step_index_sum)" -eq $((STEPS * (STEPS + 1) / 2)) ] || fail "a step ran twice or never"

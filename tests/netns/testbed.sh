@@ -177,6 +177,35 @@ tb_wait_event() {
   fail "no event '$expr' in $file within ${secs}s"
 }
 
+# tb_all_events: every host's events, one JSON object a line, in time order.
+# tb_field EXPR FIELD: FIELD of the first of them matching EXPR (python on e).
+# tb_wait_all EXPR SECONDS: until one of them matches; fails after SECONDS.
+tb_all_events() {
+  cat "$TB"/h*/events.jsonl | "$PY" -c 'import json,sys
+for e in sorted((json.loads(l) for l in sys.stdin if l.startswith("{")), key=lambda e: e["t_ns"]): print(json.dumps(e))'
+}
+tb_field() {
+  tb_all_events | "$PY" -c "import json,sys
+m = [e for e in map(json.loads, sys.stdin) if eval(sys.argv[1], {}, {'e': e})]
+print(m[0][sys.argv[2]] if m else '')" "$1" "$2"
+}
+tb_wait_all() {
+  local end=$((SECONDS + $2))
+  until [ -n "$(tb_field "$1" t_ns)" ]; do
+    [ $SECONDS -lt $end ] || { tail -n 20 "$TB"/h*/log.txt; fail "no event '$1' within $2 s"; }
+    sleep 0.1
+  done
+}
+
+# tb_launchers_ok HOST...: waits for each host's launcher (pid in LP[HOST]); fails unless all exit 0.
+tb_launchers_ok() {
+  local h code
+  for h in "$@"; do
+    tb_wait_pid "${LP[$h]}" code
+    [ "$code" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "host $h's launcher exited $code"; }
+  done
+}
+
 tb_wait_pid() { # tb_wait_pid PID VAR: waits for PID, sets VAR to its exit code
   local rc=0
   wait "$1" || rc=$?
