@@ -92,6 +92,7 @@ struct coordinator_state {
   };
   std::vector<plan_waiter> plan_waiters;
   std::set<uint32_t> grown;
+  std::set<int32_t> told_finished;  ///< nodes answered `finished` (a job that ended without them)
   int64_t plan_said_ns = 0;  ///< the last "waiting for nodes" line
   std::shared_ptr<spdlog::logger> log;
 };
@@ -1073,9 +1074,11 @@ std::optional<msg<proto::GroupPlan>> plan_reply(self_ptr self, int32_t node, con
   using reply = group_planner::reply;
   auto& st = self->state;
   auto plan = current_plan(self);
-  if (st.agree->phase() == agreement_phase::finishing && !(plan && plan->has(node)))
+  if (st.agree->phase() == agreement_phase::finishing && !(plan && plan->has(node))) {
+    st.told_finished.insert(node);
     return plan_message(proto::PlanStatus::FINISHED, st.cfg.incarnation, nullptr,
-                        "the job is finishing (its workers left with exit code 0)");
+                        "the job finished without this node (its last group's workers left with exit code 0)");
+  }
   auto a = st.planner->ask(node, host, from);
   if (a.what == reply::plan) return plan_message(proto::PlanStatus::PLAN, a.incarnation, &a.plan);
   if (a.what == reply::wait) return std::nullopt;
@@ -1166,6 +1169,19 @@ caf::result<msg<proto::GroupPlan>> on_plan_request(self_ptr self, msg<proto::Gro
   auto rp = self->make_response_promise<msg<proto::GroupPlan>>();
   st.plan_waiters.push_back({node, host, q.getFromIncarnation(), rp});
   return rp;
+}
+
+/// Elastic jobs, once they finished: the registered nodes not in the last
+/// group that have not heard it ("1,3").
+std::string owed_finish(self_ptr self) {
+  auto& st = self->state;
+  auto plan = current_plan(self);
+  std::set<int32_t> owed;
+  for (auto& [id, l] : st.launchers)
+    if (!(plan && plan->has(l.first)) && !st.told_finished.count(l.first)) owed.insert(l.first);
+  std::string out;
+  for (auto n : owed) out += (out.empty() ? "" : ",") + std::to_string(n);
+  return out;
 }
 
 void start_takeover(self_ptr self) {
@@ -1260,6 +1276,7 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
       [self](msg<proto::AckBatch>& m) { on_ack_batch(self, m); },
       [self](msg<proto::CommitCheck>& m) { return on_commit_check(self, m); },
       [self](msg<proto::GroupPlanRequest>& m) { return on_plan_request(self, m); },
+      [self](owed_atom) { return from_launcher(self, "a question about nodes owed an answer") ? owed_finish(self) : ""; },
       [self](resize_atom, uint32_t inc) {
         return from_launcher(self, "a membership-change question") && self->state.grown.count(inc) > 0;
       },

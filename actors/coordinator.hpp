@@ -41,7 +41,7 @@ using coordinator_actor = caf::typed_actor<
     caf::reacts_to<msg<proto::HeartbeatBatch>>, caf::reacts_to<msg<proto::AckBatch>>,
     caf::replies_to<msg<proto::CommitCheck>>::with<msg<proto::CommitCheckReply>>,
     caf::replies_to<msg<proto::GroupPlanRequest>>::with<msg<proto::GroupPlan>>,
-    caf::replies_to<resize_atom, uint32_t>::with<bool>>;
+    caf::replies_to<resize_atom, uint32_t>::with<bool>, caf::replies_to<owed_atom>::with<std::string>>;
 
 struct coordinator_config {
   uint32_t world_size = 1;

@@ -61,6 +61,10 @@ using coord_atom = caf::atom_constant<caf::atom("g_coord")>;
 /// Launcher -> coordinator (elastic jobs): did incarnation N end to change
 /// its membership (a growth), so its restart is not a failure?
 using resize_atom = caf::atom_constant<caf::atom("g_resize")>;
+/// Host launcher -> its coordinator (elastic jobs, once the job finished):
+/// the registered nodes not in the final group that were not yet told it
+/// finished ("1,3"; empty: none).
+using owed_atom = caf::atom_constant<caf::atom("g_owed")>;
 /// Node relay -> itself: send the acknowledgements gathered (generation).
 using flush_atom = caf::atom_constant<caf::atom("g_flush")>;
 

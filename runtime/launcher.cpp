@@ -362,6 +362,7 @@ private:
   std::optional<msg<proto::GroupPlan>> request_plan(uint32_t from);
   void adopt_plan(proto::GroupPlan::Reader p);
   bool ended_for_growth();
+  void await_stragglers();
   std::optional<std::string> stop_signal();
   int rank_of(int local_rank) const { return static_cast<int>(slot_) * o_.nproc + local_rank; }
   torchrun_group torchrun_shape() const;
@@ -782,6 +783,33 @@ bool launcher::ended_for_growth() {
   return grew;
 }
 
+/// Elastic jobs that finished while a node of theirs was away (cut off,
+/// frozen, or restarting): the service stays up until each such node has
+/// asked for its next group and heard that the job finished (it then
+/// exits 0 instead of waiting for a service that is gone), at most
+/// --coordinator-wait-ms (the time such a node itself waits for the
+/// service). A node lost for good costs the job's end that wait.
+void launcher::await_stragglers() {
+  auto owed = [this] {
+    std::string nodes;
+    caf::scoped_actor self{rt_->sys()};
+    self->request(coord_, std::chrono::seconds(2), owed_atom::value)
+        .receive([&](std::string& n) { nodes = std::move(n); }, [](caf::error&) {});
+    return nodes;
+  };
+  auto nodes = owed();
+  if (nodes.empty()) return;
+  say("the job finished without node(s) " + nodes + ": keeping the coordination service up for at most " +
+      std::to_string(o_.coordinator_wait.count() / 1000) + " s so they hear it (--coordinator-wait-ms)");
+  const auto until = std::chrono::steady_clock::now() + o_.coordinator_wait;
+  while (!nodes.empty() && std::chrono::steady_clock::now() < until && !stop_signal()) {
+    pollfd p{sfd_, POLLIN, 0};
+    ::poll(&p, 1, 200);
+    nodes = owed();
+  }
+  if (!nodes.empty()) say("node(s) " + nodes + " did not come back before the job's end");
+}
+
 torchrun_group launcher::torchrun_shape() const {
   if (plan_) return {plan_->hosts.empty() ? host_ : plan_->hosts.front(), world_, slot_,
                      static_cast<uint32_t>(plan_->nodes.size())};
@@ -1102,6 +1130,7 @@ int launcher::run() {
         " (incarnation " + std::to_string(incarnation_) + "): " + d.reason);
   }
   if (spares_) spares_->discard();
+  if (o_.elastic() && hosts_service() && d.code == exit_code::success) await_stragglers();
   if (hosts_service()) stop_coordinator();
   if (relay_) caf::anon_send_exit(relay_, caf::exit_reason::user_shutdown);
   if (elector_) {
