@@ -746,7 +746,24 @@ bool node_fits(self_ptr self, int32_t node, int32_t nproc) {
   return static_cast<uint64_t>(node) * static_cast<uint64_t>(nproc) < st.cfg.world_size;
 }
 
-std::string on_launcher(self_ptr self, int32_t node, int32_t nproc, const std::string& token) {
+/// "3" or "2:4", as --nnodes spells it.
+std::string node_count(int64_t lo, int64_t hi) {
+  return lo == hi ? std::to_string(hi) : std::to_string(lo) + ":" + std::to_string(hi);
+}
+
+/// Why a launcher told `--nnodes lo:hi` does not belong to this job's node
+/// count, if it does not.
+std::optional<std::string> other_node_count(self_ptr self, int32_t lo, int32_t hi) {
+  auto& st = self->state;
+  int64_t job_lo = st.cfg.min_nodes, job_hi = st.cfg.max_nodes;
+  if (!st.planner) job_lo = job_hi = st.cfg.nproc > 0 ? st.cfg.world_size / static_cast<uint32_t>(st.cfg.nproc) : hi;
+  if (lo == job_lo && hi == job_hi) return std::nullopt;
+  return "it was given --nnodes " + node_count(lo, hi) + ", the job's is --nnodes " + node_count(job_lo, job_hi) +
+         ": give every launcher the same --nnodes";
+}
+
+std::string on_launcher(self_ptr self, int32_t node, int32_t nproc, const std::string& token, int32_t lo,
+                        int32_t hi) {
   auto& st = self->state;
   auto sender = self->current_sender();
   std::string why;
@@ -754,6 +771,8 @@ std::string on_launcher(self_ptr self, int32_t node, int32_t nproc, const std::s
     why = "wrong job token";
   else if (!sender)
     why = "no sender";
+  else if (auto other = other_node_count(self, lo, hi))
+    why = *other;
   else if (node < 0 || node == st.cfg.own_node || !node_fits(self, node, nproc))
     why = "node " + std::to_string(node) + " with " + std::to_string(nproc) + " workers does not fit " +
           (st.planner ? "an elastic job of at most " + std::to_string(st.cfg.max_nodes) + " nodes of " +
@@ -1257,8 +1276,8 @@ coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config c
       [self](cutoff_atom, uint64_t gen) {
         if (from_self(self, "a cutoff timer")) on_cutoff(self, gen);
       },
-      [self](launcher_atom, int32_t node, int32_t nproc, const std::string& token) {
-        return on_launcher(self, node, nproc, token);
+      [self](launcher_atom, int32_t node, int32_t nproc, const std::string& token, int32_t lo, int32_t hi) {
+        return on_launcher(self, node, nproc, token, lo, hi);
       },
       [self](incarnation_atom, uint32_t inc) { return on_incarnation(self, inc); },
       [self](current_atom) { return self->state.cfg.incarnation; },
@@ -1330,10 +1349,10 @@ void unpublish_coordinator(caf::actor_system& sys, const coordinator_actor& coor
 }
 
 status register_launcher(caf::actor_system& sys, const coordinator_actor& coord, int32_t node_rank, int32_t nproc,
-                         const std::string& token) {
+                         const std::string& token, int32_t min_nodes, int32_t max_nodes) {
   std::string why = "no answer within 10 s";
   caf::scoped_actor self{sys};
-  self->request(coord, std::chrono::seconds(10), launcher_atom::value, node_rank, nproc, token)
+  self->request(coord, std::chrono::seconds(10), launcher_atom::value, node_rank, nproc, token, min_nodes, max_nodes)
       .receive([&](std::string& r) { why = std::move(r); }, [&](caf::error& e) { why = sys.render(e); });
   if (why.empty()) return {};
   return error{errc::invalid_input, "the coordination service refused this launcher: " + why};

@@ -35,7 +35,7 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<status_atom>::with<std::string>, caf::replies_to<current_atom>::with<uint32_t>,
     caf::replies_to<ckpt_peer_atom, int32_t, std::string>::with<std::string>,
     caf::reacts_to<exited_atom, uint32_t, uint32_t, int32_t>, caf::reacts_to<rescue_atom, uint64_t>,
-    caf::replies_to<launcher_atom, int32_t, int32_t, std::string>::with<std::string>,
+    caf::replies_to<launcher_atom, int32_t, int32_t, std::string, int32_t, int32_t>::with<std::string>,
     caf::reacts_to<cutoff_atom, uint64_t>, caf::reacts_to<tick_atom>, caf::reacts_to<kv_timeout_atom, uint64_t>,
     caf::reacts_to<takeover_atom, uint64_t>, caf::reacts_to<relay_atom, int32_t, int32_t>,
     caf::reacts_to<msg<proto::HeartbeatBatch>>, caf::reacts_to<msg<proto::AckBatch>>,
@@ -117,11 +117,13 @@ result<uint16_t> publish_coordinator(caf::actor_system& sys, const coordinator_a
 void unpublish_coordinator(caf::actor_system& sys, const coordinator_actor& coord, uint16_t port);
 
 /// A launcher on node > 0 registers its process as that node's launcher
-/// with the job's secret: the coordination service then accepts the
-/// launcher-only messages (a forwarded notice, a worker's exit, the
-/// checkpoint server) from it. The error says why it was refused.
+/// with the job's secret and the node count it was given (`--nnodes N`:
+/// min = max = N; elastic: MIN:MAX): the coordination service then accepts
+/// the launcher-only messages (a forwarded notice, a worker's exit, the
+/// checkpoint server) from it. The error says why it was refused (another
+/// secret, a node that does not fit, another --nnodes than the job's).
 status register_launcher(caf::actor_system& sys, const coordinator_actor& coord, int32_t node_rank, int32_t nproc,
-                         const std::string& token);
+                         const std::string& token, int32_t min_nodes, int32_t max_nodes);
 
 /// Connects to a published coordinator (over TLS when the system has
 /// certificates), retrying until `timeout` (it may still be starting). The

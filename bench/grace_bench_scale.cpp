@@ -251,8 +251,11 @@ std::vector<uint32_t> ranks_of(uint32_t index, uint32_t procs, uint32_t world, u
 /// --per-host: this process is node `index`'s launcher (registered with the
 /// job's secret) and hosts the node's relay.
 node_relay_actor start_relay(caf::actor_system& sys, const coordinator_actor& coord, uint32_t index,
-                             uint32_t per_host) {
-  if (auto st = register_launcher(sys, coord, static_cast<int32_t>(index), static_cast<int32_t>(per_host), token); !st)
+                             uint32_t per_host, uint32_t world) {
+  const auto nodes = static_cast<int32_t>((world + per_host - 1) / per_host);
+  if (auto st = register_launcher(sys, coord, static_cast<int32_t>(index), static_cast<int32_t>(per_host), token, nodes,
+                                  nodes);
+      !st)
     die(st.err().message);
   node_relay_config rc;
   rc.node = static_cast<int32_t>(index);
@@ -273,7 +276,7 @@ node_relay_actor start_relay(caf::actor_system& sys, const coordinator_actor& co
   auto coord = connect_coordinator(sys, "127.0.0.1", port, std::chrono::seconds(30));
   if (!coord) die(coord.err().message);
   node_relay_actor relay;
-  if (per_host) relay = start_relay(sys, *coord, index, per_host);
+  if (per_host) relay = start_relay(sys, *coord, index, per_host, world);
   std::vector<caf::actor> mine;
   tally t;
   const auto ranks = ranks_of(index, procs, world, per_host);

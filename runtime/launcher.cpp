@@ -493,7 +493,10 @@ result<coordinator_actor> launcher::connect_as_launcher(std::chrono::millisecond
   auto& sys = rt_->sys();
   auto h = connect_coordinator(sys, host_, port_, timeout);
   if (!h) return h.err();
-  if (auto st = register_launcher(sys, *h, o_.node_rank, o_.nproc, token_); !st) return st.err();
+  if (auto st = register_launcher(sys, *h, o_.node_rank, o_.nproc, token_, o_.elastic() ? o_.min_nodes : o_.nnodes,
+                                  o_.nnodes);
+      !st)
+    return st.err();
   coord_ = *h;
   tell_relay_coordinator();
   // Whichever service this is (a successor elected since), it learns where

@@ -561,7 +561,7 @@ TEST_CASE("coordinator: launcher messages and timers are accepted only from laun
   // A launcher registration: the secret and a node that fits the world.
   auto registration = [&](int32_t node, int32_t nproc, const std::string& token) {
     std::string answer = "no answer";
-    f.w(0)->send(f.coord, launcher_atom::value, node, nproc, token);
+    f.w(0)->send(f.coord, launcher_atom::value, node, nproc, token, int32_t{2}, int32_t{2});
     f.run();
     f.w(0)->receive([&](std::string& r) { answer = r; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
     return answer;
@@ -682,7 +682,7 @@ TEST_CASE("coordinator: a takeover waits for registered launchers' ranks until i
   // Node 0's launcher registers (node 0 is not this service's node here):
   // its ranks 0 and 1 are expected, but only rank 0 comes back.
   caf::scoped_actor launcher{*f.sys};
-  launcher->send(f.coord, launcher_atom::value, int32_t{0}, int32_t{2}, std::string("tok"));
+  launcher->send(f.coord, launcher_atom::value, int32_t{0}, int32_t{2}, std::string("tok"), int32_t{2}, int32_t{2});
   f.run();
   std::string refused = "?";
   launcher->receive([&](std::string& r) { refused = r; }, caf::after(0ms) >> [] {});
@@ -890,4 +890,10 @@ TEST_CASE("coordinator: an elastic job forms its groups, shrinks after the wait 
   REQUIRE(bad);
   CHECK((*bad)->getStatus() == proto::PlanStatus::REFUSED);
   CHECK(str((*bad)->getReason()).find("at most 3 nodes") != std::string::npos);
+  // A launcher given another node count than the job's is refused, saying so.
+  std::string why = "no answer";
+  l2->send(f.coord, launcher_atom::value, int32_t{2}, int32_t{1}, std::string("tok"), int32_t{3}, int32_t{3});
+  f.run();
+  l2->receive([&](std::string& r) { why = r; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+  CHECK(why.find("given --nnodes 3, the job's is --nnodes 2:3") != std::string::npos);
 }

@@ -227,7 +227,10 @@ void send_control(uint8_t kind, uint8_t who, senders& s, const coordinator_actor
     case 9: s.send(who, c, plan_request(int32_t{in.byte() % 5} - 1, in.byte() % 4u, in.text(16))); break;
     case 10: s.send(who, c, resize_atom::value, uint32_t{in.byte() % 4u}); break;
     case 0: s.send(who, c, exited_atom::value, in.rank(), uint32_t{in.byte() % 3u}, int32_t{in.byte()}); break;
-    case 1: s.send(who, c, launcher_atom::value, int32_t{in.byte()} - 1, int32_t{in.byte() % 4}, in.text(24)); break;
+    case 1:
+      s.send(who, c, launcher_atom::value, int32_t{in.byte()} - 1, int32_t{in.byte() % 4}, in.text(24),
+             int32_t{in.byte() % 5}, int32_t{in.byte() % 5});
+      break;
     case 2: s.send(who, c, incarnation_atom::value, uint32_t{in.byte() % 4u}); break;
     case 3: s.send(who, c, ckpt_peer_atom::value, int32_t{in.byte() % 4}, in.text(12)); break;
     case 4: s.send(who, c, current_atom::value); break;

@@ -128,7 +128,8 @@ int forge_launcher(caf::scoped_actor& self, const coordinator_actor& coord) {
                                              }),
                                              "a launcher's notice", [](auto r) { return r.getWon(); });
   std::string answer = "no answer";
-  self->request(coord, wait, launcher_atom::value, int32_t{1}, int32_t{1}, std::string("not-the-job-secret-at-all"))
+  self->request(coord, wait, launcher_atom::value, int32_t{1}, int32_t{1}, std::string("not-the-job-secret-at-all"),
+                int32_t{2}, int32_t{2})
       .receive([&](std::string& r) { answer = r; }, [&](caf::error& e) { answer = to_string(e); });
   if (answer.empty()) rc |= failed("a launcher registration with a wrong secret");
   std::printf("refused a launcher registration: %s\n", answer.c_str());
