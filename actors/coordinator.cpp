@@ -982,13 +982,19 @@ uint32_t on_incarnation(self_ptr self, uint32_t incarnation) {
   return incarnation;
 }
 
+/// Registers a node's checkpoint server and answers the others'. In an
+/// elastic job only the current group's: a node left out of it (its host
+/// lost) holds nothing the group needs (its parts were written from
+/// replicas by the survivors), and asking a gone host costs a timeout
+/// before every group.
 std::string on_ckpt_peer(self_ptr self, int32_t node, const std::string& endpoint) {
   auto& servers = self->state.ckpt_servers;
   if (!from_launcher(self, "a checkpoint server registration", node)) return {};
   if (!endpoint.empty()) servers[node] = endpoint;
+  auto plan = current_plan(self);
   std::string others;
   for (auto& [n, ep] : servers)
-    if (n != node) others += ep + "\n";
+    if (n != node && (!plan || plan->has(n))) others += ep + "\n";
   return others;
 }
 
