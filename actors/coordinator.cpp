@@ -486,6 +486,23 @@ std::optional<msg<proto::Welcome>> rejoin_refusal(self_ptr self, proto::Join::Re
   return std::nullopt;
 }
 
+/// An elastic job's join goes only into the group of the current
+/// incarnation, once it formed, with that group's world size; anything
+/// else is refused for now (a worker of another group restarts).
+std::optional<msg<proto::Welcome>> elastic_join_refusal(self_ptr self, proto::Join::Reader j) {
+  auto& st = self->state;
+  const auto inc = std::to_string(st.cfg.incarnation);
+  if (j.getIncarnation() != st.cfg.incarnation)
+    return refuse_for_now("incarnation " + std::to_string(j.getIncarnation()) + " != current " + inc,
+                          st.cfg.incarnation);
+  if (!current_plan(self)) return refuse_for_now("the group of incarnation " + inc + " is not formed yet", st.cfg.incarnation);
+  if (j.getWorldSize() != st.cfg.world_size)
+    return refuse_for_now("world size " + std::to_string(j.getWorldSize()) + " != the " +
+                              std::to_string(st.cfg.world_size) + " of incarnation " + inc + "'s group",
+                          st.cfg.incarnation);
+  return std::nullopt;
+}
+
 /// Every check a join must pass before it becomes a member; the refusal,
 /// if any. May advance the incarnation (the first join of the next group).
 std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Reader j) {
@@ -494,18 +511,8 @@ std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Read
     return refuse("protocol version " + std::to_string(j.getProtocolVersion()) + " != coordinator's " +
                   std::to_string(proto::PROTOCOL_VERSION));
   if (!constant_time_equal(str(j.getToken()), st.cfg.token)) return refuse("wrong job token");
-  if (st.planner && j.getIncarnation() != st.cfg.incarnation)
-    return refuse_for_now(
-        "incarnation " + std::to_string(j.getIncarnation()) + " != current " + std::to_string(st.cfg.incarnation),
-        st.cfg.incarnation);
-  if (st.planner && !current_plan(self))
-    return refuse_for_now("the group of incarnation " + std::to_string(st.cfg.incarnation) + " is not formed yet",
-                          st.cfg.incarnation);
-  if (st.planner && j.getWorldSize() != st.cfg.world_size)
-    return refuse_for_now("world size " + std::to_string(j.getWorldSize()) + " != the " +
-                              std::to_string(st.cfg.world_size) + " of incarnation " +
-                              std::to_string(st.cfg.incarnation) + "'s group",
-                          st.cfg.incarnation);
+  if (st.planner)
+    if (auto why = elastic_join_refusal(self, j)) return why;
   if (j.getWorldSize() != st.cfg.world_size)
     return refuse("world size " + std::to_string(j.getWorldSize()) + " != job's " + std::to_string(st.cfg.world_size));
   if (j.getRank() >= st.cfg.world_size) return refuse("rank " + std::to_string(j.getRank()) + " out of range");

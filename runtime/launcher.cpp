@@ -231,14 +231,6 @@ void fetch_newer_checkpoint(caf::actor_system& sys, coordinator_actor& coord, co
   emit_event("fetched", {{"step", plan->step}, {"from", plan->endpoint}, {"bytes", *r}, {"ns", ns}});
 }
 
-/// What torchrun exports to its workers, so a script that calls
-/// `torch.distributed.init_process_group("gloo")` (env://) runs unchanged
-/// under grace-launch. Every incarnation gets its own MASTER_PORT: rank 0's
-/// TCPStore of the previous one may still hold its port (TIME_WAIT), and a
-/// late straggler must not join the new group. One node: a port the kernel
-/// reports free on 127.0.0.1, never the previous one. Several nodes must
-/// agree without talking: a port derived from the run id and incarnation
-/// (20000-39999) on node 0's address.
 /// The group a worker is part of, as torchrun describes it: rank 0's
 /// node address (its TCPStore), the world, this node's place and the nodes.
 struct torchrun_group {
@@ -248,6 +240,14 @@ struct torchrun_group {
   uint32_t group_world = 1;
 };
 
+/// What torchrun exports to its workers, so a script that calls
+/// `torch.distributed.init_process_group("gloo")` (env://) runs unchanged
+/// under grace-launch. Every incarnation gets its own MASTER_PORT: rank 0's
+/// TCPStore of the previous one may still hold its port (TIME_WAIT), and a
+/// late straggler must not join the new group. One node: a port the kernel
+/// reports free on 127.0.0.1, never the previous one. Several nodes must
+/// agree without talking: a port derived from the run id and incarnation
+/// (20000-39999) on the address of rank 0's node.
 void add_torchrun_environment(std::map<std::string, std::string>& env, const launch_options& o,
                               const torchrun_group& g, int rank, int local_rank, uint32_t incarnation,
                               int restarts) {
@@ -359,6 +359,7 @@ private:
   void start_checkpoint_server();
   std::optional<launcher_decision> enter_incarnation();
   std::optional<launcher_decision> await_plan();
+  std::optional<launcher_decision> take_plan(const msg<proto::GroupPlan>& m, uint32_t& from, bool& said_excluded);
   std::optional<msg<proto::GroupPlan>> request_plan(uint32_t from);
   void adopt_plan(proto::GroupPlan::Reader p);
   bool ended_for_growth();
@@ -703,6 +704,40 @@ void launcher::adopt_plan(proto::GroupPlan::Reader p) {
   plan_ = std::move(g);
 }
 
+/// A reply to a plan request: adopted (nullopt with `from` unchanged), the
+/// next incarnation to ask for (excluded: `from` moves on), or the decision
+/// to stop.
+std::optional<launcher_decision> launcher::take_plan(const msg<proto::GroupPlan>& m, uint32_t& from,
+                                                     bool& said_excluded) {
+  auto r = decode(m);
+  if (!r) return launcher_decision{false, true, exit_code::usage, "group plan: " + r.err().message};
+  auto p = r->get();
+  const auto why = str(p.getReason());
+  bool has_node = false;
+  for (auto n : p.getNodes()) has_node |= n == o_.node_rank;
+  switch (p.getStatus()) {
+    case proto::PlanStatus::PLAN:
+      if (!has_node || p.getWorkersPerNode() != static_cast<uint32_t>(o_.nproc) ||
+          p.getHosts().size() != p.getNodes().size())
+        return launcher_decision{false, true, exit_code::usage,
+                                 "the coordination service sent a group plan without this node or for another "
+                                 "number of workers per node (protocol error)"};
+      adopt_plan(p);
+      return std::nullopt;
+    case proto::PlanStatus::EXCLUDED:
+      from = p.getIncarnation() + 1;
+      if (!std::exchange(said_excluded, true))
+        say(why + ": this node waits for the next group (a group smaller than " + std::to_string(o_.nnodes) +
+            " nodes saves at an agreed step and restarts with it)");
+      return std::nullopt;
+    case proto::PlanStatus::FINISHED:
+      return launcher_decision{false, true, exit_code::success, "nothing to join: " + why};
+    default:
+      return launcher_decision{false, true, exit_code::usage,
+                               "the coordination service refused this node's place in a group: " + why};
+  }
+}
+
 /// Elastic jobs, before each group: asks until the service decides a group
 /// that has this node (a node excluded from a group formed without it asks
 /// for the next: the group grows at its next agreed save). Stops on a
@@ -714,42 +749,17 @@ std::optional<launcher_decision> launcher::await_plan() {
   auto heard = t0, probed = t0;
   uint32_t from = incarnation_;
   bool said_wait = false, said_excluded = false;
-  for (;;) {
+  plan_.reset();
+  while (!plan_) {
     if (elector_) take_leadership_events();
     if (auto sig = stop_signal())
       return launcher_decision{false, true, o_.restart_code,
                                "received " + *sig + " while waiting for its group (no worker was running here)"};
-    auto reply = request_plan(from);
     const auto now = clock::now();
-    if (reply) {
+    if (auto reply = request_plan(from)) {
       heard = now;
-      auto r = decode(*reply);
-      if (!r) return launcher_decision{false, true, exit_code::usage, "group plan: " + r.err().message};
-      auto p = r->get();
-      const auto why = str(p.getReason());
-      bool has_node = false;
-      for (auto n : p.getNodes()) has_node |= n == o_.node_rank;
-      switch (p.getStatus()) {
-        case proto::PlanStatus::PLAN:
-          if (!has_node || p.getWorkersPerNode() != static_cast<uint32_t>(o_.nproc) ||
-              p.getHosts().size() != p.getNodes().size())
-            return launcher_decision{false, true, exit_code::usage,
-                                     "the coordination service sent a group plan without this node or for another "
-                                     "number of workers per node (protocol error)"};
-          adopt_plan(p);
-          return std::nullopt;
-        case proto::PlanStatus::EXCLUDED:
-          from = p.getIncarnation() + 1;
-          if (!std::exchange(said_excluded, true))
-            say(why + ": this node waits for the next group (a group smaller than " + std::to_string(o_.nnodes) +
-                " nodes saves at an agreed step and restarts with it)");
-          continue;
-        case proto::PlanStatus::FINISHED:
-          return launcher_decision{false, true, exit_code::success, "nothing to join: " + why};
-        default:
-          return launcher_decision{false, true, exit_code::usage,
-                                   "the coordination service refused this node's place in a group: " + why};
-      }
+      if (auto stop = take_plan(*reply, from, said_excluded)) return stop;
+      continue;
     }
     // Held by the service, or the service is gone: probe it now and then.
     if (!hosts_service() && now - probed > std::chrono::seconds(3)) {
@@ -757,12 +767,11 @@ std::optional<launcher_decision> launcher::await_plan() {
       if (current_incarnation(rt_->sys(), coord_, [this] { return connect_as_launcher(std::chrono::seconds(2)); }))
         heard = clock::now();
     }
-    if (!hosts_service() && now - heard > o_.coordinator_wait) {
-      auto newest = o_.checkpoint_dir.empty() ? 0 : checkpoint_store(o_.checkpoint_dir).newest_valid_step();
+    if (!hosts_service() && now - heard > o_.coordinator_wait)
       return coordinator_gone(host_ + ":" + std::to_string(port_),
-                              std::chrono::duration_cast<std::chrono::milliseconds>(now - heard).count(), newest,
+                              std::chrono::duration_cast<std::chrono::milliseconds>(now - heard).count(),
+                              o_.checkpoint_dir.empty() ? 0 : checkpoint_store(o_.checkpoint_dir).newest_valid_step(),
                               o_.restart_code);
-    }
     if (now - t0 > o_.join_timeout)
       return launcher_decision{false, true, exit_code::no_progress,
                                "no group with this node formed within --join-timeout-ms (" +
@@ -774,6 +783,7 @@ std::optional<launcher_decision> launcher::await_plan() {
           " nodes; the coordination service waits up to " + std::to_string(o_.elastic_wait.count()) +
           " ms for missing ones");
   }
+  return std::nullopt;
 }
 
 /// Elastic jobs: whether the group that just ended was ended by the
