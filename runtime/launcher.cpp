@@ -366,6 +366,10 @@ private:
   void await_stragglers();
   std::optional<std::string> stop_signal();
   int rank_of(int local_rank) const { return static_cast<int>(slot_) * o_.nproc + local_rank; }
+  /// Groups come from the service's plans (runtime/elastic.hpp): elastic
+  /// jobs, and jobs whose service moves (--etcd): there rank 0's host, which
+  /// torch.distributed's MASTER_ADDR must name, is known only from the plan.
+  bool planned() const { return o_.elastic() || (!o_.etcd.empty() && o_.nnodes > 1); }
   torchrun_group torchrun_shape() const;
   void level_checkpoints();
   void stop_coordinator();
@@ -550,8 +554,8 @@ coordinator_config launcher::service_config(bool takeover, uint64_t epoch) {
   cc.own_node = o_.node_rank;
   cc.nproc = o_.nproc;
   if (elector_) cc.lease_holds = lease_check();
-  if (o_.elastic()) {
-    cc.min_nodes = static_cast<uint32_t>(o_.min_nodes);
+  if (planned()) {
+    cc.min_nodes = static_cast<uint32_t>(o_.elastic() ? o_.min_nodes : o_.nnodes);
     cc.max_nodes = static_cast<uint32_t>(o_.nnodes);
     cc.elastic_wait = o_.elastic_wait;
     if (takeover) cc.plan = plan_;  // the group it takes over
@@ -650,7 +654,7 @@ std::optional<launcher_decision> launcher::enter_incarnation() {
       say("starting the group in incarnation " + std::to_string(incarnation_) +
           ", the coordination service's current one");
   }
-  if (o_.elastic())
+  if (planned())
     if (auto stop = await_plan()) return stop;
   if (node_local_sync_ && o_.node_local_checkpoints)
     level_checkpoints();
@@ -699,9 +703,9 @@ void launcher::adopt_plan(proto::GroupPlan::Reader p) {
   say("the group of incarnation " + std::to_string(incarnation_) + ": " + g.describe() + "; this node is slot " +
       std::to_string(slot_) + " (ranks " + std::to_string(rank_of(0)) + "-" + std::to_string(rank_of(o_.nproc - 1)) +
       ")");
-  emit_event("group_plan", {{"incarnation", incarnation_}, {"slot", slot_}, {"world_size", world_},
-                            {"nodes", nlohmann::json(g.nodes)}});
   plan_ = std::move(g);
+  emit_event("group_plan", {{"incarnation", incarnation_}, {"slot", slot_}, {"world_size", world_},
+                            {"nodes", nlohmann::json(plan_->nodes)}, {"master_addr", torchrun_shape().master_addr}});
 }
 
 /// A reply to a plan request: adopted (nullopt with `from` unchanged), the
@@ -776,12 +780,13 @@ std::optional<launcher_decision> launcher::await_plan() {
       return launcher_decision{false, true, exit_code::no_progress,
                                "no group with this node formed within --join-timeout-ms (" +
                                    std::to_string(o_.join_timeout.count()) + " ms): fewer than " +
-                                   std::to_string(o_.min_nodes) + " nodes were ready"};
+                                   std::to_string(o_.elastic() ? o_.min_nodes : o_.nnodes) + " nodes were ready"};
     if (!std::exchange(said_wait, true))
       say("waiting for the group of incarnation " + std::to_string(from) + " or later: " +
-          std::to_string(o_.min_nodes) + " to " + std::to_string(o_.nnodes) +
-          " nodes; the coordination service waits up to " + std::to_string(o_.elastic_wait.count()) +
-          " ms for missing ones");
+          (o_.elastic() ? std::to_string(o_.min_nodes) + " to " + std::to_string(o_.nnodes) +
+                              " nodes; the coordination service waits up to " +
+                              std::to_string(o_.elastic_wait.count()) + " ms for missing ones"
+                        : "all " + std::to_string(o_.nnodes) + " nodes"));
   }
   return std::nullopt;
 }

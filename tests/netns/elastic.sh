@@ -130,6 +130,12 @@ fi
 if [ "$SCENARIO" = leader_lost ]; then
   [ -n "$(tb_field "e['event']=='coordinator_elected' and e['takeover']" t_ns)" ] || fail "no launcher took the group over"
 fi
+# torch.distributed's MASTER_ADDR follows rank 0: host 1's while hosts 1, 2
+# (or 0, 1) trained, host 0's in the last group.
+[ "$(tb_field "e['event']=='group_plan' and e['incarnation']==$inc4" master_addr)" = "$(tb_ip "$FIRST")" ] ||
+  fail "MASTER_ADDR of the group of 4 is not host $FIRST's"
+[ "$(tb_field "e['event']=='group_plan' and e['incarnation']==$inc6" master_addr)" = "$(tb_ip 0)" ] ||
+  fail "MASTER_ADDR of the last group is not host 0's"
 REF=$(schedule_reference "$T1" "$T2")
 [ "$(json "$out" weights_checksum)" = "$REF" ] ||
   fail "final weights differ from the run that changed size at steps $T1 and $T2 without a fault"

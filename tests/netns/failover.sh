@@ -90,6 +90,12 @@ leader_lost() {
   read -r jit lost ms <<<"$r"
   [ "$lost" -le 1 ] || fail "the just-in-time save lost $lost steps (at most 1)"
   grep -q "following the coordination service" "$TB/h0/log.txt" || fail "the new host 0 launcher did not follow the new leader"
+  # torch.distributed's rendezvous is rank 0's (host 0's), whoever hosts Grace's service.
+  local master
+  master=$(tb_all_events | "$PY" -c 'import json,sys
+ev = [e for e in map(json.loads, sys.stdin) if e["event"] == "group_plan"]
+print(ev[-1]["master_addr"] if ev else "")')
+  [ "$master" = "$(tb_ip 0)" ] || fail "MASTER_ADDR of the last group is '$master', not host 0's $(tb_ip 0)"
   pass "leader's host lost: a successor took the group over, jit step $jit committed ${ms} ms after the loss ($lost step(s) lost; dead-after 1.5 s, etcd TTL 2 s), host 0 relaunched as a follower, weights identical"
 }
 
