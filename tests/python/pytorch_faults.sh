@@ -57,21 +57,7 @@ wait_saved "$D" 5
 kill -TERM "$(pid_of "$D" 2)"
 wait_job
 same=$(same_as_reference "$REF" "$D" $STEPS)
-msg=$("$PY" - "$D/events.jsonl" "$GRACE_MS" <<'PYEOF'
-import json, sys
-ev = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-inc0 = [e for e in ev if e["incarnation"] == 0]
-kinds = [e["kind"] for e in inc0 if e["event"] == "agreed"]
-assert kinds == ["initial", "final"], "expected an initial then a final agreement, got %s" % kinds
-first, final = [e["step"] for e in inc0 if e["event"] == "agreed"]
-assert final > first, "training must continue between the saves (%d -> %d)" % (first, final)
-exits = [e for e in inc0 if e["event"] == "exit"]
-assert len(exits) == 4 and all(e["code"] == 42 for e in exits), "every worker exits 42 after the final save"
-restored = next(e for e in ev if e["event"] == "restored")
-assert restored["step"] == final, "restored %d, the final save was %d" % (restored["step"], final)
-print("initial save at step %d, training on, final save at step %d" % (first, final))
-PYEOF
-) || fail "grace period: $msg"
+msg=$("$PY" "$(dirname "$0")/../integration/check_grace.py" "$D/events.jsonl" "$GRACE_MS" --workers 4) || fail "grace period: $msg"
 pass "notice with a ${GRACE_MS} ms grace period: $msg; $same"
 
 D="$WORK/sigkill"
