@@ -146,6 +146,15 @@ result<bool> etcd_client::create_if_absent(const std::string& key, const std::st
   return false;
 }
 
+status etcd_client::put(const std::string& key, const std::string& value, int64_t lease) {
+  json body{{"key", base64_encode(key)}, {"value", base64_encode(value)}};
+  if (lease) body["lease"] = std::to_string(lease);
+  auto r = post("/v3/kv/put", body.dump());
+  if (!r) return r.err();
+  auto j = parse_reply(*r);
+  return j ? status{} : status{j.err()};
+}
+
 result<std::optional<etcd_value>> etcd_client::get(const std::string& key) {
   auto r = post("/v3/kv/range", json{{"key", base64_encode(key)}}.dump());
   if (!r) return r.err();

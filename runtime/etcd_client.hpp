@@ -6,7 +6,7 @@
 /// tries the endpoints in turn, so one lost etcd member is not a failure.
 ///
 /// Not a general etcd client: leases (grant, keep-alive, revoke), a
-/// create-if-absent transaction, get and delete.
+/// create-if-absent transaction, put, get and delete.
 
 #include "runtime/error.hpp"
 
@@ -42,6 +42,8 @@ public:
   /// this call created it; otherwise false and `current` holds what is there.
   result<bool> create_if_absent(const std::string& key, const std::string& value, int64_t lease,
                                 std::optional<etcd_value>* current = nullptr);
+  /// Puts `value` under `key` (with `lease`, unless 0), whatever is there.
+  status put(const std::string& key, const std::string& value, int64_t lease = 0);
   result<std::optional<etcd_value>> get(const std::string& key);
   /// Deletes `key` only while it still holds `value` (so a leader never
   /// removes its successor's key).

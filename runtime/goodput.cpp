@@ -152,6 +152,34 @@ std::optional<uint64_t> goodput_tracker::on_event(const event& e) {
   return std::nullopt;
 }
 
+/// The last worker exit of `g` at or before `limit` (0: none).
+int64_t goodput_tracker::last_exit_before(const group& g, int64_t limit) {
+  int64_t last = 0;
+  for (auto& [rank, t] : g.exited)
+    if (t <= limit) last = std::max(last, t);
+  return last;
+}
+
+/// Takes the chief's training interval [train_start, end) of `g` apart into
+/// detection, agreement and save (each clipped to the interval, so a late
+/// event cannot take more than the interval had) and returns the rest.
+double goodput_tracker::split_training(const group& g, int64_t end, goodput_account& a) {
+  double training = s(end - g.train_start);
+  double in_detection = g.loss_at ? overlap_s(g.loss_at - static_cast<int64_t>(g.detection_s * 1e9), g.loss_at,
+                                              g.train_start, end)
+                                  : 0.0;
+  double in_agreement =
+      g.loss_at ? overlap_s(g.loss_at, g.loss_at + static_cast<int64_t>(g.agreement_s * 1e9), g.train_start, end)
+                : 0.0;
+  double wait = std::max(0.0, g.wait_s);
+  if (g.reached) wait = std::min(wait, s(end - g.reached));  // a commit wait ends with the interval too
+  double saves = std::min(g.snap_s + wait, std::max(0.0, training - in_detection - in_agreement));
+  a.detection_s += in_detection;
+  a.agreement_s += in_agreement;
+  a.save_s += saves;
+  return training - in_detection - in_agreement - saves;
+}
+
 goodput_account goodput_tracker::account(int64_t now_ns) const {
   goodput_account a;
   a.runs = 1;
@@ -159,32 +187,25 @@ goodput_account goodput_tracker::account(int64_t now_ns) const {
   double training = 0;
   int64_t previous_end = 0;
   bool first = true;
-  for (auto& [inc, g] : groups_) {
+  for (auto it = groups_.begin(); it != groups_.end(); ++it) {
+    auto& g = it->second;
     if (!g.started) continue;
-    ++a.incarnations;
-    const int64_t end = g.train_end ? g.train_end : g.ended ? g.ended : now_ns;
+    auto next = std::find_if(std::next(it), groups_.end(), [](auto& kv) { return kv.second.started != 0; });
+    // A group never outlasts the next one's start: a chief cut off from the
+    // job (fenced, its host partitioned) may run on into the next group.
+    const int64_t limit = next != groups_.end() ? next->second.started : now_ns;
+    const int64_t end = std::min(g.train_end ? g.train_end : g.ended ? g.ended : now_ns, limit);
     const int64_t ready = (g.train_start ? g.train_start : end) - g.restore_ns;
+    ++a.incarnations;
     if (first)
       a.startup_s += s(ready - run_start_ns_);
     else
       a.restart_s += s(g.started - previous_end) + s(ready - g.started);
     a.restore_s += s(g.restore_ns);
-    if (g.train_start) {
-      training += s(end - g.train_start);
-      // Only what fell inside the chief's training interval is taken from it.
-      double in_detection = g.loss_at ? overlap_s(g.loss_at - static_cast<int64_t>(g.detection_s * 1e9), g.loss_at,
-                                                  g.train_start, end)
-                                      : 0.0;
-      double in_agreement =
-          g.loss_at ? overlap_s(g.loss_at, g.loss_at + static_cast<int64_t>(g.agreement_s * 1e9), g.train_start, end)
-                    : 0.0;
-      a.detection_s += in_detection;
-      a.agreement_s += in_agreement;
-      a.save_s += g.snap_s + std::max(0.0, g.wait_s);
-      training -= in_detection + in_agreement + g.snap_s + std::max(0.0, g.wait_s);
-    }
+    if (g.train_start && g.train_start < end) training += split_training(g, end, a);
     if (g.loss_at) ++a.faults;
-    previous_end = g.ended ? g.ended : end;
+    // The gap to the next group runs from the last exit before its start.
+    previous_end = std::max(end, last_exit_before(g, limit));
     first = false;
   }
   a.steps_recomputed = steps_recomputed_;

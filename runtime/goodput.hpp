@@ -110,6 +110,8 @@ private:
   };
   group& at(int64_t incarnation) { return groups_[incarnation]; }
   void on_loss(const event& e, group& g);
+  static int64_t last_exit_before(const group& g, int64_t limit);
+  static double split_training(const group& g, int64_t end, goodput_account& a);
   double mean_step_s() const;
 
   int64_t run_start_ns_;

@@ -347,6 +347,7 @@ private:
   bool hosts_service() const { return elector_ ? leading_ : o_.node_rank == 0; }
   status start_election();
   void take_leadership_events();
+  launcher_decision finished_elsewhere() const;
   void on_elected(const coordinator_location& where);
   void on_following(const coordinator_location& where);
   void fence_service();
@@ -418,6 +419,7 @@ private:
   // --etcd: the election of the launcher hosting the service
   std::shared_ptr<leader_elector> elector_;  ///< shared with the hosted service's lease check
   bool leading_ = false;
+  std::optional<std::string> finished_elsewhere_;  ///< the elector found the job finished without this node
   int32_t leader_node_ = -1;  ///< the node hosting the service, as last elected or followed; -1 none yet
   bool group_running_ = false;
   bool warned_plaintext_ = false;
@@ -756,6 +758,7 @@ std::optional<launcher_decision> launcher::await_plan() {
   plan_.reset();
   while (!plan_) {
     if (elector_) take_leadership_events();
+    if (finished_elsewhere_) return finished_elsewhere();
     if (auto sig = stop_signal())
       return launcher_decision{false, true, o_.restart_code,
                                "received " + *sig + " while waiting for its group (no worker was running here)"};
@@ -1152,7 +1155,7 @@ int launcher::run() {
   if (hosts_service()) stop_coordinator();
   if (relay_) caf::anon_send_exit(relay_, caf::exit_reason::user_shutdown);
   if (elector_) {
-    elector_->stop(true);
+    elector_->stop(true, d.code == exit_code::success);
     std::error_code ec;
     std::filesystem::remove(coordinator_file_, ec);
   }
@@ -1179,6 +1182,7 @@ std::optional<launcher_decision> launcher::await_coordinator() {
   bool said = false;
   for (;;) {
     if (elector_) take_leadership_events();
+    if (finished_elsewhere_) return finished_elsewhere();
     if (hosts_service()) return std::nullopt;
     if (current_incarnation(rt_->sys(), coord_, [this] { return connect_as_launcher(std::chrono::seconds(2)); })) return std::nullopt;
     auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - t0);
@@ -1297,6 +1301,12 @@ void launcher::set_location(const coordinator_location& where) {
   if (ec) say("cannot write " + coordinator_file_ + ": " + ec.message());
 }
 
+/// The elector found the job finished while this node was away (its last
+/// leader marked it so and released its key): nothing is left to join.
+launcher_decision launcher::finished_elsewhere() const {
+  return launcher_decision{false, true, exit_code::success, "nothing to join: " + *finished_elsewhere_};
+}
+
 void launcher::take_leadership_events() {
   for (auto& e : elector_->take()) {
     using ty = leadership_event::type;
@@ -1310,6 +1320,10 @@ void launcher::take_leadership_events() {
         emit_event("coordinator_deposed", {{"epoch", e.where.epoch}});
         break;
       case ty::unreachable: say("etcd does not answer: " + e.detail); break;
+      case ty::finished:
+        finished_elsewhere_ = e.detail;
+        emit_event("job_finished_elsewhere", {{"epoch", e.where.epoch}});
+        break;
     }
   }
 }

@@ -10,9 +10,6 @@
 namespace grace {
 
 namespace {
-/// job_key's value (delete_if_value needs one).
-constexpr const char* job_key_value = "running";
-
 int64_t mono_now() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -26,6 +23,7 @@ const char* to_string(leadership_event::type t) noexcept {
     case ty::following: return "following";
     case ty::deposed: return "deposed";
     case ty::unreachable: return "unreachable";
+    case ty::finished: return "finished";
   }
   return "?";
 }
@@ -68,7 +66,7 @@ leader_elector::~leader_elector() {
 
 void leader_elector::start() { thread_ = std::thread([this] { loop(); }); }
 
-void leader_elector::stop(bool release) {
+void leader_elector::stop(bool release, bool finished) {
   {
     std::lock_guard<std::mutex> g(m_);
     stop_ = true;
@@ -76,10 +74,26 @@ void leader_elector::stop(bool release) {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (release && leading_ && lease_id_) {
-    if (!cfg_.job_key.empty()) (void)client_.delete_if_value(cfg_.job_key, job_key_value);
+    if (finished)
+      mark_finished();
+    else if (!cfg_.job_key.empty() && known_)
+      (void)client_.delete_if_value(cfg_.job_key, job_key_value(job_mark::state::running, known_->epoch));
     (void)client_.revoke(lease_id_);
     leading_ = false;
   }
+}
+
+/// The job finished with success: "finished EPOCH" under a lease of its
+/// own, before the leader key goes, so a launcher left behind that looks
+/// for a leader finds it and stops instead of hosting a service for a job
+/// that is over. The lease ends the mark: a later job of the same run id
+/// is not stopped by it for long (and never on its launchers' first look).
+void leader_elector::mark_finished() {
+  if (cfg_.job_key.empty() || !known_) return;
+  auto lease = client_.grant_lease(cfg_.finished_ttl_seconds);
+  if (!lease) return;
+  if (!client_.put(cfg_.job_key, job_key_value(job_mark::state::finished, known_->epoch), *lease))
+    (void)client_.revoke(*lease);
 }
 
 std::vector<leadership_event> leader_elector::take() {
@@ -122,22 +136,41 @@ bool leader_elector::lease_holds(std::chrono::milliseconds limit) const {
   return mono_now() < valid_until_;
 }
 
-/// Before its first campaign: a job in progress makes this launcher a
-/// newcomer (may_campaign), as if it had seen another launcher lead.
-void leader_elector::check_job_key() {
+/// At the first poll and before each campaign. The first look: a job in
+/// progress makes this launcher a newcomer (may_campaign), as if it had seen
+/// another launcher lead; a finished mark is an earlier run's (this one
+/// starts anew). A later look: a job that finished without this launcher
+/// ends its part (false, and a `finished` event).
+bool leader_elector::check_job_key() {
   if (cfg_.job_key.empty()) {
     job_key_checked_ = true;
-    return;
+    return true;
   }
   auto r = client_.get(cfg_.job_key);
-  if (!r) return;  // asked again at the next poll; a campaign would fail as well
-  job_key_checked_ = true;
-  if (*r) saw_other_ = true;
+  if (!r) return false;  // asked again at the next poll; a campaign would fail as well
+  std::optional<std::string> value;
+  if (*r) value = (*r)->value;
+  const auto mark = read_job_key(value);
+  const bool first_look = !std::exchange(job_key_checked_, true);
+  if (first_look && mark.what == job_mark::state::running) saw_other_ = true;
+  if (first_look && mark.what == job_mark::state::finished) earlier_run_ = mark.epoch + 1;
+  if (!job_finished_without_us(mark, first_look, std::max(known_ ? known_->epoch : 0, earlier_run_))) return true;
+  finished_elsewhere_ = true;
+  leadership_event e;
+  e.what = leadership_event::type::finished;
+  if (known_) e.where = *known_;
+  e.detail = "the job finished without this node (its last leader, epoch " + std::to_string(mark.epoch) +
+             ", marked it finished)";
+  push(e);
+  return false;
 }
 
-/// A leader marks the job as running (once; kept after its lease ends).
+/// A leader marks the job as running under its epoch (once per election;
+/// the mark has no lease, so it outlives the leader).
 void leader_elector::mark_job() {
-  if (cfg_.job_key.empty() || client_.create_if_absent(cfg_.job_key, job_key_value, 0)) job_marked_ = true;
+  if (cfg_.job_key.empty() || !known_ ||
+      client_.put(cfg_.job_key, job_key_value(job_mark::state::running, known_->epoch)))
+    job_marked_ = true;
 }
 
 void leader_elector::etcd_failed(const std::string& why) {
@@ -192,6 +225,7 @@ void leader_elector::lead_once() {
 }
 
 void leader_elector::follow_once() {
+  if (finished_elsewhere_ || (!job_key_checked_ && !check_job_key())) return;
   auto r = client_.get(cfg_.key);
   if (!r) return etcd_failed(r.err().message);
   said_unreachable_ = false;
@@ -203,7 +237,7 @@ void leader_elector::follow_once() {
     case follow_action::keep: return;
     case follow_action::campaign:
       if (!absent_since_) absent_since_ = now;
-      if (!job_key_checked_) check_job_key();
+      if (!check_job_key()) return;
       if (!may_campaign(member_, saw_other_, now - absent_since_,
                         std::chrono::duration_cast<std::chrono::nanoseconds>(cfg_.newcomer_defer).count()))
         return;
@@ -247,6 +281,7 @@ void leader_elector::campaign() {
   lease_id_ = *lease;
   renewed(t0);
   leading_ = true;
+  job_marked_ = false;
   known_ = loc;
   push({leadership_event::type::elected, *loc, {}});
 }

@@ -35,11 +35,17 @@ struct elector_config {
   std::chrono::milliseconds poll{50};  ///< how often a follower reads the key (a GET; on the failover path)
   /// A newcomer's wait before it campaigns (see may_campaign).
   std::chrono::milliseconds newcomer_defer{0};
-  /// A key without a lease that the first leader creates and the last one
-  /// removes when its job ends: a launcher that finds it before its first
-  /// campaign joins a job in progress (a replacement host started after
-  /// the leader's lease ran out), so it counts as a newcomer. Empty: none.
+  /// The job key (runtime/leadership.hpp, job_mark): every leader puts
+  /// "running EPOCH" (no lease); the last one replaces it with "finished
+  /// EPOCH" under a lease of `finished_ttl_seconds` when the job finished
+  /// with success, or removes it when the job failed. A launcher that finds
+  /// it running before its first campaign joins a job in progress (a
+  /// replacement host started after the leader's lease ran out), so it counts
+  /// as a newcomer; one that finds it finished before a later campaign stops
+  /// (the job finished while it was away). Read before every campaign.
+  /// Empty: none.
   std::string job_key;
+  int finished_ttl_seconds = 300;
 };
 
 struct leadership_event {
@@ -48,6 +54,7 @@ struct leadership_event {
     following,  ///< another launcher leads, at `where` (a newer epoch than the last)
     deposed,    ///< this launcher stopped leading (lease not renewed in time)
     unreachable,  ///< etcd did not answer (`detail`); reported once until it answers again
+    finished,   ///< the job finished without this launcher (job_finished_without_us): it stops, exit 0
   };
   type what = type::following;
   coordinator_location where;
@@ -71,8 +78,10 @@ public:
   /// This launcher started a group: it may campaign at once from now on.
   void joined_group() noexcept { member_ = true; }
   /// Stops the thread; `release`: a leader revokes its lease, so a later
-  /// job of the same run id need not wait for it to expire.
-  void stop(bool release);
+  /// job of the same run id need not wait for it to expire. `finished`: the
+  /// job finished with success; a leader marks the job key so before it
+  /// releases its key (else it removes its running mark).
+  void stop(bool release, bool finished = false);
 
   /// Whether the service this launcher hosts may decide now: true while the
   /// lease was renewed less than half its TTL ago. Once that lapsed (the
@@ -97,8 +106,9 @@ private:
   void push(leadership_event e);
   void etcd_failed(const std::string& why);
   void renewed(int64_t t0);
-  void check_job_key();
+  bool check_job_key();
   void mark_job();
+  void mark_finished();
 
   elector_config cfg_;
   etcd_client client_;
@@ -113,7 +123,9 @@ private:
   bool said_unreachable_ = false;
   std::atomic<bool> member_{false};  ///< joined_group
   bool saw_other_ = false;           ///< another launcher led while this one watched (or job_key existed)
-  bool job_key_checked_ = false;
+  bool job_key_checked_ = false;     ///< the first look at the job key was taken
+  bool finished_elsewhere_ = false;  ///< the job finished without this launcher: nothing more to do
+  uint64_t earlier_run_ = 0;  ///< a finished mark below this epoch is an earlier run's (seen at the first look)
   bool job_marked_ = false;          ///< job_key created (or found) while leading
   int64_t absent_since_ = 0;         ///< when the key was first seen absent (0: present)
   std::optional<coordinator_location> known_;  ///< the leader last seen (ours while leading)

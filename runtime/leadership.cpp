@@ -39,6 +39,28 @@ bool may_campaign(bool member, bool saw_other_leader, int64_t absent_ns, int64_t
   return member || !saw_other_leader || absent_ns >= defer_ns;
 }
 
+job_mark read_job_key(const std::optional<std::string>& value) {
+  job_mark m;
+  if (!value) return m;
+  m.what = job_mark::state::running;
+  std::istringstream in(*value);
+  std::string word, epoch, extra;
+  if (!(in >> word)) return m;
+  const bool digits = (in >> epoch) && !(in >> extra) && epoch.size() <= 19 &&
+                      epoch.find_first_not_of("0123456789") == std::string::npos;
+  if (word == "finished" && digits) m.what = job_mark::state::finished;
+  if (digits) m.epoch = std::stoull(epoch);
+  return m;
+}
+
+std::string job_key_value(job_mark::state s, uint64_t epoch) {
+  return std::string(s == job_mark::state::finished ? "finished " : "running ") + std::to_string(epoch);
+}
+
+bool job_finished_without_us(const job_mark& m, bool first_look, uint64_t newest_leader_epoch) {
+  return m.what == job_mark::state::finished && !first_look && m.epoch >= newest_leader_epoch;
+}
+
 const char* to_string(takeover_end e) noexcept {
   switch (e) {
     case takeover_end::wait: return "waiting";

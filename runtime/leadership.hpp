@@ -75,6 +75,28 @@ follow_action next_follow_action(const std::optional<coordinator_location>& know
 /// the last checkpoint lost). It still leads when no survivor does.
 bool may_campaign(bool member, bool saw_other_leader, int64_t absent_ns, int64_t defer_ns);
 
+/// The job key `/grace/<run-id>/job`: "running EPOCH" while a leader runs
+/// the job (every leader puts it once elected), "finished EPOCH" once the
+/// last leader saw it finish with success (under a lease of a few minutes,
+/// written before that leader releases its key).
+struct job_mark {
+  enum class state : uint8_t { absent, running, finished };
+  state what = state::absent;
+  uint64_t epoch = 0;  ///< the leader that wrote it (0: a value without one)
+};
+/// The job key's value read back; a malformed value reads as running (a job
+/// of unknown state: join it as a newcomer, never stop for it).
+job_mark read_job_key(const std::optional<std::string>& value);
+std::string job_key_value(job_mark::state s, uint64_t epoch);
+
+/// Whether a launcher about to campaign must stop instead: the job it
+/// belongs to finished without it (it was away when the group finished and
+/// the last leader released its key). Not on the launcher's first look at
+/// the key (a requeued run of the same id starts anew), nor for a mark older
+/// than the newest leader this launcher saw (an earlier job's mark that the
+/// running job's leader had not replaced yet).
+bool job_finished_without_us(const job_mark& m, bool first_look, uint64_t newest_leader_epoch);
+
 /// A successor's takeover so far: the running group's survivors rejoin it
 /// before one just-in-time round saves them. Rank r runs on node r / nproc.
 struct takeover_progress {

@@ -36,6 +36,14 @@ worker_policy::worker_policy(worker_policy_config cfg, uint64_t restored_step)
     : cfg_(cfg), restored_(restored_step), last_saved_(restored_step) {}
 
 void worker_policy::step_time(int64_t ns) {
+  // The first step after a start pays for warm-up (first touches, a fresh
+  // rendezvous, cold caches): it stands in only until a real step is measured,
+  // so it cannot inflate the margin for the rest of the grace period.
+  if (!warmup_seen_) {
+    warmup_seen_ = true;
+    warmup_ns_ = ns;
+    return;
+  }
   if (step_ns_.size() < 64)
     step_ns_.push_back(ns);
   else
@@ -48,6 +56,8 @@ void worker_policy::save_time(int64_t ns) {
 }
 
 int64_t worker_policy::margin_ns() const {
+  if (step_ns_.empty() && warmup_seen_)
+    return final_save_margin({warmup_ns_}, save_ns_, cfg_.margin_factor, cfg_.margin_steps);
   return final_save_margin(step_ns_, save_ns_, cfg_.margin_factor, cfg_.margin_steps);
 }
 

@@ -134,6 +134,8 @@ public:
   void saved(uint64_t step) { last_saved_ = std::max(last_saved_, step); }
   void proposed_final() { final_proposed_ = true; }
   void grace_continues() { final_proposed_ = false; }
+  /// A step's duration. The first one after a start (warm-up) counts only
+  /// until a second is measured.
   void step_time(int64_t ns);
   void save_time(int64_t ns);
 
@@ -167,7 +169,9 @@ private:
   bool waiting_ = false;
   wait_reason wait_reason_ = wait_reason::agreement;
   int64_t wait_deadline_ = 0;
-  std::vector<int64_t> step_ns_;  ///< recent step durations (ring of 64)
+  bool warmup_seen_ = false;       ///< the first step after a start was measured
+  int64_t warmup_ns_ = 0;          ///< its duration: the step time only until a second step is measured
+  std::vector<int64_t> step_ns_;  ///< recent step durations after the first (ring of 64)
   size_t step_next_ = 0;
   std::vector<int64_t> save_ns_;  ///< recent snapshot+write durations (last 32)
 };

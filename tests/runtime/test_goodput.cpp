@@ -79,6 +79,30 @@ TEST_CASE("goodput: every second of a run with a failure is put to one cause", "
   CHECK(sum == Approx(a.wall_s));
 }
 
+TEST_CASE("goodput: a chief cut off from the job and running into the next group is not counted twice",
+          "[goodput]") {
+  // Host 0 (rank 0) is cut off at 10 s: the others save just in time and a
+  // new group starts at 12 s, while the fenced chief runs on until its exit
+  // at 25 s and writes a save wait that outlasts its group.
+  goodput_tracker t(0);
+  for (auto& e : {ev("group_started", 1, -1, 0), ev("first_step", 2, 0, 0, {{"ns", at(0.5)}}),
+                  ev("worker_exit", 11, -1, 0, {{"worker_rank", 1}, {"code", 42}}),
+                  ev("group_started", 12, -1, 1), ev("first_step", 13, 0, 1, {{"ns", at(0.1)}}),
+                  ev("reached_agreed_step", 11.8, 0, 0, {{"step", 90}}),
+                  ev("exit", 25, 0, 0, {{"step", 90}, {"code", 42}}),
+                  ev("worker_exit", 25.1, -1, 0, {{"worker_rank", 0}, {"code", 42}}),
+                  ev("finished", 30, 0, 1, {{"step", 300}})})
+    t.on_event(e);
+  auto a = t.account(at(30));
+  CHECK(a.ratio() <= 1.0);
+  CHECK(a.restart_s == Approx(0.9));              // group 1's start to its first step (group 0 counted to 12 s)
+  CHECK(a.save_s == Approx(0.2));                 // the wait is clipped at the next group's start
+  CHECK(a.productive_s == Approx(10.3 + 17.1));  // 1.5 -> 12 less the clipped wait, then 12.9 -> 30
+  double sum = a.productive_s;
+  for (auto& c : goodput_causes) sum += a.*c.seconds;
+  CHECK(sum == Approx(a.wall_s));
+}
+
 TEST_CASE("goodput: a run without faults loses only its startup and saves", "[goodput]") {
   goodput_tracker t(0);
   t.on_event(ev("group_started", 0.5, -1, 0));

@@ -125,3 +125,31 @@ TEST_CASE("a takeover ends once nobody more is worth waiting for", "[leadership]
     CHECK(outcome() == takeover_end::all_but_lost_leader);
   }
 }
+
+TEST_CASE("job key: running and finished marks with their epoch; a malformed value reads as running",
+          "[leadership]") {
+  using st = job_mark::state;
+  CHECK(read_job_key(std::nullopt).what == st::absent);
+  auto r = read_job_key(job_key_value(st::running, 17));
+  CHECK(r.what == st::running);
+  CHECK(r.epoch == 17);
+  auto f = read_job_key(job_key_value(st::finished, 23));
+  CHECK(f.what == st::finished);
+  CHECK(f.epoch == 23);
+  CHECK(read_job_key(std::string("running")).what == st::running);  // a mark without an epoch
+  CHECK(read_job_key(std::string("finished")).what == st::running);  // no epoch: never a reason to stop
+  CHECK(read_job_key(std::string("finished x")).what == st::running);
+  CHECK(read_job_key(std::string("finished 5 6")).what == st::running);
+  CHECK(read_job_key(std::string("")).what == st::running);
+}
+
+TEST_CASE("a launcher stops for a finished mark only after its first look and only for its own job",
+          "[leadership]") {
+  job_mark finished{job_mark::state::finished, 40};
+  CHECK(job_finished_without_us(finished, false, 40));   // its last leader marked the job finished
+  CHECK(job_finished_without_us(finished, false, 12));   // a later leader than the one it saw
+  CHECK_FALSE(job_finished_without_us(finished, true, 0));    // first look: a requeued run starts anew
+  CHECK_FALSE(job_finished_without_us(finished, false, 41));  // an earlier job's mark: a newer leader ran since
+  CHECK_FALSE(job_finished_without_us({job_mark::state::running, 40}, false, 40));
+  CHECK_FALSE(job_finished_without_us({}, false, 0));
+}

@@ -369,3 +369,15 @@ TEST_CASE("worker_policy: with failover the service moving is waited out, and no
   REQUIRE(stop.what == ty::stop);
   CHECK(stop.message == "coordination service lost");
 }
+
+TEST_CASE("worker_policy: the warm-up step stands in for the step time only until a second step is measured",
+          "[policy]") {
+  worker_policy p(cfg(0), 0);
+  p.save_time(50 * ms);
+  p.step_time(400 * ms);  // the first step after a start: rendezvous, first touches
+  CHECK(p.margin_ns() == 2 * (2 * 400 * ms + 50 * ms) + 5 * ms);
+  p.step_time(10 * ms);
+  CHECK(p.margin_ns() == 2 * (2 * 10 * ms + 50 * ms) + 5 * ms);
+  for (int i = 0; i < 70; ++i) p.step_time(10 * ms);
+  CHECK(p.margin_ns() == 2 * (2 * 10 * ms + 50 * ms) + 5 * ms);
+}
