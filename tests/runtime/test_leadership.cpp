@@ -126,7 +126,7 @@ TEST_CASE("a takeover ends once nobody more is worth waiting for", "[leadership]
   }
 }
 
-TEST_CASE("job key: running and finished marks with their epoch; a malformed value reads as running",
+TEST_CASE("job key: running and finished marks with their epoch, a malformed value read as running",
           "[leadership]") {
   using st = job_mark::state;
   CHECK(read_job_key(std::nullopt).what == st::absent);
