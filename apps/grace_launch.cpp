@@ -92,6 +92,10 @@ int main(int argc, char** argv) {
   app.add_flag("--node-local-checkpoints", o.node_local_checkpoints,
                "every node's --checkpoint-dir is its own disk: sharded state is committed on every node (each "
                "holding its ranks' parts) and brought level between nodes before a group starts");
+  app.add_option("--memory-dir", o.memory_dir,
+                 "with --node-local-checkpoints: where replica holders mirror their sources' parts on a memory file "
+                 "system that outlives the workers, so a host lost with its disk can be restored from memory "
+                 "(default /dev/shm/grace-RUN_ID-nodeN; 'off': none)");
   app.add_option("--grace-period-ms", grace_ms, "grace period carried by a forwarded notice")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--exit-timeout-ms", exit_timeout_ms, "wait this long for the rest of the group to exit");

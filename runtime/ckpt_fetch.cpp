@@ -100,9 +100,11 @@ result<int> request(const std::string& ep, const std::string& token, const std::
 
 result<std::unique_ptr<checkpoint_server>> checkpoint_server::start(fs::path dir, std::string address,
                                                                     std::string token,
-                                                                    std::chrono::milliseconds io_timeout) {
+                                                                    std::chrono::milliseconds io_timeout,
+                                                                    fs::path memory_dir) {
   std::unique_ptr<checkpoint_server> s(new checkpoint_server());
   s->dir_ = std::move(dir);
+  s->memory_dir_ = std::move(memory_dir);
   s->address_ = std::move(address);
   s->token_ = std::move(token);
   s->io_timeout_ = io_timeout;
@@ -149,11 +151,15 @@ void checkpoint_server::answer(int fd) {
     send_str(fd, "OK " + std::to_string(n) + "\n" + body);
     return;
   }
-  if (w[2] == "PREPARED" && w.size() == 3) {
+  if ((w[2] == "PREPARED" || w[2] == "MIRRORED") && w.size() == 3) {
+    std::vector<checkpoint_store::prepared_part> parts;
+    if (w[2] == "PREPARED")
+      parts = store.prepared_parts();
+    else if (!memory_dir_.empty())
+      parts = checkpoint_store(memory_dir_, 0).prepared_parts();
     std::string body;
-    size_t n = 0;
-    for (auto& p : store.prepared_parts()) body += std::to_string(p.step) + " " + p.file + "\n", ++n;
-    send_str(fd, "OK " + std::to_string(n) + "\n" + body);
+    for (auto& p : parts) body += std::to_string(p.step) + " " + p.file + "\n";
+    send_str(fd, "OK " + std::to_string(parts.size()) + "\n" + body);
     return;
   }
   auto step = w.size() >= 4 ? to_step(w[3]) : std::nullopt;
@@ -223,13 +229,15 @@ result<std::vector<uint64_t>> list_remote(const std::string& ep, const std::stri
   return steps;
 }
 
-result<std::vector<std::pair<uint64_t, std::string>>> list_prepared_remote(const std::string& ep,
-                                                                         const std::string& token,
-                                                                         std::chrono::milliseconds timeout) {
-  auto fd = request(ep, token, "PREPARED", timeout);
+namespace {
+/// A list of (step, part) lines: PREPARED or MIRRORED.
+result<std::vector<std::pair<uint64_t, std::string>>> list_parts_of(const std::string& verb, const std::string& ep,
+                                                                  const std::string& token,
+                                                                  std::chrono::milliseconds timeout) {
+  auto fd = request(ep, token, verb, timeout);
   if (!fd) return fd.err();
   fd_guard g{*fd};
-  auto n = read_ok(*fd, "PREPARED from " + ep);
+  auto n = read_ok(*fd, verb + " from " + ep);
   if (!n) return n.err();
   std::vector<std::pair<uint64_t, std::string>> out;
   for (uint64_t i = 0; i < *n; ++i) {
@@ -237,10 +245,23 @@ result<std::vector<std::pair<uint64_t, std::string>>> list_prepared_remote(const
     if (!l) return l.err();
     auto w = words(*l);
     auto s = w.size() == 2 ? to_step(w[0]) : std::nullopt;
-    if (!s || !plain_name(w[1])) return failed("PREPARED from " + ep + ": bad line '" + *l + "'");
+    if (!s || !plain_name(w[1])) return failed(verb + " from " + ep + ": bad line '" + *l + "'");
     out.emplace_back(*s, w[1]);
   }
   return out;
+}
+}  // namespace
+
+result<std::vector<std::pair<uint64_t, std::string>>> list_prepared_remote(const std::string& ep,
+                                                                         const std::string& token,
+                                                                         std::chrono::milliseconds timeout) {
+  return list_parts_of("PREPARED", ep, token, timeout);
+}
+
+result<std::vector<std::pair<uint64_t, std::string>>> list_mirrored_remote(const std::string& ep,
+                                                                         const std::string& token,
+                                                                         std::chrono::milliseconds timeout) {
+  return list_parts_of("MIRRORED", ep, token, timeout);
 }
 
 result<std::string> get_text_remote(const std::string& ep, const std::string& token, uint64_t step,

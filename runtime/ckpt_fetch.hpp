@@ -16,6 +16,8 @@
 ///             "GRACE-CKPT <token> GET <step> <name>\n" -> "OK <size>\n" then the bytes
 ///             "GRACE-CKPT <token> PREPARED\n"         -> "OK <n>\n" then n lines "<step> <name>": parts
 ///               durable in parts directories, not committed here
+///             "GRACE-CKPT <token> MIRRORED\n"            -> "OK <n>\n" then n lines "<step> <name>": parts
+///               mirrored in the node's memory directory by replica holders (runtime/replica.hpp)
 ///             "GRACE-CKPT <token> PARTS <step> <tag>\n" -> "OK <n>\n" then n times "<size>\n" and
 ///               that many bytes: the part descriptions durable in `.parts-step-<N>-<tag>`
 ///               (node-local sharded state: a node's committer gathers every node's)
@@ -41,9 +43,11 @@ namespace grace {
 /// from its own thread until destroyed.
 class checkpoint_server {
 public:
+  /// `memory_dir`: the node's memory directory, whose mirrored parts
+  /// MIRRORED lists (empty: none).
   static result<std::unique_ptr<checkpoint_server>> start(
       std::filesystem::path dir, std::string address, std::string token,
-      std::chrono::milliseconds io_timeout = std::chrono::seconds(10));
+      std::chrono::milliseconds io_timeout = std::chrono::seconds(10), std::filesystem::path memory_dir = {});
   ~checkpoint_server();
   checkpoint_server(const checkpoint_server&) = delete;
   checkpoint_server& operator=(const checkpoint_server&) = delete;
@@ -56,6 +60,7 @@ private:
   void serve();
   void answer(int fd);
   std::filesystem::path dir_;
+  std::filesystem::path memory_dir_;
   std::string address_;
   std::string token_;
   std::chrono::milliseconds io_timeout_{10000};
@@ -93,6 +98,12 @@ result<std::set<std::string>> list_files_remote(const std::string& endpoint, con
 /// The parts durable in the peer's parts directories (written, not
 /// committed there): (step, data file) pairs.
 result<std::vector<std::pair<uint64_t, std::string>>> list_prepared_remote(const std::string& endpoint,
+                                                                         const std::string& token,
+                                                                         std::chrono::milliseconds timeout);
+
+/// The parts mirrored in the peer's memory directory (replicas that
+/// outlived their workers): (step, data file) pairs.
+result<std::vector<std::pair<uint64_t, std::string>>> list_mirrored_remote(const std::string& endpoint,
                                                                          const std::string& token,
                                                                          std::chrono::milliseconds timeout);
 

@@ -189,6 +189,7 @@ result<cluster_config> cluster_from_environment() {
         return bad(std::string("GRACE_NODE_LOCAL_CHECKPOINTS=") + nl + ": expected 0 or 1");
       c.node_local_checkpoints = std::string(nl) == "1";
     }
+    if (auto md = env("GRACE_MEMORY_DIR")) c.memory_dir = md;
     if (auto v = env("GRACE_RELAY")) {
       if (auto hp = parse_host_port(v); !hp) return error{errc::invalid_input, "GRACE_RELAY: " + hp.err().message};
       c.relay = v;

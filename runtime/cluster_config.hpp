@@ -44,6 +44,11 @@ struct cluster_config {
   /// grace-launch --node-local-checkpoints (GRACE_NODE_LOCAL_CHECKPOINTS=1):
   /// every node commits its own parts (runtime/shared_dir.hpp checks it).
   bool node_local_checkpoints = false;
+  /// A directory on the node's memory file system that outlives the
+  /// workers (grace-launch --memory-dir, GRACE_MEMORY_DIR): with node-local
+  /// sharded checkpoints, replica holders mirror their source's parts there
+  /// (runtime/replica.hpp). Empty: none.
+  std::string memory_dir;
   bool is_chief() const noexcept { return rank == 0; }
   bool local_mode() const noexcept { return world_size == 1 && coordinator_host.empty(); }
 };

@@ -370,6 +370,8 @@ struct session::impl {
     if (buffers->busy())  // the writer died holding them: its write may still read them
       return failed_save(step, kind, agreement_id, error{errc::overloaded, "the snapshot buffers are still being written"}, 0);
     if (auto st = buffers->check(tensors); !st) return failed_save(step, kind, agreement_id, st.err(), 0);
+    if (sharded)
+      if (auto keeper = replicas->get()) keeper->mirror(step, meta, part_tag(agreement_id));
     save_request req{buffers, std::move(meta), agreement_id, 0, make_room};
     if (sharded) {
       req.part_tag = part_tag(agreement_id);
@@ -673,6 +675,7 @@ struct session::impl {
     rc.kv = kv;
     rc.prefix = prefix;
     rc.log = log;
+    rc.mirror = mirror_store();
     auto k = replica_keeper::start(rc, kept_layout);
     if (!k) return k.err();
     std::shared_ptr<replica_keeper> keeper = std::move(*k);
@@ -683,6 +686,23 @@ struct session::impl {
               bytes / 1048576.0, keeper->source(), keeper->holder());
     replicas->set(std::move(keeper));
     return {};
+  }
+
+  /// Node-local sharded checkpoints with a memory directory from the
+  /// launcher: the store on it that this rank mirrors its source's parts
+  /// into (runtime/replica.hpp); else null.
+  std::shared_ptr<checkpoint_store> mirror_store() const {
+    if (!node_local_world() || cluster.memory_dir.empty()) return nullptr;
+    std::error_code ec;
+    std::filesystem::create_directories(cluster.memory_dir, ec);
+    if (ec) {
+      log->warn("replicas: cannot use the memory directory {} ({}): parts are not mirrored there", cluster.memory_dir,
+                ec.message());
+      return nullptr;
+    }
+    auto store = std::make_shared<checkpoint_store>(cluster.memory_dir, 0);
+    store->set_direct_io(false);  // tmpfs has no O_DIRECT, and needs none
+    return store;
   }
 
   /// Just in time from copies: this rank's kept copy of the agreed step,

@@ -358,6 +358,7 @@ private:
   void tell_relay_incarnation();
   result<coordinator_actor> connect_as_launcher(std::chrono::milliseconds timeout);
   void start_checkpoint_server();
+  void setup_memory_dir();
   std::optional<launcher_decision> enter_incarnation();
   std::optional<launcher_decision> await_plan();
   std::optional<launcher_decision> take_plan(const msg<proto::GroupPlan>& m, uint32_t& from, bool& said_excluded);
@@ -409,6 +410,7 @@ private:
   std::optional<uint32_t> previous_group_;
   std::unique_ptr<checkpoint_server> ckpt_server_;
   bool node_local_sync_ = false;
+  std::string memory_dir_;  ///< replicas mirrored in memory (setup_memory_dir); empty: none
   std::vector<worker_proc> workers_;
   int restarts_ = 0;
   bool notice_forwarded_ = false;
@@ -625,10 +627,31 @@ void launcher::tell_relay_incarnation() {
   self->send(relay_, incarnation_atom::value, incarnation_, static_cast<uint32_t>(rank_of(0)));
 }
 
+/// --node-local-checkpoints: the directory this node's replica holders
+/// mirror their sources' parts into (runtime/replica.hpp), created for the
+/// workers; removed when the job finished.
+void launcher::setup_memory_dir() {
+  if (!o_.node_local_checkpoints || o_.memory_dir == "off") return;
+  std::string dir = o_.memory_dir;
+  std::error_code ec;
+  if (dir.empty()) {
+    if (!std::filesystem::is_directory("/dev/shm", ec)) return;
+    dir = "/dev/shm/grace-" + o_.run_id + "-node" + std::to_string(o_.node_rank);
+  }
+  std::filesystem::create_directories(dir, ec);
+  if (!ec) std::filesystem::permissions(dir, std::filesystem::perms::owner_all, ec);
+  if (ec) {
+    say("not mirroring replicas in memory: cannot create " + dir + ": " + ec.message());
+    return;
+  }
+  memory_dir_ = dir;
+}
+
 void launcher::start_checkpoint_server() {
   node_local_sync_ = o_.nnodes > 1 && !o_.checkpoint_dir.empty();
   if (!node_local_sync_) return;
-  auto s = checkpoint_server::start(o_.checkpoint_dir, ep_.adv.address, token_);
+  setup_memory_dir();
+  auto s = checkpoint_server::start(o_.checkpoint_dir, ep_.adv.address, token_, std::chrono::seconds(10), memory_dir_);
   if (!s) {
     say("not serving this node's checkpoints to peers: " + s.err().message);
     return;
@@ -846,6 +869,7 @@ void launcher::level_checkpoints() {
   c.peers = checkpoint_peers(rt_->sys(), coord_, o_, ckpt_server_ ? ckpt_server_->endpoint() : std::string());
   for (int i = 0; i < o_.nproc; ++i) c.ranks.push_back(static_cast<uint32_t>(rank_of(i)));
   c.world = world_;
+  c.memory_dir = memory_dir_;
   auto t0 = mono_ns();
   auto r = level_node_local(c, [this](const std::string& l) { say(l); });
   if (!r) {
@@ -876,6 +900,7 @@ std::map<std::string, std::string> launcher::worker_environment(int rank, int lo
   }
   if (!o_.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o_.checkpoint_dir;
   if (o_.node_local_checkpoints) env["GRACE_NODE_LOCAL_CHECKPOINTS"] = "1";
+  if (!memory_dir_.empty()) env["GRACE_MEMORY_DIR"] = memory_dir_;
   if (plan_) {
     std::string nodes;
     for (auto n : plan_->nodes) nodes += (nodes.empty() ? "" : ",") + std::to_string(n);
@@ -1158,6 +1183,12 @@ int launcher::run() {
     elector_->stop(true, d.code == exit_code::success);
     std::error_code ec;
     std::filesystem::remove(coordinator_file_, ec);
+  }
+  // The mirrors in memory serve a relaunch of this node (exit with the
+  // restart code); any other end frees the memory.
+  if (!memory_dir_.empty() && d.code != o_.restart_code) {
+    std::error_code ec;
+    std::filesystem::remove_all(memory_dir_, ec);
   }
   auto job = monitor_->finish();
   report_goodput(job);

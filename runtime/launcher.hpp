@@ -38,6 +38,11 @@ struct launch_options {
   /// sharded state is committed per node, and before a group starts each
   /// node brings its directory level with its peers' (runtime/ckpt_fetch.hpp).
   bool node_local_checkpoints = false;
+  /// With node-local checkpoints: where this node's replica holders mirror
+  /// their sources' parts, on a memory file system that outlives the
+  /// workers (GRACE_MEMORY_DIR; runtime/replica.hpp). Empty: the default,
+  /// /dev/shm/grace-<run-id>-node<N>; "off": none.
+  std::string memory_dir;
   std::chrono::milliseconds grace_period{0};      ///< deadline carried by a forwarded notice
   std::chrono::milliseconds exit_timeout{15000};  ///< wait for the rest after one exits
   std::chrono::milliseconds dead_after{3000};

@@ -1,6 +1,7 @@
 #include "runtime/node_local_sync.hpp"
 
 #include "runtime/ckpt_fetch.hpp"
+#include "runtime/events.hpp"
 #include "runtime/manifest.hpp"
 
 #include <nlohmann/json.hpp>
@@ -8,6 +9,9 @@
 #include <algorithm>
 #include <ctime>
 #include <thread>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 namespace grace {
 
@@ -47,6 +51,7 @@ struct peer_view {
   std::string ep;
   std::set<uint64_t> steps;                             ///< committed, valid there
   std::map<uint64_t, std::set<std::string>> prepared;   ///< durable, not committed there
+  std::map<uint64_t, std::set<std::string>> mirrored;   ///< in its memory directory
   std::map<uint64_t, std::set<std::string>> files;      ///< of its committed steps, asked for when needed
 };
 
@@ -54,21 +59,26 @@ struct views {
   checkpoint_store store;
   std::set<uint64_t> steps;                            ///< committed here
   std::map<uint64_t, std::set<std::string>> prepared;  ///< durable here, not committed
+  std::map<uint64_t, std::set<std::string>> mirrored;  ///< in this node's memory directory
   std::vector<peer_view> peers;
 };
 
 views gather(const level_config& c) {
-  views v{checkpoint_store(c.dir, 0), {}, {}, {}};
+  views v{checkpoint_store(c.dir, 0), {}, {}, {}, {}};
   for (auto& i : v.store.list())
     if (i.valid && !i.temporary && !i.set_aside) v.steps.insert(i.step);
   for (auto& p : v.store.prepared_parts()) v.prepared[p.step].insert(p.file);
+  if (!c.memory_dir.empty())
+    for (auto& p : checkpoint_store(c.memory_dir, 0).prepared_parts()) v.mirrored[p.step].insert(p.file);
   for (auto& ep : c.peers) {
-    peer_view p{ep, {}, {}, {}};
+    peer_view p{ep, {}, {}, {}, {}};
     auto steps = list_remote(ep, c.token, c.io_timeout);
     if (!steps) continue;  // unreachable: it contributes nothing
     p.steps.insert(steps->begin(), steps->end());
     if (auto prep = list_prepared_remote(ep, c.token, c.io_timeout))
       for (auto& [s, f] : *prep) p.prepared[s].insert(f);
+    if (auto mir = list_mirrored_remote(ep, c.token, c.io_timeout))
+      for (auto& [s, f] : *mir) p.mirrored[s].insert(f);
     v.peers.push_back(std::move(p));
   }
   return v;
@@ -124,10 +134,12 @@ std::optional<uint64_t> choose(const level_config& c, views& v) {
     auto here = present_here(v, s);
     a.insert(here.begin(), here.end());
     a.insert(v.prepared[s].begin(), v.prepared[s].end());
+    a.insert(v.mirrored[s].begin(), v.mirrored[s].end());
     for (auto& p : v.peers) {
       auto& pf = peer_files(c, p, s);
       a.insert(pf.begin(), pf.end());
       a.insert(p.prepared[s].begin(), p.prepared[s].end());
+      a.insert(p.mirrored[s].begin(), p.mirrored[s].end());
     }
     // Every committed copy holds the index and state files: only parts count.
     for (auto& f : m->files)
@@ -150,6 +162,49 @@ void set_aside_above(views& v, uint64_t keep, const std::function<void(const std
     say("checkpoint step " + std::to_string(s) + " set aside as " + to.filename().string() +
         (ec ? " FAILED: " + ec.message() : "") + ": a part of it is on no node any more; step " +
         std::to_string(keep) + " is restored instead");
+  }
+}
+
+/// Whether some node's disk holds part `name` of `s`, committed or durable.
+bool on_a_disk(const level_config& c, views& v, uint64_t s, const std::string& name) {
+  if (present_here(v, s).count(name) || v.prepared[s].count(name)) return true;
+  for (auto& p : v.peers)
+    if (peer_files(c, p, s).count(name) || p.prepared[s].count(name)) return true;
+  return false;
+}
+
+/// Copies `from` (on the memory file system) into a temporary beside the
+/// store and adopts it into step `s` (checked against its manifest).
+status adopt_copy(views& v, uint64_t s, const fs::path& from) {
+  const auto tmp = v.store.dir() / (".tmp-step-" + std::to_string(s) + "-" + std::to_string(::getpid()) + "-mirror");
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (!ec) fs::copy_file(from, tmp / from.filename(), ec);
+  if (!ec) {  // durable before it is adopted
+    int fd = ::open((tmp / from.filename()).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) ec = std::error_code(errno, std::generic_category());
+    if (fd >= 0) ::close(fd);
+  }
+  status st = ec ? status{error{errc::failed, "cannot copy " + from.string() + ": " + ec.message()}}
+                 : v.store.adopt_part(s, tmp / from.filename());
+  fs::remove_all(tmp, ec);
+  return st;
+}
+
+/// The parts of `s` this node lacks that no disk holds any more but this
+/// node's memory directory does: adopted into our committed copy, where
+/// the peers that need them fetch them.
+void adopt_mirrored(const level_config& c, views& v, uint64_t s, const std::function<void(const std::string&)>& say) {
+  if (c.memory_dir.empty() || v.mirrored[s].empty()) return;
+  checkpoint_store memory(c.memory_dir, 0);
+  for (auto& p : memory.prepared_parts()) {
+    if (p.step != s || on_a_disk(c, v, s, p.file)) continue;
+    auto st = adopt_copy(v, s, memory.parts_path(s, p.tag) / p.file);
+    say(st ? "step " + std::to_string(s) + ": took " + p.file +
+                 " from this node's memory (mirrored from a replica; no disk holds it any more)"
+           : "step " + std::to_string(s) + ": the copy of " + p.file + " in this node's memory: " + st.err().message);
+    if (st) emit_event("adopted_mirror", {{"step", s}, {"file", p.file}});
   }
 }
 
@@ -178,6 +233,7 @@ status ensure_step(const level_config& c, views& v, uint64_t s, bool node_local,
     say(st ? "step " + std::to_string(s) + ": took this node's " + p.file + " from its parts directory"
            : "step " + std::to_string(s) + ": " + st.err().message);
   }
+  adopt_mirrored(c, v, s, say);
   return {};
 }
 
@@ -194,7 +250,7 @@ status fetch_needed(const level_config& c, views& v, uint64_t s, const std::stri
         if (r) return {};
         last = r.err().message;
       }
-      pending |= p.prepared[s].count(name) > 0;
+      pending |= p.prepared[s].count(name) > 0 || p.mirrored[s].count(name) > 0;
     }
     if (!pending || std::chrono::steady_clock::now() >= until)
       return error{errc::failed, "step " + std::to_string(s) + ": cannot fetch " + name + ": " + last};

@@ -18,7 +18,12 @@
 ///     whose every part exists is restored instead.
 /// A part is available when some node holds it in a committed step or
 /// durable in a parts directory (that node rolls it forward itself, in
-/// parallel: a fetch from it is retried until it has).
+/// parallel: a fetch from it is retried until it has), or mirrored in a
+/// node's memory directory by the replica holder (runtime/replica.hpp):
+/// the last resort, adopted (copied to disk, checked against the manifest)
+/// by that node only when no disk holds the part, e.g. a host lost with
+/// its disk when the holder's workers died too and no just-in-time save
+/// could write the part from their replicas.
 ///
 /// Every launcher decides from what all nodes report, so they agree; a
 /// node whose peers' reports changed meanwhile may decide differently, and
@@ -64,6 +69,9 @@ struct level_config {
   /// How long a part only durable on a peer may take to appear there
   /// (that peer rolls it forward in parallel).
   std::chrono::milliseconds roll_forward_wait{20000};
+  /// This node's memory directory, where replica holders mirror their
+  /// sources' parts (empty: none).
+  std::filesystem::path memory_dir;
 };
 
 /// Brings `c.dir` level (see above). Returns the step the group will

@@ -1,5 +1,6 @@
 #include "runtime/replica.hpp"
 
+#include "runtime/events.hpp"
 #include "runtime/job_token.hpp"
 #include "runtime/manifest.hpp"
 #include "runtime/tcp.hpp"
@@ -123,7 +124,7 @@ result<std::unique_ptr<replica_keeper>> replica_keeper::start(config cfg, const 
   } catch (const std::bad_alloc&) {
     return error{errc::failed, "replicas: cannot allocate " + std::to_string(kept_slots) + " kept copies"};
   }
-  k->replicas_.resize(replica_slots);
+  k->replicas_.resize(replica_slots + (k->cfg_.mirror ? 1 : 0));
   auto l = tcp::listen_on(k->cfg_.host, 4);
   if (!l) return error{errc::failed, "replicas: " + l.err().message};
   k->listen_fd_ = l->first;
@@ -137,6 +138,7 @@ result<std::unique_ptr<replica_keeper>> replica_keeper::start(config cfg, const 
   }
   k->receiver_ = std::thread([p = k.get()] { p->receive_loop(); });
   k->sender_ = std::thread([p = k.get()] { p->send_loop(); });
+  if (k->cfg_.mirror) k->mirrorer_ = std::thread([p = k.get()] { p->mirror_loop(); });
   return k;
 }
 
@@ -153,6 +155,7 @@ replica_keeper::~replica_keeper() {
   }
   if (sender_.joinable()) sender_.join();
   if (receiver_.joinable()) receiver_.join();
+  if (mirrorer_.joinable()) mirrorer_.join();
   for (int fd : {listen_fd_, stop_pipe_[0], stop_pipe_[1], holder_fd_})
     if (fd >= 0) ::close(fd);
 }
@@ -330,18 +333,21 @@ void replica_keeper::receive_from(int fd) {
   }
 }
 
-/// The slot a transfer goes into (not the newest whole
-/// one), emptied; nullopt once frozen.
+/// The slot a transfer goes into: the oldest that is neither the newest
+/// whole one nor being mirrored, emptied; nullopt once frozen.
 std::optional<size_t> replica_keeper::begin_receive() {
   std::lock_guard<std::mutex> g(m_);
   if (frozen_ || stop_) return std::nullopt;
+  auto age = [&](size_t i) { return std::make_pair(replicas_[i].whole, replicas_[i].step); };
   size_t newest = 0;
   for (size_t i = 1; i < replicas_.size(); ++i)
-    if (std::make_pair(replicas_[i].whole, replicas_[i].step) >
-        std::make_pair(replicas_[newest].whole, replicas_[newest].step))
-      newest = i;
-  size_t target = newest == 0 ? 1 : 0;
-  replicas_[target].whole = false;
+    if (age(i) > age(newest)) newest = i;
+  std::optional<size_t> target;
+  for (size_t i = 0; i < replicas_.size(); ++i)
+    if (i != newest && !replicas_[i].pinned && (!target || age(i) < age(*target))) target = i;
+  if (!target) return std::nullopt;  // not reached: a pinned slot comes with a third one
+  replicas_[*target].whole = false;
+  cv_.notify_all();  // a mirror waiting for a step this slot held gives up on it
   return target;
 }
 
@@ -411,8 +417,87 @@ bool replica_keeper::receive_one(int fd) {
     r.state = std::move(*state);
     r.whole = true;
   }
+  cv_.notify_all();  // a mirror request may wait for this step
   char ack = 'A';
   return tcp::send_all(fd, &ack, 1);
+}
+
+// ---------------------------------------------------------------- mirror
+
+void replica_keeper::mirror(uint64_t step, checkpoint_meta meta, std::string tag) {
+  if (!cfg_.mirror || cfg_.world < 2) return;
+  {
+    std::lock_guard<std::mutex> g(m_);
+    mirror_req_ = mirror_request{step, std::move(meta), std::move(tag)};
+  }
+  cv_.notify_all();
+}
+
+uint64_t replica_keeper::mirrored_step() const {
+  std::lock_guard<std::mutex> g(m_);
+  return mirrored_;
+}
+
+/// The whole slot holding the requested step (under m_).
+std::optional<size_t> replica_keeper::mirror_slot(const mirror_request& r) const {
+  for (size_t i = 0; i < replicas_.size(); ++i)
+    if (replicas_[i].whole && replicas_[i].step == r.step) return i;
+  return std::nullopt;
+}
+
+/// Carries out mirror requests: waits until the requested step's replica
+/// is whole, pins its slot, writes it, unpins. A request whose step was
+/// passed by every replica held (the source skipped that copy) is dropped.
+void replica_keeper::mirror_loop() {
+  std::unique_lock<std::mutex> lk(m_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || (mirror_req_ && !frozen_); });
+    if (stop_) return;
+    auto slot = mirror_slot(*mirror_req_);
+    if (!slot) {
+      bool passed = std::all_of(replicas_.begin(), replicas_.end(),
+                                [&](const replica_slot& s) { return s.whole && s.step > mirror_req_->step; });
+      if (passed) {
+        cfg_.log->warn("replicas: no whole replica of rank {}'s step {}: not mirrored", source(), mirror_req_->step);
+        mirror_req_.reset();
+        continue;
+      }
+      cv_.wait_for(lk, std::chrono::milliseconds(50));
+      continue;
+    }
+    auto req = std::move(*mirror_req_);
+    mirror_req_.reset();
+    replicas_[*slot].pinned = true;
+    lk.unlock();
+    write_mirror(req, replicas_[*slot]);  // a pinned, whole slot: nobody writes it
+    lk.lock();
+    replicas_[*slot].pinned = false;
+  }
+}
+
+/// The source's part of `r.step`, as the source wrote it, into the mirror
+/// store (its own counters and blobs in the part description, as a part
+/// written from a replica in a just-in-time save).
+void replica_keeper::write_mirror(const mirror_request& r, const replica_slot& slot) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto meta = r.meta;
+  meta.counters = slot.state.counters;
+  meta.metadata = slot.state.metadata;
+  auto st = cfg_.mirror->save_part(slot.buffers->view(), meta, r.tag, source(), true, {}, true);
+  if (!st) {
+    cfg_.log->warn("replicas: rank {}'s part of step {} not mirrored to {}: {}", source(), r.step,
+                   cfg_.mirror->dir().string(), st.err().message);
+    return;
+  }
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  uint64_t drop = 0;
+  {
+    std::lock_guard<std::mutex> g(m_);
+    if (r.step != mirrored_) mirrored_prev_ = std::exchange(mirrored_, r.step);
+    drop = mirrored_prev_;
+  }
+  if (drop > 0) cfg_.mirror->remove_parts_up_to(drop - 1);
+  emit_event("replica_mirrored", {{"step", r.step}, {"source_rank", source()}, {"bytes", st->total_bytes}, {"ns", ns}});
 }
 
 }  // namespace grace

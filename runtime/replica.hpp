@@ -26,6 +26,19 @@
 /// Transfers carry the job token (runtime/job_token.hpp); the holder drops
 /// a connection with a wrong one, from a rank other than its source, or
 /// with a layout that does not add up.
+///
+/// Mirrors in the node's memory (node-local checkpoints, `config::mirror`):
+/// a replica lives in the worker and is gone when it exits. So at each
+/// sharded save the holder also writes the source's part of that step, once
+/// its replica is whole, into a store on the node's memory file system
+/// (grace-launch --memory-dir, tmpfs) as a prepared part: the same file the
+/// source wrote, which outlives the worker. When the source's disk is lost
+/// and no just-in-time save could be made (the holder's workers died too),
+/// the launcher adopts it into the committed step before the next group
+/// (runtime/node_local_sync.hpp), checked against the manifest's checksum.
+/// The mirror is written by a thread of its own from a pinned replica slot
+/// (a third slot keeps the newest replica receivable meanwhile); the newest
+/// two mirrored rounds are kept.
 
 #include "runtime/agreement.hpp"
 #include "runtime/checkpoint.hpp"
@@ -82,6 +95,8 @@ public:
     std::string prefix;                           ///< this incarnation's key prefix
     std::chrono::milliseconds io_timeout{5000};   ///< each read/write, and the wait for a transfer
     std::shared_ptr<spdlog::logger> log;
+    /// Where the source's parts are mirrored (a store on tmpfs); null: not mirrored.
+    std::shared_ptr<checkpoint_store> mirror;
   };
 
   /// Listens for the source's transfers, publishes the address, and
@@ -110,6 +125,12 @@ public:
   /// Transfers the holder acknowledged, and the newest step among them.
   uint64_t pushed() const;
   uint64_t pushed_step() const;
+  /// This rank saves its part of `step` in round `tag` (meta: its own save's):
+  /// mirror the source's part of that step once its replica is whole. A
+  /// newer request replaces one not yet carried out. No-op without a mirror.
+  void mirror(uint64_t step, checkpoint_meta meta, std::string tag);
+  /// The newest step mirrored (0: none).
+  uint64_t mirrored_step() const;
 
 private:
   struct kept_slot {
@@ -122,6 +143,12 @@ private:
     rank_state state;    ///< the source's counters and blobs at `step`
     uint64_t step = 0;
     bool whole = false;
+    bool pinned = false;  ///< being mirrored: never received into
+  };
+  struct mirror_request {
+    uint64_t step = 0;
+    checkpoint_meta meta;
+    std::string tag;
   };
   explicit replica_keeper(config cfg);
   void send_loop();
@@ -131,6 +158,9 @@ private:
   void receive_from(int fd);
   bool receive_one(int fd);
   std::optional<size_t> begin_receive();
+  void mirror_loop();
+  std::optional<size_t> mirror_slot(const mirror_request& r) const;
+  void write_mirror(const mirror_request& r, const replica_slot& slot);
 
   config cfg_;
   std::string layout_text_;  ///< this rank's layout, as sent with every transfer
@@ -148,8 +178,12 @@ private:
   int listen_fd_ = -1;
   int stop_pipe_[2] = {-1, -1};
   int holder_fd_ = -1;  ///< sender thread only
+  std::optional<mirror_request> mirror_req_;
+  uint64_t mirrored_ = 0;       ///< the newest step mirrored
+  uint64_t mirrored_prev_ = 0;  ///< the one before (kept too)
   std::thread sender_;
   std::thread receiver_;
+  std::thread mirrorer_;
 };
 
 }  // namespace grace

@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include <numeric>
+#include <optional>
+#include <thread>
 
 using namespace grace;
 using namespace std::chrono_literals;
@@ -57,6 +59,23 @@ void save(const std::vector<fs::path>& nodes, uint64_t step, std::vector<int> co
   for (int n : commit_on)
     REQUIRE(checkpoint_store(nodes[n]).commit_node_parts(meta_of(step), "t" + std::to_string(step), descs,
                                                           {0, 0, 1, 1}, n));
+}
+
+/// Node 0's replica holders mirror node 1's parts (ranks 2 and 3) of
+/// `step` into node 0's memory directory, as they would in memory.
+void mirror(const fs::path& memory_dir, uint64_t step) {
+  checkpoint_store memory(memory_dir, 0);
+  memory.set_direct_io(false);
+  for (uint32_t r = 2; r < world; ++r) {
+    rank_state_t s;
+    std::iota(s.m.begin(), s.m.end(), static_cast<float>(step * 100 + r * 4));
+    std::fill(s.w.begin(), s.w.end(), static_cast<float>(step));
+    auto refs = s.refs(r);
+    snapshot_buffers b(refs);
+    REQUIRE(b.capture(refs));
+    // A replica holds what its source writes: a slice, no replicated tensor.
+    REQUIRE(memory.save_part(b.view(), meta_of(step), "t" + std::to_string(step), r, false, {}, true));
+  }
 }
 
 level_config config(const fs::path& dir, std::vector<std::string> peers, uint32_t node) {
@@ -159,4 +178,74 @@ TEST_CASE("node-local level: a step a part of which is gone is set aside for the
   bool aside = false;
   for (auto& c : store.list()) aside |= c.set_aside && c.step == 20;
   CHECK(aside);  // kept for inspection, never deleted
+}
+
+TEST_CASE("node-local level: a host lost with its disk is restored from the parts mirrored in a peer's memory",
+          "[node-local]") {
+  grace::testing::temp_dir d("grace-level");
+  const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
+  const auto memory = d.path / "node0-memory";
+  save(nodes, 10);
+  save(nodes, 20);
+  mirror(memory, 20);
+  fs::remove_all(nodes[1]);  // node 1 lost with its disk; no just-in-time save was made
+  auto s0 = checkpoint_server::start(nodes[0], "127.0.0.1", "tok", 2000ms, memory);
+  REQUIRE(s0);
+  auto listed = list_mirrored_remote((*s0)->endpoint(), "tok", 2000ms);
+  REQUIRE(listed);
+  CHECK(listed->size() == 2);
+  auto on0 = config(nodes[0], {}, 0);
+  on0.memory_dir = memory;
+  const auto fresh = d.path / "replacement";
+  std::optional<result<uint64_t>> replacement;
+  std::thread t([&] { replacement = level_node_local(config(fresh, {(*s0)->endpoint()}, 1), say); });
+  auto got0 = level_node_local(on0, say);  // node 0 levels at the same time
+  t.join();
+  REQUIRE(got0);
+  CHECK(*got0 == 20);
+  for (auto part : {"rank-00003-of-00004.safetensors", "rank-00004-of-00004.safetensors"})
+    CHECK(fs::exists(checkpoint_store(nodes[0]).step_path(20) / part));  // adopted from memory, verified
+  REQUIRE(replacement);
+  INFO((*replacement ? std::string() : replacement->err().message));
+  REQUIRE(*replacement);
+  CHECK(**replacement == 20);
+  checkpoint_store store(fresh);
+  CHECK(store.newest_valid_step() == 20);
+  CHECK(fs::exists(store.step_path(20) / "rank-00003-of-00004.safetensors"));
+  CHECK(fs::exists(store.step_path(20) / "rank-00004-of-00004.safetensors"));
+  rank_state_t s;
+  auto refs = s.refs(3);
+  REQUIRE(store.restore_latest(refs));
+  CHECK(s.m == std::vector<float>{2012, 2013, 2014, 2015});
+  CHECK(s.w == std::vector<float>{20, 20, 20});
+}
+
+TEST_CASE("node-local level: parts mirrored in memory are not copied to disk while a disk holds them",
+          "[node-local]") {
+  grace::testing::temp_dir d("grace-level");
+  const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
+  const auto memory = d.path / "node0-memory";
+  save(nodes, 20);
+  mirror(memory, 20);
+  auto s1 = checkpoint_server::start(nodes[1], "127.0.0.1", "tok");
+  REQUIRE(s1);
+  auto c = config(nodes[0], {(*s1)->endpoint()}, 0);
+  c.memory_dir = memory;
+  auto got = level_node_local(c, say);
+  REQUIRE(got);
+  CHECK(*got == 20);
+  auto absent = checkpoint_store(nodes[0]).absent_parts(20);
+  REQUIRE(absent);
+  CHECK(absent->size() == 2);  // node 1's parts stay on node 1 only
+}
+
+TEST_CASE("node-local level: without the mirrored parts a host lost with its disk leaves nothing restorable",
+          "[node-local]") {
+  grace::testing::temp_dir d("grace-level");
+  const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
+  save(nodes, 20);
+  fs::remove_all(nodes[1]);
+  auto got = level_node_local(config(nodes[0], {}, 0), say);
+  REQUIRE(got);
+  CHECK(*got == 0);
 }

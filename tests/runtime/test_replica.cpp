@@ -2,6 +2,7 @@
 // kept copies, transfers between two keepers over loopback, refusals.
 #include "runtime/replica.hpp"
 #include "runtime/tcp.hpp"
+#include "../temp_dir.hpp"
 
 #include <catch2/catch.hpp>
 #include <gloo/rendezvous/hash_store.h>
@@ -10,6 +11,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 using namespace grace;
@@ -40,7 +43,8 @@ struct member {
   std::unique_ptr<replica_keeper> keeper;
 };
 
-member make_member(uint32_t rank, std::shared_ptr<gloo::rendezvous::Store> kv, const std::string& token) {
+member make_member(uint32_t rank, std::shared_ptr<gloo::rendezvous::Store> kv, const std::string& token,
+                   std::shared_ptr<checkpoint_store> mirror = nullptr) {
   member m;
   m.part.assign(1000, 0.0f);
   tensor_ref t;
@@ -59,6 +63,7 @@ member make_member(uint32_t rank, std::shared_ptr<gloo::rendezvous::Store> kv, c
   c.kv = std::move(kv);
   c.prefix = "test";
   c.io_timeout = std::chrono::milliseconds(2000);
+  c.mirror = std::move(mirror);
   auto k = replica_keeper::start(c, m.layout);
   REQUIRE(k);
   m.keeper = std::move(*k);
@@ -141,4 +146,60 @@ TEST_CASE("replicas: a transfer with a wrong token or from the wrong rank is ref
   REQUIRE(fd);
   CHECK(tcp::send_all(*fd, std::string("GET / HTTP/1.0\r\n\r\n")));
   ::close(*fd);
+}
+
+namespace {
+
+std::string file_bytes(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+void wait_mirrored(const member& m, uint64_t step) {
+  for (int i = 0; i < 500 && m.keeper->mirrored_step() < step; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(m.keeper->mirrored_step() == step);
+}
+
+}  // namespace
+
+TEST_CASE("replicas: the holder mirrors its source's part of a saved step into the memory store, as the source "
+          "wrote it", "[replicas]") {
+  grace::testing::temp_dir d("grace-mirror");
+  auto memory = std::make_shared<checkpoint_store>(d.path / "mem", 0);
+  memory->set_direct_io(false);
+  auto kv = std::make_shared<gloo::rendezvous::HashStore>();
+  auto a = make_member(0, kv, "0123456789abcdef0123", memory);  // holds rank 1's replica
+  auto b = make_member(1, kv, "0123456789abcdef0123");
+  checkpoint_meta meta;
+  meta.step = 5;
+  meta.world_size = 2;
+  a.keeper->mirror(5, meta, "i0-p");  // before the replica of step 5 arrived: it waits for it
+  for (uint64_t s = 1; s <= 5; ++s) keep(b, 1, s);
+  wait_mirrored(a, 5);
+  auto parts = memory->prepared_parts();
+  REQUIRE(parts.size() == 1);
+  CHECK(parts[0].step == 5);
+  CHECK(parts[0].file == "rank-00002-of-00002.safetensors");
+  // Byte for byte the part rank 1 writes itself (the manifest's checksum).
+  checkpoint_store own(d.path / "own", 0);
+  snapshot_buffers sb(b.layout);
+  REQUIRE(sb.capture(b.layout));
+  REQUIRE(own.save_part(sb.view(), meta, "i0-p", 1, false));
+  CHECK(file_bytes(memory->parts_path(5, "i0-p") / parts[0].file) ==
+        file_bytes(own.parts_path(5, "i0-p") / parts[0].file));
+  // ... with rank 1's own counters in its description.
+  auto desc = memory->part_description(5, "i0-p", 1);
+  REQUIRE(desc);
+  CHECK(desc->find("\"cursor\":1005") != std::string::npos);
+  // The newest two mirrored rounds are kept.
+  for (uint64_t s : {7u, 9u}) {
+    meta.step = s;
+    a.keeper->mirror(s, meta, "i0-p");
+    for (uint64_t k = s - 1; k <= s; ++k) keep(b, 1, k);
+    wait_mirrored(a, s);
+  }
+  std::set<uint64_t> steps;
+  for (auto& p : memory->prepared_parts()) steps.insert(p.step);
+  CHECK(steps == std::set<uint64_t>{7, 9});
 }
