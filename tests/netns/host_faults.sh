@@ -37,6 +37,18 @@
 #                             directory from host 0's (the step, then the
 #                             parts its ranks read) and all four ranks resume
 #                             at the just-in-time step
+#   host_faults.sh node_local_memory
+#                             the same, but host 0's workers die too (host 1
+#                             frozen, host 0's workers SIGKILLed, host 1
+#                             lost with its disk): no just-in-time save is
+#                             possible. Host 0's replica holders had
+#                             mirrored host 1's parts of the last periodic
+#                             save into host 0's memory directory, which
+#                             outlives them: host 0's launcher adopts them
+#                             into that step (checked against the
+#                             manifest), the relaunched host 1 fetches them,
+#                             and every rank resumes at that step instead of
+#                             losing it
 #   host_faults.sh coordinator_lost
 #                             host 0 (the coordination service's) lost: host
 #                             1's workers stop without writing, its launcher
@@ -54,7 +66,7 @@
 #                             steps: agreement::on_join ignores the restored step).
 source "$(dirname "$0")/../integration/lib.sh"
 source "$(dirname "$0")/testbed.sh"
-SCENARIO=${1:?scenario: preempt, lost, lost_sharded, partition, freeze, node_local, node_local_sharded or coordinator_lost}
+SCENARIO=${1:?scenario: preempt, lost, lost_sharded, partition, freeze, node_local, node_local_sharded, node_local_memory or coordinator_lost}
 tb_init 2
 STEPS=400
 ARGS=(--device cpu --steps $STEPS --step-delay-ms 10 --collective-timeout-ms 20000)
@@ -221,7 +233,7 @@ use_node_local_disks() {
 }
 local_launch() {
   tb_launch "$1" "$2" "$TB/h$1" "${COMMON[@]}" --node-rank "$1" --checkpoint-dir "$TB/h$1/ck" \
-    -- "${ARGS[@]}" --output out.json
+    --memory-dir "$TB/h$1/mem" -- "${ARGS[@]}" --output out.json
 }
 
 node_local() {
@@ -300,6 +312,58 @@ node_local_sharded() {
 print(" ".join(sorted({str(json.loads(l)["step"]) for l in sys.stdin})))')
   [ "$restores" = "$jit" ] || fail "ranks restored steps $restores; every rank should resume at the just-in-time step $jit"
   pass "node-local sharded state: host 1 lost with its disk, its parts of step $jit written from replicas on host 0, fetched back by the relaunched host 1, every rank resumed there, weights identical"
+}
+
+node_local_memory() {
+  ARGS+=(--shard-optimizer --save-every 100)
+  use_node_local_disks --node-local-checkpoints
+  local_launch 0 L0
+  local_launch 1 L1
+  # Host 0's holders (ranks 0 and 1) mirrored host 1's parts (ranks 2 and 3)
+  # of a periodic save.
+  local end=$((SECONDS + 60)) mirrored=""
+  while [ -z "$mirrored" ]; do
+    [ $SECONDS -lt $end ] || { tail -n 20 "$TB"/h*/log.txt; fail "host 0 never mirrored host 1's parts"; }
+    sleep 0.1
+    mirrored=$(events "$E0" "e['event']=='replica_mirrored'" | "$PY" -c 'import json,sys
+by = {}
+for l in sys.stdin:
+    e = json.loads(l); by.setdefault(e["step"], set()).add(e["source_rank"])
+both = [s for s, r in by.items() if r == {2, 3}]
+print(max(both) if both else "")')
+  done
+  # No survivor can save just in time: host 1 frozen first (it holds the
+  # replicas of host 0's parts), then host 0's workers killed, then host 1
+  # lost with its disk and its memory.
+  tb_freeze_host 1
+  local w
+  for w in $(pgrep -P "$L0" -f grace-train); do kill -KILL "$w"; done
+  tb_kill_host 1
+  wait "$L1" 2>/dev/null || true
+  rm -rf "$TB/h1/ck" "$TB/h1/mem"
+  local newest
+  newest=$("$GRACE_CKPT" list "$TB/h0/ck" --json | "$PY" -c 'import json,sys; print(max(c["step"] for c in json.load(sys.stdin) if c["valid"]))')
+  sleep 1
+  tb_link 1 up
+  local_launch 1 L1
+  tb_wait_pid "$L0" rc0
+  tb_wait_pid "$L1" rc1
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+  check_result
+  [ "$(count_events "$E0" "e['event']=='agreed' and e['kind']=='jit'")" -eq 0 ] ||
+    fail "a just-in-time save was made: the scenario needs none to be possible"
+  local restores r
+  restores=$(cat "$E0" "$E1" | grep '"event":"restored"' | "$PY" -c 'import json,sys
+print(" ".join(sorted({str(json.loads(l)["step"]) for l in sys.stdin})))')
+  [ "$restores" = "$newest" ] ||
+    fail "ranks restored steps '$restores'; every rank should resume at step $newest, the newest periodic save"
+  for r in 2 3; do
+    grep -q "step $newest: took rank-0000$((r + 1))-of-00004.safetensors from this node's memory" "$TB/h0/log.txt" ||
+      { grep "step $newest" "$TB/h0/log.txt" | tail -5; fail "host 0 did not adopt rank $r's part of step $newest from its memory"; }
+    grep -q "step $newest: fetched rank-0000$((r + 1))-of-00004.safetensors" "$TB/h1/log.txt" ||
+      fail "host 1 did not fetch rank $r's part of step $newest from host 0"
+  done
+  pass "node-local sharded state, no just-in-time save possible: host 1 lost with its disk, its parts of step $newest (mirrored in host 0's memory at step $mirrored) adopted by host 0 and fetched back, every rank resumed there, weights identical"
 }
 
 coordinator_lost() {
