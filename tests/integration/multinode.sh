@@ -81,7 +81,7 @@ launch_node_local() {
   for n in 0 1; do
     local extra=()
     [ $n -eq 0 ] || extra=("${NODE1_ARGS[@]}")
-    "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank $n --coordinator 127.0.0.1:$port --run-id "$run" --checkpoint-dir ck$n \
+    "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank $n --coordinator 127.0.0.1:$port --run-id "$run" --checkpoint-dir ck$n --memory-dir mem$n \
       --node-local-checkpoints -- "$GRACE_TRAIN" "$@" "${extra[@]}" --output out$n.json >n$n.log 2>&1 &
     eval "NODE$n=\$!"
     track_pid $!

@@ -55,7 +55,7 @@ ckdir() { # the checkpoint directory of host I
 }
 launch() {
   local pid
-  tb_launch "$1" pid "$TB/h$1" "${COMMON[@]}" --node-rank "$1" --checkpoint-dir "$(ckdir "$1")" -- \
+  tb_launch "$1" pid "$TB/h$1" "${COMMON[@]}" --node-rank "$1" --checkpoint-dir "$(ckdir "$1")" --memory-dir "$TB/h$1/mem" -- \
     "${TRAIN[@]}" --steps $STEPS --collective-timeout-ms 20000 --output out.json
   LP[$1]=$pid
 }
@@ -95,7 +95,7 @@ grep -q "the group of incarnation $inc4: nodes ${SURVIVORS// /, }" "$TB/h$FIRST/
 sleep 1.5
 
 # Host $LOST comes back (a replacement with the same node rank): the group grows.
-[ "$SCENARIO" = sharded_local ] && rm -rf "$(ckdir $LOST)"   # its disk was lost with it
+[ "$SCENARIO" = sharded_local ] && rm -rf "$(ckdir $LOST)" "$TB/h$LOST/mem"   # its disk and memory were lost with it
 tb_link $LOST up
 launch $LOST
 tb_wait_all "e['event']=='grow'" 60

@@ -250,7 +250,7 @@ node_local() {
   tb_wait_event "$E1" "e['event']=='first_step' and e['incarnation']>=1" 60
   tb_kill_host 1
   wait "$L1" 2>/dev/null || true
-  rm -rf "$TB/h1/ck"
+  rm -rf "$TB/h1/ck" "$TB/h1/mem"
   tb_wait_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" 30
   local jit_id jit
   jit_id=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" id)
@@ -283,7 +283,7 @@ node_local_sharded() {
   tb_wait_event "$E1" "e['event']=='committed_local' and e['step']==100" 60
   tb_kill_host 1
   wait "$L1" 2>/dev/null || true
-  rm -rf "$TB/h1/ck"   # the host's disk is lost with it
+  rm -rf "$TB/h1/ck" "$TB/h1/mem"   # the host's disk and memory are lost with it
   tb_wait_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" 30
   local jit_id jit r s
   jit_id=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" id)
