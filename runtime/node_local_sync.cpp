@@ -160,8 +160,8 @@ void set_aside_above(views& v, uint64_t keep, const std::function<void(const std
     std::error_code ec;
     fs::rename(from, to, ec);
     say("checkpoint step " + std::to_string(s) + " set aside as " + to.filename().string() +
-        (ec ? " FAILED: " + ec.message() : "") + ": a part of it is on no node any more; step " +
-        std::to_string(keep) + " is restored instead");
+        (ec ? " FAILED: " + ec.message() : "") + ": a part of it is on no node any more; " +
+        (keep ? "step " + std::to_string(keep) + " is restored instead" : std::string("nothing is restored")));
   }
 }
 
@@ -260,6 +260,13 @@ status fetch_needed(const level_config& c, views& v, uint64_t s, const std::stri
   }
 }
 
+/// A second, independent look before giving every step up: every peer
+/// answers again and still no step is restorable.
+bool nothing_restorable_again(const level_config& c) {
+  auto v = gather(c);
+  return v.peers.size() == c.peers.size() && !choose(c, v);
+}
+
 }  // namespace
 
 result<uint64_t> level_node_local(const level_config& c, const std::function<void(const std::string&)>& say) {
@@ -268,10 +275,18 @@ result<uint64_t> level_node_local(const level_config& c, const std::function<voi
   if (!target) {
     bool any = !v.steps.empty();
     for (auto& p : v.peers) any |= !p.steps.empty();
-    if (any || v.peers.size() < c.peers.size())
+    if (any && v.peers.size() == c.peers.size() && nothing_restorable_again(c)) {
+      // Every node answered, twice, and a part of every step is gone: no
+      // rank can restore any of them, and ranks restoring what their own
+      // node has would be refused at every join. Every node decides the same.
+      say("no checkpoint has every part on any node (all " + std::to_string(c.peers.size()) +
+          " other nodes answered): the job starts over from step 0");
+      set_aside_above(v, 0, say);
+    } else if (any || v.peers.size() < c.peers.size()) {
       say("no checkpoint has every part on some node (" + std::to_string(v.peers.size()) + " of " +
           std::to_string(c.peers.size()) + " other nodes' checkpoint servers answered); the restore uses what this "
           "node has");
+    }
     return uint64_t{0};
   }
   set_aside_above(v, *target, say);

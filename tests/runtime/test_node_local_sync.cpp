@@ -239,13 +239,28 @@ TEST_CASE("node-local level: parts mirrored in memory are not copied to disk whi
   CHECK(absent->size() == 2);  // node 1's parts stay on node 1 only
 }
 
-TEST_CASE("node-local level: without the mirrored parts a host lost with its disk leaves nothing restorable",
-          "[node-local]") {
+TEST_CASE("node-local level: without the mirrored parts a host lost with its disk leaves nothing restorable: "
+          "every node sets its steps aside and the job starts over", "[node-local]") {
   grace::testing::temp_dir d("grace-level");
   const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
+  save(nodes, 10);
   save(nodes, 20);
   fs::remove_all(nodes[1]);
-  auto got = level_node_local(config(nodes[0], {}, 0), say);
+  // Node 1's replacement is up (empty) but a peer that does not answer may
+  // hold the parts: nothing is set aside then.
+  auto s1 = checkpoint_server::start(d.path / "replacement", "127.0.0.1", "tok");
+  REQUIRE(s1);
+  auto got = level_node_local(config(nodes[0], {(*s1)->endpoint(), "127.0.0.1:1"}, 0), say);
   REQUIRE(got);
   CHECK(*got == 0);
+  checkpoint_store store(nodes[0]);
+  CHECK(store.newest_valid_step() == 20);
+  // Every node answered: both steps set aside (kept for inspection), step 0 for every rank.
+  got = level_node_local(config(nodes[0], {(*s1)->endpoint()}, 0), say);
+  REQUIRE(got);
+  CHECK(*got == 0);
+  CHECK(store.newest_valid_step() == 0);
+  int aside = 0;
+  for (auto& c : store.list()) aside += c.set_aside;
+  CHECK(aside == 2);
 }
