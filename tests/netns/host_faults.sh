@@ -100,6 +100,17 @@ print(len(ev), len({e["incarnation"] for e in ev}))')
   [ "$fin" = "4 1" ] || fail "expected 4 workers finished in one incarnation (count, incarnations: $fin)"
 }
 
+# relaunch_and_finish LAUNCH: host 1 back (link up, a new launcher started by
+# LAUNCH 1), both launchers exit 0, the result checked.
+relaunch_and_finish() {
+  tb_link 1 up
+  "$1" 1 L1
+  tb_wait_pid "$L0" rc0
+  tb_wait_pid "$L1" rc1
+  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
+  check_result
+}
+
 preempt() {
   launch 0 L0
   launch 1 L1
@@ -139,12 +150,7 @@ lost() {
   local t_commit
   t_commit=$(first_event "$E0" "e['event']=='committed' and e['id']==$jit_id" t_ns)
   echo "host lost -> just-in-time checkpoint of step $jit_step committed in $(( (t_commit - t0) / 1000000 )) ms (dead-after 1500 ms)"
-  tb_link 1 up
-  launch 1 L1
-  tb_wait_pid "$L0" rc0
-  tb_wait_pid "$L1" rc1
-  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
-  check_result
+  relaunch_and_finish launch
   restored=$(first_event "$E0" "e['event']=='restored'" step)
   [ "$restored" = "$jit_step" ] || fail "restored step $restored, the just-in-time save was $jit_step"
   pass "host 1 lost (SIGKILL + link down): just-in-time save at step $jit_step, host 1 relaunched, resumed there, weights identical"
@@ -256,12 +262,7 @@ node_local() {
   jit_id=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" id)
   jit=$(first_event "$E0" "e['event']=='agreed' and e['kind']=='jit'" step)
   tb_wait_event "$E0" "e['event']=='committed' and e['id']==$jit_id" 30
-  tb_link 1 up
-  local_launch 1 L1
-  tb_wait_pid "$L0" rc0
-  tb_wait_pid "$L1" rc1
-  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
-  check_result
+  relaunch_and_finish local_launch
   [ "$(count_events "$E1" "e['event']=='fetched' and e['step']==$jit")" -ge 1 ] || fail "host 1 did not fetch the just-in-time save $jit"
   local restores
   restores=$(cat "$E0" "$E1" | grep '"event":"restored"' | "$PY" -c 'import json,sys
@@ -299,12 +300,7 @@ node_local_sharded() {
       fail "rank $r's part was not written from its replica on host 0"
     [ -f "$s/rank-0000$((r + 1))-of-00004.safetensors" ] || fail "host 0 does not hold rank $r's part of step $jit: $(ls "$s")"
   done
-  tb_link 1 up
-  local_launch 1 L1
-  tb_wait_pid "$L0" rc0
-  tb_wait_pid "$L1" rc1
-  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
-  check_result
+  relaunch_and_finish local_launch
   [ "$(count_events "$E1" "e['event']=='leveled' and e['step']==$jit")" -ge 1 ] ||
     fail "host 1 did not level its empty directory to the just-in-time step $jit"
   for r in 2 3; do
@@ -348,12 +344,7 @@ print(max(both) if both else "")')
   local newest
   newest=$("$GRACE_CKPT" list "$TB/h0/ck" --json | "$PY" -c 'import json,sys; print(max(c["step"] for c in json.load(sys.stdin) if c["valid"]))')
   sleep 1
-  tb_link 1 up
-  local_launch 1 L1
-  tb_wait_pid "$L0" rc0
-  tb_wait_pid "$L1" rc1
-  [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { tail -n 30 "$TB"/h*/log.txt; fail "launchers exited $rc0 and $rc1"; }
-  check_result
+  relaunch_and_finish local_launch
   [ "$(count_events "$E0" "e['event']=='agreed' and e['kind']=='jit'")" -eq 0 ] ||
     fail "a just-in-time save was made: the scenario needs none to be possible"
   local restores r

@@ -102,6 +102,26 @@ std::unique_ptr<leader_elector> started(const elector_config& c) {
   return std::move(*e);
 }
 
+/// Node 0 elected, node 1 following it; the leader's epoch.
+struct two_launchers {
+  std::unique_ptr<leader_elector> leader, follower;
+  uint64_t epoch = 0;
+};
+two_launchers leader_and_follower(const std::string& endpoint) {
+  two_launchers t;
+  t.leader = started(config(endpoint, 0));
+  auto ev = next_event(*t.leader, 5s);
+  REQUIRE(ev);
+  REQUIRE(ev->what == leadership_event::type::elected);
+  t.epoch = ev->where.epoch;
+  t.follower = started(config(endpoint, 1));
+  auto f = next_event(*t.follower, 5s);
+  REQUIRE(f);
+  REQUIRE(f->what == leadership_event::type::following);
+  std::this_thread::sleep_for(100ms);  // the leader's first loop puts its running mark
+  return t;
+}
+
 #define REQUIRE_ETCD(server)                                                \
   if (!have_etcd()) {                                                       \
     GRACE_SKIP("no etcd (Debian etcd-server) to run the elector against");  \
@@ -115,16 +135,7 @@ TEST_CASE("etcd elector: a launcher left behind stops when the job finished with
   REQUIRE_ETCD(etcd);
   auto client = etcd_client::create(etcd.endpoint);
   REQUIRE(client);
-  auto leader = started(config(etcd.endpoint, 0));
-  auto ev = next_event(*leader, 5s);
-  REQUIRE(ev);
-  REQUIRE(ev->what == leadership_event::type::elected);
-  const uint64_t epoch = ev->where.epoch;
-  auto follower = started(config(etcd.endpoint, 1));
-  auto f = next_event(*follower, 5s);
-  REQUIRE(f);
-  CHECK(f->what == leadership_event::type::following);
-  std::this_thread::sleep_for(100ms);  // the leader's first loop puts its running mark
+  auto [leader, follower, epoch] = leader_and_follower(etcd.endpoint);
   auto mark = client->get("/grace/t/job");
   REQUIRE(mark);
   REQUIRE(*mark);
@@ -170,22 +181,14 @@ TEST_CASE("etcd elector: an earlier job's finished mark does not stop a running 
   REQUIRE_ETCD(etcd);
   auto client = etcd_client::create(etcd.endpoint);
   REQUIRE(client);
-  auto leader = started(config(etcd.endpoint, 0));
-  auto ev = next_event(*leader, 5s);
-  REQUIRE(ev);
-  REQUIRE(ev->what == leadership_event::type::elected);
-  auto follower = started(config(etcd.endpoint, 1));
-  auto f = next_event(*follower, 5s);
-  REQUIRE(f);
-  REQUIRE(f->what == leadership_event::type::following);
-  std::this_thread::sleep_for(100ms);
+  auto [leader, follower, epoch] = leader_and_follower(etcd.endpoint);
   // The mark of a job before this leader's (an epoch below it), then the
   // leader lost: the follower must take over, not stop.
-  REQUIRE(client->put("/grace/t/job", job_key_value(job_mark::state::finished, ev->where.epoch - 1)));
+  REQUIRE(client->put("/grace/t/job", job_key_value(job_mark::state::finished, epoch - 1)));
   leader->stop(true, false);
   auto next = next_event(*follower, 5s);
   REQUIRE(next);
   CHECK(next->what == leadership_event::type::elected);
-  CHECK(next->where.epoch > ev->where.epoch);
+  CHECK(next->where.epoch > epoch);
   follower->stop(true, false);
 }

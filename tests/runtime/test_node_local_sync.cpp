@@ -43,17 +43,23 @@ checkpoint_meta meta_of(uint64_t step) {
 
 /// Every rank writes its part of `step` into its node's directory; the
 /// nodes in `commit_on` commit.
+/// Rank r's part of `step` (its values derived from both) into `store`'s
+/// parts directory of round "t<step>".
+void write_part(checkpoint_store& store, uint64_t step, uint32_t r, bool with_replicated, bool with_state = false) {
+  rank_state_t s;
+  std::iota(s.m.begin(), s.m.end(), static_cast<float>(step * 100 + r * 4));
+  std::fill(s.w.begin(), s.w.end(), static_cast<float>(step));
+  auto refs = s.refs(r);
+  snapshot_buffers b(refs);
+  REQUIRE(b.capture(refs));
+  REQUIRE(store.save_part(b.view(), meta_of(step), "t" + std::to_string(step), r, with_replicated, {}, with_state));
+}
+
 void save(const std::vector<fs::path>& nodes, uint64_t step, std::vector<int> commit_on = {0, 1}) {
   std::vector<std::string> descs;
   for (uint32_t r = 0; r < world; ++r) {
-    rank_state_t s;
-    std::iota(s.m.begin(), s.m.end(), static_cast<float>(step * 100 + r * 4));
-    std::fill(s.w.begin(), s.w.end(), static_cast<float>(step));
-    auto refs = s.refs(r);
-    snapshot_buffers b(refs);
-    REQUIRE(b.capture(refs));
     checkpoint_store store(nodes[r / 2]);
-    REQUIRE(store.save_part(b.view(), meta_of(step), "t" + std::to_string(step), r, r == 0));
+    write_part(store, step, r, r == 0);
     descs.push_back(*store.part_description(step, "t" + std::to_string(step), r));
   }
   for (int n : commit_on)
@@ -66,16 +72,8 @@ void save(const std::vector<fs::path>& nodes, uint64_t step, std::vector<int> co
 void mirror(const fs::path& memory_dir, uint64_t step) {
   checkpoint_store memory(memory_dir, 0);
   memory.set_direct_io(false);
-  for (uint32_t r = 2; r < world; ++r) {
-    rank_state_t s;
-    std::iota(s.m.begin(), s.m.end(), static_cast<float>(step * 100 + r * 4));
-    std::fill(s.w.begin(), s.w.end(), static_cast<float>(step));
-    auto refs = s.refs(r);
-    snapshot_buffers b(refs);
-    REQUIRE(b.capture(refs));
-    // A replica holds what its source writes: a slice, no replicated tensor.
-    REQUIRE(memory.save_part(b.view(), meta_of(step), "t" + std::to_string(step), r, false, {}, true));
-  }
+  for (uint32_t r = 2; r < world; ++r)
+    write_part(memory, step, r, false, true);  // a replica holds what its source writes: no replicated tensor
 }
 
 level_config config(const fs::path& dir, std::vector<std::string> peers, uint32_t node) {
