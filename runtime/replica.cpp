@@ -485,6 +485,12 @@ void replica_keeper::write_mirror(const mirror_request& r, const replica_slot& s
   meta.metadata = slot.state.metadata;
   auto st = cfg_.mirror->save_part(slot.buffers->view(), meta, r.tag, source(), true, {}, true);
   if (!st) {
+    // A partial file would hold memory (tmpfs) for nothing: a full /dev/shm
+    // is also NCCL's problem.
+    std::error_code ec;
+    std::filesystem::remove(cfg_.mirror->parts_path(r.step, r.tag) /
+                                rank_file_name(source(), static_cast<uint32_t>(meta.world_size), ".safetensors"),
+                            ec);
     cfg_.log->warn("replicas: rank {}'s part of step {} not mirrored to {}: {}", source(), r.step,
                    cfg_.mirror->dir().string(), st.err().message);
     return;
