@@ -46,6 +46,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <thread>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace grace {
@@ -639,9 +640,15 @@ void launcher::setup_memory_dir() {
     dir = "/dev/shm/grace-" + o_.run_id + "-node" + std::to_string(o_.node_rank);
   }
   std::filesystem::create_directories(dir, ec);
+  // In a directory every local user can write (/dev/shm), a name another
+  // user made first (or a symbolic link to elsewhere) is not ours to use.
+  struct stat st {};
+  if (!ec && (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()))
+    ec = std::make_error_code(std::errc::permission_denied);
   if (!ec) std::filesystem::permissions(dir, std::filesystem::perms::owner_all, ec);
   if (ec) {
-    say("not mirroring replicas in memory: cannot create " + dir + ": " + ec.message());
+    say("not mirroring replicas in memory: " + dir + " is not a directory of this user's (" + ec.message() +
+        "); give --memory-dir");
     return;
   }
   memory_dir_ = dir;
