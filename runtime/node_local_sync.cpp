@@ -260,11 +260,20 @@ status fetch_needed(const level_config& c, views& v, uint64_t s, const std::stri
   }
 }
 
-/// A second, independent look before giving every step up: every peer
+/// Whether every other node of the coming group was asked and answered:
+/// the peers named are as many as its other nodes (a node whose checkpoint
+/// server has not registered yet is not named at all), and all answered.
+bool every_node_answered(const level_config& c, const views& v) {
+  if (c.ranks.empty() || c.world % c.ranks.size() != 0) return false;
+  const size_t others = c.world / c.ranks.size() - 1;
+  return c.peers.size() == others && v.peers.size() == others;
+}
+
+/// A second, independent look before giving every step up: every node
 /// answers again and still no step is restorable.
 bool nothing_restorable_again(const level_config& c) {
   auto v = gather(c);
-  return v.peers.size() == c.peers.size() && !choose(c, v);
+  return every_node_answered(c, v) && !choose(c, v);
 }
 
 }  // namespace
@@ -275,7 +284,7 @@ result<uint64_t> level_node_local(const level_config& c, const std::function<voi
   if (!target) {
     bool any = !v.steps.empty();
     for (auto& p : v.peers) any |= !p.steps.empty();
-    if (any && v.peers.size() == c.peers.size() && nothing_restorable_again(c)) {
+    if (any && every_node_answered(c, v) && nothing_restorable_again(c)) {
       // Every node answered, twice, and a part of every step is gone: no
       // rank can restore any of them, and ranks restoring what their own
       // node has would be refused at every join. Every node decides the same.
