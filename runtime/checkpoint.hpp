@@ -351,6 +351,7 @@ public:
     uint64_t step = 0;
     std::string tag;
     std::string file;  ///< its data file's name
+    std::string xxh3;  ///< its checksum, as its description gives it
   };
   /// Every durable part in this directory's parts directories.
   std::vector<prepared_part> prepared_parts() const;
@@ -359,6 +360,10 @@ public:
   /// Removes every parts directory of a step at or below `step` (rounds
   /// that were abandoned or are superseded by a commit).
   void remove_parts_up_to(uint64_t step);
+  /// Removes rank `rank`'s part (data file and description) from every parts
+  /// directory of a step at or below `step`, and the directories left
+  /// empty: one writer's clean-up in a directory others write too.
+  void remove_rank_parts_up_to(uint64_t step, uint32_t rank, uint32_t world);
 
   /// Removes every valid committed checkpoint but the newest (never an
   /// invalid one: it is left for inspection). Returns how many went.

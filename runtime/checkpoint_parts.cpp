@@ -391,7 +391,7 @@ std::vector<checkpoint_store::prepared_part> checkpoint_store::prepared_parts() 
       auto file = j["file"]["name"].get<std::string>();
       std::error_code e2;
       if (safe_file_name(file) && fs::file_size(it->path() / file, e2) == j["file"].value("size", uint64_t(0)) && !e2)
-        out.push_back({step, tag, file});
+        out.push_back({step, tag, file, j["file"].value("xxh3", std::string())});
     }
   }
   return out;
@@ -480,6 +480,24 @@ status checkpoint_store::adopt_part(uint64_t step, const fs::path& file) const {
   if (::rename(file.c_str(), dest.c_str()) != 0)
     return error{errc::failed, file.string() + ": cannot move to " + dest.string() + ": " + errno_str(errno)};
   return fsync_dir(step_path(step));
+}
+
+void checkpoint_store::remove_rank_parts_up_to(uint64_t step, uint32_t rank, uint32_t world) {
+  std::error_code ec;
+  std::vector<fs::path> dirs;
+  for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    auto name = it->path().filename().string();
+    unsigned long long s = 0;
+    if (name.rfind(parts_prefix, 0) == 0 && std::sscanf(name.c_str() + std::strlen(parts_prefix), "%llu-", &s) == 1 &&
+        s <= step)
+      dirs.push_back(it->path());
+  }
+  for (auto& d : dirs) {
+    std::error_code e2;
+    fs::remove(d / part_file_name(rank, world), e2);
+    fs::remove(d / part_manifest_name(rank), e2);
+    if (fs::is_empty(d, e2) && !e2) fs::remove(d, e2);
+  }
 }
 
 void checkpoint_store::remove_parts_up_to(uint64_t step) {

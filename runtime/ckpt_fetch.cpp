@@ -158,7 +158,8 @@ void checkpoint_server::answer(int fd) {
     else if (!memory_dir_.empty())
       parts = checkpoint_store(memory_dir_, 0).prepared_parts();
     std::string body;
-    for (auto& p : parts) body += std::to_string(p.step) + " " + p.file + "\n";
+    for (auto& p : parts)
+      body += std::to_string(p.step) + " " + p.file + (w[2] == "MIRRORED" ? " " + p.xxh3 : std::string()) + "\n";
     send_str(fd, "OK " + std::to_string(parts.size()) + "\n" + body);
     return;
   }
@@ -230,23 +231,25 @@ result<std::vector<uint64_t>> list_remote(const std::string& ep, const std::stri
 }
 
 namespace {
-/// A list of (step, part) lines: PREPARED or MIRRORED.
-result<std::vector<std::pair<uint64_t, std::string>>> list_parts_of(const std::string& verb, const std::string& ep,
-                                                                  const std::string& token,
-                                                                  std::chrono::milliseconds timeout) {
+/// A list of "<step> <part>[ <xxh3>]" lines: PREPARED, or MIRRORED (with
+/// the checksum).
+result<std::vector<remote_part>> list_parts_of(const std::string& verb, const std::string& ep,
+                                               const std::string& token, std::chrono::milliseconds timeout) {
   auto fd = request(ep, token, verb, timeout);
   if (!fd) return fd.err();
   fd_guard g{*fd};
   auto n = read_ok(*fd, verb + " from " + ep);
   if (!n) return n.err();
-  std::vector<std::pair<uint64_t, std::string>> out;
+  const size_t fields = verb == "MIRRORED" ? 3 : 2;
+  std::vector<remote_part> out;
   for (uint64_t i = 0; i < *n; ++i) {
     auto l = read_line(*fd);
     if (!l) return l.err();
     auto w = words(*l);
-    auto s = w.size() == 2 ? to_step(w[0]) : std::nullopt;
-    if (!s || !plain_name(w[1])) return failed(verb + " from " + ep + ": bad line '" + *l + "'");
-    out.emplace_back(*s, w[1]);
+    auto s = w.size() == fields ? to_step(w[0]) : std::nullopt;
+    if (!s || !plain_name(w[1]) || (fields == 3 && (w[2].empty() || w[2].size() > 32)))
+      return failed(verb + " from " + ep + ": bad line '" + *l + "'");
+    out.push_back({*s, w[1], fields == 3 ? w[2] : std::string()});
   }
   return out;
 }
@@ -255,12 +258,15 @@ result<std::vector<std::pair<uint64_t, std::string>>> list_parts_of(const std::s
 result<std::vector<std::pair<uint64_t, std::string>>> list_prepared_remote(const std::string& ep,
                                                                          const std::string& token,
                                                                          std::chrono::milliseconds timeout) {
-  return list_parts_of("PREPARED", ep, token, timeout);
+  auto parts = list_parts_of("PREPARED", ep, token, timeout);
+  if (!parts) return parts.err();
+  std::vector<std::pair<uint64_t, std::string>> out;
+  for (auto& p : *parts) out.emplace_back(p.step, p.file);
+  return out;
 }
 
-result<std::vector<std::pair<uint64_t, std::string>>> list_mirrored_remote(const std::string& ep,
-                                                                         const std::string& token,
-                                                                         std::chrono::milliseconds timeout) {
+result<std::vector<remote_part>> list_mirrored_remote(const std::string& ep, const std::string& token,
+                                                      std::chrono::milliseconds timeout) {
   return list_parts_of("MIRRORED", ep, token, timeout);
 }
 

@@ -16,7 +16,7 @@
 ///             "GRACE-CKPT <token> GET <step> <name>\n" -> "OK <size>\n" then the bytes
 ///             "GRACE-CKPT <token> PREPARED\n"         -> "OK <n>\n" then n lines "<step> <name>": parts
 ///               durable in parts directories, not committed here
-///             "GRACE-CKPT <token> MIRRORED\n"            -> "OK <n>\n" then n lines "<step> <name>": parts
+///             "GRACE-CKPT <token> MIRRORED\n"            -> "OK <n>\n" then n lines "<step> <name> <xxh3>": parts
 ///               mirrored in the node's memory directory by replica holders (runtime/replica.hpp)
 ///             "GRACE-CKPT <token> PARTS <step> <tag>\n" -> "OK <n>\n" then n times "<size>\n" and
 ///               that many bytes: the part descriptions durable in `.parts-step-<N>-<tag>`
@@ -101,11 +101,17 @@ result<std::vector<std::pair<uint64_t, std::string>>> list_prepared_remote(const
                                                                          const std::string& token,
                                                                          std::chrono::milliseconds timeout);
 
+/// A part a peer lists: its step, data file and (MIRRORED) checksum.
+struct remote_part {
+  uint64_t step = 0;
+  std::string file;
+  std::string xxh3;
+};
+
 /// The parts mirrored in the peer's memory directory (replicas that
-/// outlived their workers): (step, data file) pairs.
-result<std::vector<std::pair<uint64_t, std::string>>> list_mirrored_remote(const std::string& endpoint,
-                                                                         const std::string& token,
-                                                                         std::chrono::milliseconds timeout);
+/// outlived their workers), with the checksums their descriptions give.
+result<std::vector<remote_part>> list_mirrored_remote(const std::string& endpoint, const std::string& token,
+                                                      std::chrono::milliseconds timeout);
 
 /// One small file of a peer's committed step (a manifest, an index), in
 /// memory; at most `limit` bytes.

@@ -195,7 +195,7 @@ goodput_account goodput_tracker::account(int64_t now_ns) const {
     // job (fenced, its host partitioned) may run on into the next group.
     const int64_t limit = next != groups_.end() ? next->second.started : now_ns;
     const int64_t end = std::min(g.train_end ? g.train_end : g.ended ? g.ended : now_ns, limit);
-    const int64_t ready = (g.train_start ? g.train_start : end) - g.restore_ns;
+    const int64_t ready = std::min(g.train_start ? g.train_start : end, end) - g.restore_ns;
     ++a.incarnations;
     if (first)
       a.startup_s += s(ready - run_start_ns_);

@@ -370,7 +370,9 @@ struct session::impl {
     if (buffers->busy())  // the writer died holding them: its write may still read them
       return failed_save(step, kind, agreement_id, error{errc::overloaded, "the snapshot buffers are still being written"}, 0);
     if (auto st = buffers->check(tensors); !st) return failed_save(step, kind, agreement_id, st.err(), 0);
-    if (sharded)
+    // Periodic saves only: a save the trainer waits for (a deadline's) gets
+    // the memory bandwidth to itself, and the exit after it no mirror to wait for.
+    if (sharded && !sync)
       if (auto keeper = replicas->get()) keeper->mirror(step, meta, part_tag(agreement_id));
     save_request req{buffers, std::move(meta), agreement_id, 0, make_room};
     if (sharded) {

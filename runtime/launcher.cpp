@@ -1191,9 +1191,9 @@ int launcher::run() {
     std::error_code ec;
     std::filesystem::remove(coordinator_file_, ec);
   }
-  // The mirrors in memory serve a relaunch of this node (exit with the
-  // restart code); any other end frees the memory.
-  if (!memory_dir_.empty() && d.code != o_.restart_code) {
+  // The mirrors in memory may be the only copy of a lost host's part, for
+  // a relaunch after any failure: only a finished job frees the memory.
+  if (!memory_dir_.empty() && d.code == exit_code::success) {
     std::error_code ec;
     std::filesystem::remove_all(memory_dir_, ec);
   }

@@ -90,10 +90,13 @@ void leader_elector::stop(bool release, bool finished) {
 /// is not stopped by it for long (and never on its launchers' first look).
 void leader_elector::mark_finished() {
   if (cfg_.job_key.empty() || !known_) return;
+  const auto running = job_key_value(job_mark::state::running, known_->epoch);
   auto lease = client_.grant_lease(cfg_.finished_ttl_seconds);
-  if (!lease) return;
-  if (!client_.put(cfg_.job_key, job_key_value(job_mark::state::finished, known_->epoch), *lease))
-    (void)client_.revoke(*lease);
+  if (lease && client_.put(cfg_.job_key, job_key_value(job_mark::state::finished, known_->epoch), *lease)) return;
+  // No finished mark: at least no running mark that would make every later
+  // job of this run id's launchers newcomers.
+  if (lease) (void)client_.revoke(*lease);
+  (void)client_.delete_if_value(cfg_.job_key, running);
 }
 
 std::vector<leadership_event> leader_elector::take() {

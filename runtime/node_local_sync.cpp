@@ -46,12 +46,27 @@ std::set<std::string> parts_needed_here(const checkpoint_manifest& m, const json
 
 namespace {
 
+/// Parts mirrored in a node's memory: step -> part -> the checksums of its
+/// copies there (an earlier incarnation's mirror of the same step may be
+/// another state: only a copy with the manifest's checksum counts).
+using mirrors = std::map<uint64_t, std::map<std::string, std::set<std::string>>>;
+
+/// The parts of `m` among `held` whose checksum matches the manifest's.
+std::set<std::string> matching(const checkpoint_manifest& m, const mirrors& held, uint64_t s) {
+  std::set<std::string> out;
+  auto it = held.find(s);
+  if (it == held.end()) return out;
+  for (auto& f : m.files)
+    if (auto p = it->second.find(f.name); p != it->second.end() && p->second.count(f.xxh3)) out.insert(f.name);
+  return out;
+}
+
 /// What one peer reported.
 struct peer_view {
   std::string ep;
   std::set<uint64_t> steps;                             ///< committed, valid there
   std::map<uint64_t, std::set<std::string>> prepared;   ///< durable, not committed there
-  std::map<uint64_t, std::set<std::string>> mirrored;   ///< in its memory directory
+  mirrors mirrored;                                     ///< in its memory directory
   std::map<uint64_t, std::set<std::string>> files;      ///< of its committed steps, asked for when needed
 };
 
@@ -59,7 +74,7 @@ struct views {
   checkpoint_store store;
   std::set<uint64_t> steps;                            ///< committed here
   std::map<uint64_t, std::set<std::string>> prepared;  ///< durable here, not committed
-  std::map<uint64_t, std::set<std::string>> mirrored;  ///< in this node's memory directory
+  mirrors mirrored;                                    ///< in this node's memory directory
   std::vector<peer_view> peers;
 };
 
@@ -69,7 +84,7 @@ views gather(const level_config& c) {
     if (i.valid && !i.temporary && !i.set_aside) v.steps.insert(i.step);
   for (auto& p : v.store.prepared_parts()) v.prepared[p.step].insert(p.file);
   if (!c.memory_dir.empty())
-    for (auto& p : checkpoint_store(c.memory_dir, 0).prepared_parts()) v.mirrored[p.step].insert(p.file);
+    for (auto& p : checkpoint_store(c.memory_dir, 0).prepared_parts()) v.mirrored[p.step][p.file].insert(p.xxh3);
   for (auto& ep : c.peers) {
     peer_view p{ep, {}, {}, {}, {}};
     auto steps = list_remote(ep, c.token, c.io_timeout);
@@ -78,7 +93,7 @@ views gather(const level_config& c) {
     if (auto prep = list_prepared_remote(ep, c.token, c.io_timeout))
       for (auto& [s, f] : *prep) p.prepared[s].insert(f);
     if (auto mir = list_mirrored_remote(ep, c.token, c.io_timeout))
-      for (auto& [s, f] : *mir) p.mirrored[s].insert(f);
+      for (auto& m : *mir) p.mirrored[m.step][m.file].insert(m.xxh3);
     v.peers.push_back(std::move(p));
   }
   return v;
@@ -134,12 +149,14 @@ std::optional<uint64_t> choose(const level_config& c, views& v) {
     auto here = present_here(v, s);
     a.insert(here.begin(), here.end());
     a.insert(v.prepared[s].begin(), v.prepared[s].end());
-    a.insert(v.mirrored[s].begin(), v.mirrored[s].end());
+    auto mine = matching(*m, v.mirrored, s);
+    a.insert(mine.begin(), mine.end());
     for (auto& p : v.peers) {
       auto& pf = peer_files(c, p, s);
       a.insert(pf.begin(), pf.end());
       a.insert(p.prepared[s].begin(), p.prepared[s].end());
-      a.insert(p.mirrored[s].begin(), p.mirrored[s].end());
+      auto theirs = matching(*m, p.mirrored, s);
+      a.insert(theirs.begin(), theirs.end());
     }
     // Every committed copy holds the index and state files: only parts count.
     for (auto& f : m->files)
@@ -160,8 +177,8 @@ void set_aside_above(views& v, uint64_t keep, const std::function<void(const std
     std::error_code ec;
     fs::rename(from, to, ec);
     say("checkpoint step " + std::to_string(s) + " set aside as " + to.filename().string() +
-        (ec ? " FAILED: " + ec.message() : "") + ": a part of it is on no node any more; " +
-        (keep ? "step " + std::to_string(keep) + " is restored instead" : std::string("nothing is restored")));
+        (ec ? " FAILED: " + ec.message() : "") + ": a part of it is on no node any more; step " +
+        std::to_string(keep) + " is restored instead");
   }
 }
 
@@ -197,9 +214,14 @@ status adopt_copy(views& v, uint64_t s, const fs::path& from) {
 /// the peers that need them fetch them.
 void adopt_mirrored(const level_config& c, views& v, uint64_t s, const std::function<void(const std::string&)>& say) {
   if (c.memory_dir.empty() || v.mirrored[s].empty()) return;
+  auto m = v.store.read_manifest(v.store.step_path(s));
+  if (!m) return;
+  const auto usable = matching(*m, v.mirrored, s);
   checkpoint_store memory(c.memory_dir, 0);
   for (auto& p : memory.prepared_parts()) {
-    if (p.step != s || on_a_disk(c, v, s, p.file)) continue;
+    if (p.step != s || !usable.count(p.file) || on_a_disk(c, v, s, p.file)) continue;
+    auto f = std::find_if(m->files.begin(), m->files.end(), [&](auto& e) { return e.name == p.file; });
+    if (f == m->files.end() || f->xxh3 != p.xxh3) continue;  // another incarnation's copy of this step
     auto st = adopt_copy(v, s, memory.parts_path(s, p.tag) / p.file);
     say(st ? "step " + std::to_string(s) + ": took " + p.file +
                  " from this node's memory (mirrored from a replica; no disk holds it any more)"
@@ -250,7 +272,7 @@ status fetch_needed(const level_config& c, views& v, uint64_t s, const std::stri
         if (r) return {};
         last = r.err().message;
       }
-      pending |= p.prepared[s].count(name) > 0 || p.mirrored[s].count(name) > 0;
+      pending |= p.prepared[s].count(name) > 0 || p.mirrored[s].count(name) > 0;  // adopted there, if it matches
     }
     if (!pending || std::chrono::steady_clock::now() >= until)
       return error{errc::failed, "step " + std::to_string(s) + ": cannot fetch " + name + ": " + last};
@@ -258,22 +280,6 @@ status fetch_needed(const level_config& c, views& v, uint64_t s, const std::stri
     for (auto& p : v.peers)
       if (auto l = list_remote(p.ep, c.token, c.io_timeout)) p.steps.insert(l->begin(), l->end());
   }
-}
-
-/// Whether every other node of the coming group was asked and answered:
-/// the peers named are as many as its other nodes (a node whose checkpoint
-/// server has not registered yet is not named at all), and all answered.
-bool every_node_answered(const level_config& c, const views& v) {
-  if (c.ranks.empty() || c.world % c.ranks.size() != 0) return false;
-  const size_t others = c.world / c.ranks.size() - 1;
-  return c.peers.size() == others && v.peers.size() == others;
-}
-
-/// A second, independent look before giving every step up: every node
-/// answers again and still no step is restorable.
-bool nothing_restorable_again(const level_config& c) {
-  auto v = gather(c);
-  return every_node_answered(c, v) && !choose(c, v);
 }
 
 }  // namespace
@@ -284,18 +290,10 @@ result<uint64_t> level_node_local(const level_config& c, const std::function<voi
   if (!target) {
     bool any = !v.steps.empty();
     for (auto& p : v.peers) any |= !p.steps.empty();
-    if (any && every_node_answered(c, v) && nothing_restorable_again(c)) {
-      // Every node answered, twice, and a part of every step is gone: no
-      // rank can restore any of them, and ranks restoring what their own
-      // node has would be refused at every join. Every node decides the same.
-      say("no checkpoint has every part on any node (all " + std::to_string(c.peers.size()) +
-          " other nodes answered): the job starts over from step 0");
-      set_aside_above(v, 0, say);
-    } else if (any || v.peers.size() < c.peers.size()) {
+    if (any || v.peers.size() < c.peers.size())
       say("no checkpoint has every part on some node (" + std::to_string(v.peers.size()) + " of " +
           std::to_string(c.peers.size()) + " other nodes' checkpoint servers answered); the restore uses what this "
           "node has");
-    }
     return uint64_t{0};
   }
   set_aside_above(v, *target, say);

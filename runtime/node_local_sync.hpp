@@ -15,10 +15,7 @@
 ///     manifest and index from a peer and fetches the parts its ranks read;
 ///   - a step some part of which exists nowhere any more (its only holder
 ///     lost its disk): it is set aside on every node, and the newest step
-///     whose every part exists is restored instead; when no step is left
-///     and every node answered (twice), every node sets all its steps
-///     aside and the job starts over from step 0, saying so (ranks that
-///     restored what their own node has would be refused at every join).
+///     whose every part exists is restored instead.
 /// A part is available when some node holds it in a committed step or
 /// durable in a parts directory (that node rolls it forward itself, in
 /// parallel: a fetch from it is retried until it has), or mirrored in a

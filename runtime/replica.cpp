@@ -502,7 +502,8 @@ void replica_keeper::write_mirror(const mirror_request& r, const replica_slot& s
     if (r.step != mirrored_) mirrored_prev_ = std::exchange(mirrored_, r.step);
     drop = mirrored_prev_;
   }
-  if (drop > 0) cfg_.mirror->remove_parts_up_to(drop - 1);
+  // Only this source's older mirrors: the other local ranks' share the directory.
+  if (drop > 0) cfg_.mirror->remove_rank_parts_up_to(drop - 1, source(), static_cast<uint32_t>(meta.world_size));
   emit_event("replica_mirrored", {{"step", r.step}, {"source_rank", source()}, {"bytes", st->total_bytes}, {"ns", ns}});
 }
 

@@ -37,8 +37,9 @@
 /// the launcher adopts it into the committed step before the next group
 /// (runtime/node_local_sync.hpp), checked against the manifest's checksum.
 /// The mirror is written by a thread of its own from a pinned replica slot
-/// (a third slot keeps the newest replica receivable meanwhile); the newest
-/// two mirrored rounds are kept.
+/// (a third slot keeps the newest replica receivable meanwhile), for
+/// periodic saves (a save the trainer waits for keeps the memory bandwidth);
+/// each source's newest two mirrored rounds are kept.
 
 #include "runtime/agreement.hpp"
 #include "runtime/checkpoint.hpp"

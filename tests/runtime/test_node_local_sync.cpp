@@ -45,10 +45,12 @@ checkpoint_meta meta_of(uint64_t step) {
 /// nodes in `commit_on` commit.
 /// Rank r's part of `step` (its values derived from both) into `store`'s
 /// parts directory of round "t<step>".
-void write_part(checkpoint_store& store, uint64_t step, uint32_t r, bool with_replicated, bool with_state = false) {
+void write_part(checkpoint_store& store, uint64_t step, uint32_t r, bool with_replicated, bool with_state = false,
+                uint64_t values_of = 0) {
+  const uint64_t v = values_of ? values_of : step;  // the state saved (another one under this step's name)
   rank_state_t s;
-  std::iota(s.m.begin(), s.m.end(), static_cast<float>(step * 100 + r * 4));
-  std::fill(s.w.begin(), s.w.end(), static_cast<float>(step));
+  std::iota(s.m.begin(), s.m.end(), static_cast<float>(v * 100 + r * 4));
+  std::fill(s.w.begin(), s.w.end(), static_cast<float>(v));
   auto refs = s.refs(r);
   snapshot_buffers b(refs);
   REQUIRE(b.capture(refs));
@@ -69,11 +71,11 @@ void save(const std::vector<fs::path>& nodes, uint64_t step, std::vector<int> co
 
 /// Node 0's replica holders mirror node 1's parts (ranks 2 and 3) of
 /// `step` into node 0's memory directory, as they would in memory.
-void mirror(const fs::path& memory_dir, uint64_t step) {
+void mirror(const fs::path& memory_dir, uint64_t step, uint64_t values_of = 0) {
   checkpoint_store memory(memory_dir, 0);
   memory.set_direct_io(false);
   for (uint32_t r = 2; r < world; ++r)
-    write_part(memory, step, r, false, true);  // a replica holds what its source writes: no replicated tensor
+    write_part(memory, step, r, false, true, values_of);  // a replica holds what its source writes: no replicated tensor
 }
 
 level_config config(const fs::path& dir, std::vector<std::string> peers, uint32_t node) {
@@ -241,30 +243,41 @@ TEST_CASE("node-local level: parts mirrored in memory are not copied to disk whi
   CHECK(absent->size() == 2);  // node 1's parts stay on node 1 only
 }
 
-TEST_CASE("node-local level: without the mirrored parts a host lost with its disk leaves nothing restorable: "
-          "every node sets its steps aside and the job starts over", "[node-local]") {
+TEST_CASE("node-local level: without the mirrored parts a host lost with its disk leaves nothing restorable",
+          "[node-local]") {
   grace::testing::temp_dir d("grace-level");
   const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
   save(nodes, 10);
   save(nodes, 20);
   fs::remove_all(nodes[1]);
-  // Node 1 not registered yet (no peer named), or named but not answering:
-  // it may hold the parts, so nothing is set aside.
-  checkpoint_store store(nodes[0]);
-  for (std::vector<std::string> peers : {std::vector<std::string>{}, std::vector<std::string>{"127.0.0.1:1"}}) {
-    auto got = level_node_local(config(nodes[0], peers, 0), say);
-    REQUIRE(got);
-    CHECK(*got == 0);
-    CHECK(store.newest_valid_step() == 20);
-  }
-  auto s1 = checkpoint_server::start(d.path / "replacement", "127.0.0.1", "tok");  // node 1's replacement: empty
-  REQUIRE(s1);
-  // Every node answered: both steps set aside (kept for inspection), step 0 for every rank.
-  auto got = level_node_local(config(nodes[0], {(*s1)->endpoint()}, 0), say);
+  auto got = level_node_local(config(nodes[0], {}, 0), say);
   REQUIRE(got);
   CHECK(*got == 0);
-  CHECK(store.newest_valid_step() == 0);
-  int aside = 0;
-  for (auto& c : store.list()) aside += c.set_aside;
-  CHECK(aside == 2);
+  CHECK(checkpoint_store(nodes[0]).newest_valid_step() == 20);  // nothing set aside: kept for a node that may come back
+}
+
+TEST_CASE("node-local level: a mirror of another state of the same step does not count", "[node-local]") {
+  grace::testing::temp_dir d("grace-level");
+  const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
+  const auto memory = d.path / "node0-memory";
+  save(nodes, 10);
+  save(nodes, 20);
+  mirror(memory, 10);
+  mirror(memory, 20, 19);  // an earlier incarnation's step 20: other values, another checksum
+  fs::remove_all(nodes[1]);
+  auto s0 = checkpoint_server::start(nodes[0], "127.0.0.1", "tok", 2000ms, memory);
+  REQUIRE(s0);
+  auto on0 = config(nodes[0], {}, 0);
+  on0.memory_dir = memory;
+  auto got0 = level_node_local(on0, say);
+  REQUIRE(got0);
+  CHECK(*got0 == 10);  // 20 set aside: its parts 2 and 3 exist nowhere
+  const auto fresh = d.path / "replacement";
+  auto got = level_node_local(config(fresh, {(*s0)->endpoint()}, 1), say);
+  REQUIRE(got);
+  CHECK(*got == 10);
+  rank_state_t st;
+  auto refs = st.refs(2);
+  REQUIRE(checkpoint_store(fresh).restore_latest(refs));
+  CHECK(st.m == std::vector<float>{1008, 1009, 1010, 1011});
 }
