@@ -29,6 +29,16 @@ void group_end::add(exit_effect e, bool no_rendezvous, const std::string& descri
   }
 }
 
+namespace {
+std::string rendezvous_advice(const group_context& c) {
+  if (c.level_problem.empty()) return c.rendezvous_hint;
+  return "the node-local checkpoints could not be brought level (" + c.level_problem +
+         "), so the ranks restored different steps and were refused; nothing was deleted: bring back the node "
+         "that holds the missing parts (or its disk) and relaunch, or move the checkpoint directories aside to "
+         "start over";
+}
+}  // namespace
+
 launcher_decision decide_after_group(const group_end& g, const group_context& c, rendezvous_streak& streak) {
   if (g.fatal)
     return {false, true, g.usage ? exit_code::usage : exit_code::fatal, "fatal error, not restarting: " + g.fatal_cause};
@@ -41,7 +51,7 @@ launcher_decision decide_after_group(const group_end& g, const group_context& c,
   if (streak.group_ended(g.rendezvous_failed))
     return {false, true, exit_code::no_progress,
             "the group failed its rendezvous " + std::to_string(streak.count()) + " times in a row (last: " + g.cause +
-                "): " + c.rendezvous_hint};
+                "): " + rendezvous_advice(c)};
   if (c.membership_change)
     return {true, false, 0, "the group grows: a node waited to join (a membership change, not counted as a restart)"};
   if (c.restarts >= c.max_restarts)
@@ -51,12 +61,16 @@ launcher_decision decide_after_group(const group_end& g, const group_context& c,
 }
 
 launcher_decision coordinator_gone(const std::string& where, int64_t waited_ms, uint64_t newest_step,
-                                   int restart_code, const std::string& signal_name) {
+                                   int restart_code, const std::string& signal_name,
+                                   const std::string& level_problem) {
   launcher_decision d;
   d.code = restart_code;
-  std::string resume = newest_step ? "it resumes from the newest committed checkpoint, step " +
-                                         std::to_string(newest_step)
-                                   : "there is no committed checkpoint yet: it starts over";
+  std::string resume = !level_problem.empty()
+                           ? "this node's checkpoints could not be brought level with the other nodes' (" +
+                                 level_problem + "): it resumes only with the node that holds the missing parts"
+                       : newest_step ? "it resumes from the newest committed checkpoint, step " +
+                                           std::to_string(newest_step)
+                                     : "there is no committed checkpoint yet: it starts over";
   if (!signal_name.empty())
     d.reason = "received " + signal_name + " while the coordination service at " + where +
                " was unreachable: nothing to save here (the workers have exited); " + resume + " when relaunched";

@@ -91,6 +91,10 @@ struct group_context {
   /// Appended to the "failed its rendezvous" reason: what to check (the
   /// coordinator's address, the one this node advertises).
   std::string rendezvous_hint;
+  /// Node-local checkpoints: why this group's leveling failed (empty: it
+  /// did not). The ranks then restore different steps and are refused, so
+  /// a streak of failed rendezvous names this instead of the addresses.
+  std::string level_problem;
 };
 
 /// The decision after a group ended. A fatal exit stops (2 or 3); all
@@ -105,8 +109,11 @@ launcher_decision decide_after_group(const group_end& g, const group_context& c,
 /// agreed without it and no other node may take over (that needs an
 /// arbiter), so it stops with the restart code (the scheduler restarts the
 /// whole job) and names the newest committed checkpoint it will resume
-/// from (0: none). `signal_name` set: a SIGTERM/SIGINT ended the wait.
+/// from (0: none), or why it cannot (`level_problem`: its node-local
+/// checkpoints could not be brought level before its last group).
+/// `signal_name` set: a SIGTERM/SIGINT ended the wait.
 launcher_decision coordinator_gone(const std::string& where, int64_t waited_ms, uint64_t newest_step,
-                                   int restart_code, const std::string& signal_name = "");
+                                   int restart_code, const std::string& signal_name = "",
+                                   const std::string& level_problem = "");
 
 }  // namespace grace

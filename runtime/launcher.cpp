@@ -411,6 +411,7 @@ private:
   std::optional<uint32_t> previous_group_;
   std::unique_ptr<checkpoint_server> ckpt_server_;
   bool node_local_sync_ = false;
+  std::string level_problem_;  ///< why this group's leveling failed (empty: it did not)
   std::string memory_dir_;  ///< replicas mirrored in memory (setup_memory_dir); empty: none
   std::vector<worker_proc> workers_;
   int restarts_ = 0;
@@ -879,6 +880,7 @@ void launcher::level_checkpoints() {
   c.memory_dir = memory_dir_;
   auto t0 = mono_ns();
   auto r = level_node_local(c, [this](const std::string& l) { say(l); });
+  level_problem_ = r ? std::string() : r.err().message;
   if (!r) {
     say("node-local checkpoints not brought level: " + r.err().message);
     return;
@@ -1171,6 +1173,7 @@ int launcher::run() {
                              g.crashed || g.fatal);
     ctx.notice_forwarded = notice_forwarded_;
     ctx.restarts = restarts_;
+    ctx.level_problem = level_problem_;
     ctx.membership_change = o_.elastic() && g.restart && !g.fatal && !notice_forwarded_ && ended_for_growth();
     d = decide_after_group(g, ctx, streak);
     if (!d.restart) break;
@@ -1224,7 +1227,8 @@ std::optional<launcher_decision> launcher::await_coordinator() {
     if (hosts_service()) return std::nullopt;
     if (current_incarnation(rt_->sys(), coord_, [this] { return connect_as_launcher(std::chrono::seconds(2)); })) return std::nullopt;
     auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - t0);
-    if (waited >= o_.coordinator_wait) return coordinator_gone(where(), waited.count(), newest(), o_.restart_code);
+    if (waited >= o_.coordinator_wait)
+      return coordinator_gone(where(), waited.count(), newest(), o_.restart_code, "", level_problem_);
     if (!std::exchange(said, true))
       say("the coordination service at " + where() + " does not answer: waiting up to " +
           std::to_string(o_.coordinator_wait.count() / 1000) + " s for it");
@@ -1234,7 +1238,7 @@ std::optional<launcher_decision> launcher::await_coordinator() {
     while (::read(sfd_, &si, sizeof(si)) == sizeof(si))
       if (si.ssi_signo != SIGCHLD)
         return coordinator_gone(where(), waited.count(), newest(), o_.restart_code,
-                                si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+                                si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT", level_problem_);
   }
 }
 

@@ -290,10 +290,10 @@ result<uint64_t> level_node_local(const level_config& c, const std::function<voi
   if (!target) {
     bool any = !v.steps.empty();
     for (auto& p : v.peers) any |= !p.steps.empty();
-    if (any || v.peers.size() < c.peers.size())
-      say("no checkpoint has every part on some node (" + std::to_string(v.peers.size()) + " of " +
-          std::to_string(c.peers.size()) + " other nodes' checkpoint servers answered); the restore uses what this "
-          "node has");
+    const std::string why = "no checkpoint has every part on some node (" + std::to_string(v.peers.size()) +
+                            " of " + std::to_string(c.peers.size()) + " other nodes' checkpoint servers answered)";
+    if (any) return error{errc::failed, why};
+    if (v.peers.size() < c.peers.size()) say(why + "; the restore uses what this node has");
     return uint64_t{0};
   }
   set_aside_above(v, *target, say);

@@ -76,7 +76,9 @@ struct level_config {
 
 /// Brings `c.dir` level (see above). Returns the step the group will
 /// restore (0: none), and says what it did through `say`. An error names
-/// what could not be done; the directory is then as consistent as before.
+/// what could not be done, among others that checkpoints exist but none
+/// has every part on some node; the directory is then as consistent as
+/// before.
 result<uint64_t> level_node_local(const level_config& c, const std::function<void(const std::string&)>& say);
 
 }  // namespace grace

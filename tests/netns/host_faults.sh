@@ -49,6 +49,12 @@
 #                             manifest), the relaunched host 1 fetches them,
 #                             and every rank resumes at that step instead of
 #                             losing it
+#   host_faults.sh node_local_no_memory
+#                             the same without mirrors (--memory-dir off):
+#                             no step has every part anywhere, so host 0's
+#                             launcher stops with 44 naming the failed
+#                             leveling (not the addresses), its checkpoints
+#                             untouched for a node that may come back
 #   host_faults.sh coordinator_lost
 #                             host 0 (the coordination service's) lost: host
 #                             1's workers stop without writing, its launcher
@@ -66,7 +72,7 @@
 #                             steps: agreement::on_join ignores the restored step).
 source "$(dirname "$0")/../integration/lib.sh"
 source "$(dirname "$0")/testbed.sh"
-SCENARIO=${1:?scenario: preempt, lost, lost_sharded, partition, freeze, node_local, node_local_sharded, node_local_memory or coordinator_lost}
+SCENARIO=${1:?scenario: preempt, lost, lost_sharded, partition, freeze, node_local, node_local_sharded, node_local_memory, node_local_no_memory or coordinator_lost}
 tb_init 2
 STEPS=400
 ARGS=(--device cpu --steps $STEPS --step-delay-ms 10 --collective-timeout-ms 20000)
@@ -239,7 +245,7 @@ use_node_local_disks() {
 }
 local_launch() {
   tb_launch "$1" "$2" "$TB/h$1" "${COMMON[@]}" --node-rank "$1" --checkpoint-dir "$TB/h$1/ck" \
-    --memory-dir "$TB/h$1/mem" -- "${ARGS[@]}" --output out.json
+    --memory-dir "${MEMORY:-$TB/h$1/mem}" -- "${ARGS[@]}" --output out.json
 }
 
 node_local() {
@@ -314,6 +320,22 @@ print(" ".join(sorted({str(json.loads(l)["step"]) for l in sys.stdin})))')
   pass "node-local sharded state: host 1 lost with its disk, its parts of step $jit written from replicas on host 0, fetched back by the relaunched host 1, every rank resumed there, weights identical"
 }
 
+# No survivor can save just in time: host 1 frozen first (it holds the
+# replicas of host 0's parts), then host 0's workers killed, then host 1
+# lost with its disk and its memory.
+lose_every_replica() {
+  tb_freeze_host 1
+  local w
+  for w in $(pgrep -P "$L0" -f grace-train); do kill -KILL "$w"; done
+  tb_kill_host 1
+  wait "$L1" 2>/dev/null || true
+  rm -rf "$TB/h1/ck" "$TB/h1/mem"
+}
+
+newest_valid() { # newest_valid DIR: the newest valid step in a checkpoint directory
+  "$GRACE_CKPT" list "$1" --json | "$PY" -c 'import json,sys; print(max(c["step"] for c in json.load(sys.stdin) if c["valid"]))'
+}
+
 node_local_memory() {
   ARGS+=(--shard-optimizer --save-every 100)
   use_node_local_disks --node-local-checkpoints
@@ -332,17 +354,9 @@ for l in sys.stdin:
 both = [s for s, r in by.items() if r == {2, 3}]
 print(max(both) if both else "")')
   done
-  # No survivor can save just in time: host 1 frozen first (it holds the
-  # replicas of host 0's parts), then host 0's workers killed, then host 1
-  # lost with its disk and its memory.
-  tb_freeze_host 1
-  local w
-  for w in $(pgrep -P "$L0" -f grace-train); do kill -KILL "$w"; done
-  tb_kill_host 1
-  wait "$L1" 2>/dev/null || true
-  rm -rf "$TB/h1/ck" "$TB/h1/mem"
+  lose_every_replica
   local newest
-  newest=$("$GRACE_CKPT" list "$TB/h0/ck" --json | "$PY" -c 'import json,sys; print(max(c["step"] for c in json.load(sys.stdin) if c["valid"]))')
+  newest=$(newest_valid "$TB/h0/ck")
   sleep 1
   relaunch_and_finish local_launch
   [ "$(count_events "$E0" "e['event']=='agreed' and e['kind']=='jit'")" -eq 0 ] ||
@@ -359,6 +373,34 @@ print(" ".join(sorted({str(json.loads(l)["step"]) for l in sys.stdin})))')
       fail "host 1 did not fetch rank $r's part of step $newest from host 0"
   done
   pass "node-local sharded state, no just-in-time save possible: host 1 lost with its disk, its parts of step $newest (mirrored in host 0's memory at step $mirrored) adopted by host 0 and fetched back, every rank resumed there, weights identical"
+}
+
+node_local_no_memory() {
+  ARGS+=(--shard-optimizer --save-every 100)
+  use_node_local_disks --node-local-checkpoints --max-rendezvous-failures 2 --coordinator-wait-ms 3000
+  MEMORY=off
+  local_launch 0 L0
+  local_launch 1 L1
+  tb_wait_event "$E1" "e['event']=='committed_local' and e['step']==100" 60
+  lose_every_replica
+  local newest
+  newest=$(newest_valid "$TB/h0/ck")
+  tb_link 1 up
+  local_launch 1 L1
+  tb_wait_pid "$L0" rc0
+  tb_wait_pid "$L1" rc1
+  [ "$rc0" -eq 44 ] || { tail -n 30 "$TB"/h*/log.txt; fail "host 0's launcher exited $rc0, expected 44 (nothing restorable)"; }
+  # Host 1 stops with 44 too when its own streak ends first, or with 42 when
+  # it finds node 0's coordination service gone first.
+  [ "$rc1" -eq 42 ] || [ "$rc1" -eq 44 ] || fail "host 1's launcher exited $rc1, expected 42 or 44"
+  grep -q "exit 44: .*could not be brought level (no checkpoint has every part on some node" "$TB/h0/log.txt" ||
+    { tail -n 5 "$TB/h0/log.txt"; fail "host 0's exit does not name the failed leveling"; }
+  [ "$(newest_valid "$TB/h0/ck")" = "$newest" ] || fail "host 0's newest valid step changed from $newest"
+  [ -z "$("$GRACE_CKPT" list "$TB/h0/ck" --json | "$PY" -c 'import json,sys; print(" ".join(str(c["step"]) for c in json.load(sys.stdin) if c.get("set_aside")))')" ] ||
+    fail "a step was set aside on host 0: kept for a node that may come back"
+  grep -Eq "exit (42: .*this node's checkpoints|44: .*the node-local checkpoints) could not be brought level" "$TB/h1/log.txt" ||
+    { tail -n 3 "$TB/h1/log.txt"; fail "host 1's exit does not name the failed leveling"; }
+  pass "node-local sharded state without memory mirrors, no just-in-time save possible: host 0 stopped with 44 and host 1 with $rc1, both naming the failed leveling, host 0's step $newest untouched"
 }
 
 coordinator_lost() {

@@ -104,6 +104,15 @@ TEST_CASE("after a group: stop with the right code or restart", "[launcher]") {
     CHECK(d.reason.find("failed its rendezvous 2 times in a row") != std::string::npos);
     CHECK(d.reason.find("check the addresses") != std::string::npos);
   }
+  SECTION("failed rendezvous after a failed leveling name the leveling, not the addresses") {
+    c.level_problem = "no checkpoint has every part on some node";
+    CHECK(decide_after_group(ended({{45, 0}}), c, streak).restart);
+    auto d = decide_after_group(ended({{45, 0}, {42, 0}}), c, streak);
+    CHECK(d.code == exit_code::no_progress);
+    CHECK(d.reason.find("could not be brought level (no checkpoint has every part on some node)") !=
+          std::string::npos);
+    CHECK(d.reason.find("check the addresses") == std::string::npos);
+  }
   SECTION("restarts exhausted: 44") {
     c.restarts = 3;
     auto d = decide_after_group(ended({{42, 0}}), c, streak);
@@ -144,4 +153,9 @@ TEST_CASE("coordination service gone: stop with the restart code, naming the che
   CHECK(sig.code == 42);
   CHECK(sig.reason.find("received SIGTERM") != std::string::npos);
   CHECK(sig.reason.find("step 3") != std::string::npos);
+  auto unlevel = grace::coordinator_gone("h0:29500", 1000, 0, 42, "", "no checkpoint has every part on some node");
+  CHECK(unlevel.code == 42);
+  CHECK(unlevel.reason.find("could not be brought level with the other nodes' (no checkpoint has every part") !=
+        std::string::npos);
+  CHECK(unlevel.reason.find("no committed checkpoint") == std::string::npos);
 }
