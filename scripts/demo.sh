@@ -25,7 +25,8 @@ L=$!
 for _ in $(seq 1 100); do grep -q first_step "$OUT/run/events.jsonl" 2>/dev/null && break; sleep 0.05; done
 sleep 1.5
 victim=$(pgrep -P $L -f grace-train | shuf -n1)
-echo "    sending SIGTERM to worker pid $victim"
+victim_rank=$(tr '\0' '\n' < "/proc/$victim/environ" 2>/dev/null | sed -n 's/^GRACE_RANK=//p')
+echo "    sending SIGTERM to worker pid $victim (rank ${victim_rank:-?})"
 kill -TERM "$victim"
 set +e; wait $L; rc=$?; set -e
 grep -E "^\[grace-launch\]" "$OUT/run/log.txt" | sed 's/^/    /'
