@@ -294,9 +294,11 @@ verdict exit_codes(const check_input& in) {
       ok = has([&](const fault_record& f) {
         bool targeted = std::find(f.ranks.begin(), f.ranks.end(), rank) != f.ranks.end();
         // A worker declared dead (frozen for good, or its host frozen or
-        // cut off past dead-after) is killed by its launcher.
+        // cut off past dead-after) is killed by its launcher. A host_lost
+        // SIGKILLs the host's workers and launcher one after the other: the
+        // launcher may reap a worker (and say so) before its own kill lands.
         return f.deadline_kill ||
-               (targeted && (f.f.kind == fault_kind::sigkill_worker ||
+               (targeted && (f.f.kind == fault_kind::sigkill_worker || f.f.kind == fault_kind::host_lost ||
                              (f.f.kind == fault_kind::sigstop_worker && f.f.duration_ms == 0) ||
                              declares_dead(f, *in.cfg)));
       });

@@ -220,6 +220,10 @@ TEST_CASE("a worker of a host declared dead may be killed by its launcher, but n
   auto out = check(cfg, killed(partitioned_run(800)));
   CHECK(find(out, "exit_codes").status == verdict_status::fail);
   CHECK_THAT(find(out, "exit_codes").detail, Catch::Contains("rank 2 exited by signal 9"));
+  // A host lost: its launcher may report its workers' SIGKILL before its own lands.
+  auto lost = partitioned_run(800);
+  lost.faults[0].f.kind = fault_kind::host_lost;
+  CHECK(find(check(cfg, killed(lost)), "exit_codes").status == verdict_status::pass);
 }
 
 TEST_CASE("a host still cut off when the next group starts explains that group's failed rendezvous", "[chaos]") {
