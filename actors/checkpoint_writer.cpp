@@ -36,7 +36,7 @@ struct writer_state {
   std::map<std::pair<uint64_t, uint64_t>, written_part> parts;  ///< by (agreement id, step); the newest few
 };
 
-using self_ptr = checkpoint_writer_actor::stateful_pointer<writer_state>;
+using writer_ptr = checkpoint_writer_actor::stateful_pointer<writer_state>;
 
 /// Writes one snapshot to one store; never throws (an exception is a
 /// failed save).
@@ -224,7 +224,7 @@ result<save_stats> carry_out(writer_state& st, const commit_plan& c) {
 /// then: a service lost meanwhile never answers (a message to a dead
 /// remote actor vanishes), and once the peer watcher follows its successor
 /// (etcd failover) that one decides. The question is idempotent.
-std::optional<std::string> fence(self_ptr self, uint64_t id, uint64_t step) {
+std::optional<std::string> fence(writer_ptr self, uint64_t id, uint64_t step) {
   auto& st = self->state;
   if (!st.cfg.coord || !st.cfg.coord->get()) return std::nullopt;
   auto check = make<proto::CommitCheck>([&](auto b) {
@@ -264,7 +264,7 @@ std::optional<std::string> fence(self_ptr self, uint64_t id, uint64_t step) {
 /// mid-save and declared dead meanwhile commits nothing after it thaws.
 /// With the service known to be gone, no: a periodic save needs none of
 /// its own (the chief's save without the service is a just-in-time one).
-commit_gate periodic_gate(self_ptr self, const save_request& req) {
+commit_gate periodic_gate(writer_ptr self, const save_request& req) {
   auto& st = self->state;
   if (!req.part_tag.empty() || req.meta.kind != checkpoint_kind::periodic || !st.cfg.coord) return {};
   return [self, step = req.meta.step]() -> status {
@@ -276,7 +276,7 @@ commit_gate periodic_gate(self_ptr self, const save_request& req) {
 }
 
 /// Reports a commit's outcome to the service (and a failure to the trainer).
-void finish_commit(self_ptr self, save_outcome& o, int64_t t0) {
+void finish_commit(writer_ptr self, save_outcome& o, int64_t t0) {
   auto& st = self->state;
   o.write_ns = mono_ns() - t0;
   if (st.cfg.coord)
@@ -290,7 +290,7 @@ void finish_commit(self_ptr self, save_outcome& o, int64_t t0) {
 /// it (part = false). The rename waits for the service's yes, asked once
 /// everything else is ready: a committer frozen or cut off while it held
 /// the order, and declared dead meanwhile, commits nothing.
-void commit_parts(self_ptr self, uint64_t id, uint64_t step, const std::vector<std::string>& servers) {
+void commit_parts(writer_ptr self, uint64_t id, uint64_t step, const std::vector<std::string>& servers) {
   auto& st = self->state;
   save_outcome o;
   o.step = step;
@@ -323,7 +323,7 @@ void commit_parts(self_ptr self, uint64_t id, uint64_t step, const std::vector<s
   finish_commit(self, o, t0);
 }
 
-checkpoint_writer_actor::behavior_type writer(self_ptr self, checkpoint_writer_config cfg) {
+checkpoint_writer_actor::behavior_type writer(writer_ptr self, checkpoint_writer_config cfg) {
   self->state.cfg = std::move(cfg);
   if (!self->state.cfg.log) self->state.cfg.log = spdlog::default_logger();
   return {

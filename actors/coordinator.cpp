@@ -97,11 +97,11 @@ struct coordinator_state {
   std::shared_ptr<spdlog::logger> log;
 };
 
-using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
+using coordinator_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
 
 /// The actor system's clock, not the wall clock: under the deterministic
 /// test scheduler failure verdicts follow simulated time.
-int64_t now_ns(self_ptr self) {
+int64_t now_ns(coordinator_ptr self) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
 }
 
@@ -148,7 +148,7 @@ msg<proto::Welcome> refuse_for_now(const std::string& reason, uint32_t current) 
   });
 }
 
-void deliver(self_ptr self, const std::vector<rendezvous_table::reply>& replies);
+void deliver(coordinator_ptr self, const std::vector<rendezvous_table::reply>& replies);
 
 /// "; rank 2's part from its replica" for a just-in-time round from copies.
 std::string replica_ranks(const std::vector<uint32_t>& ranks) {
@@ -158,13 +158,13 @@ std::string replica_ranks(const std::vector<uint32_t>& ranks) {
 }
 
 /// Elastic jobs: the current incarnation's group, if it is formed.
-const group_plan* current_plan(self_ptr self) {
+const group_plan* current_plan(coordinator_ptr self) {
   auto& st = self->state;
   if (!st.planner || !st.planner->current() || st.planner->incarnation() != st.cfg.incarnation) return nullptr;
   return &*st.planner->current();
 }
 
-void reset_incarnation(self_ptr self, uint32_t incarnation) {
+void reset_incarnation(coordinator_ptr self, uint32_t incarnation) {
   auto& st = self->state;
   st.cfg.incarnation = incarnation;
   if (st.planner) {
@@ -200,13 +200,13 @@ void reset_incarnation(self_ptr self, uint32_t incarnation) {
   set_event_identity(launcher_rank, incarnation);
 }
 
-void arm_rescue(self_ptr self);
-std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& acts);
-void advance_plan(self_ptr self);
+void arm_rescue(coordinator_ptr self);
+std::optional<msg<proto::ClaimReply>> carry_out(coordinator_ptr self, const actions& acts);
+void advance_plan(coordinator_ptr self);
 
 /// The node `rank` runs on in this incarnation: its slot's in an elastic
 /// job (runtime/elastic.hpp), else rank / workers per node (`nproc`).
-std::optional<int32_t> node_of_rank(self_ptr self, uint32_t rank, int32_t nproc) {
+std::optional<int32_t> node_of_rank(coordinator_ptr self, uint32_t rank, int32_t nproc) {
   auto& st = self->state;
   if (st.planner) {
     auto plan = current_plan(self);
@@ -217,7 +217,7 @@ std::optional<int32_t> node_of_rank(self_ptr self, uint32_t rank, int32_t nproc)
 }
 
 /// The node whose relay carries orders for `rank`, if it has one.
-std::optional<int32_t> relay_node(self_ptr self, uint32_t rank) {
+std::optional<int32_t> relay_node(coordinator_ptr self, uint32_t rank) {
   auto& st = self->state;
   if (st.relays.empty() || st.relay_nproc <= 0 || !st.relayed.count(rank)) return std::nullopt;
   auto node = node_of_rank(self, rank, st.relay_nproc);
@@ -227,7 +227,7 @@ std::optional<int32_t> relay_node(self_ptr self, uint32_t rank) {
 
 /// coordinator_config::lease_holds: true once this service lost its lease.
 /// It then stops; its members rejoin the successor elected through etcd.
-bool fenced(self_ptr self) {
+bool fenced(coordinator_ptr self) {
   auto& st = self->state;
   if (st.fenced) return true;
   if (!st.cfg.lease_holds || st.cfg.lease_holds()) return false;
@@ -240,7 +240,7 @@ bool fenced(self_ptr self) {
 }
 
 /// Carries out the state machine's actions; returns the claim reply if any.
-std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& acts) {
+std::optional<msg<proto::ClaimReply>> dispatch(coordinator_ptr self, const actions& acts) {
   if (!acts.empty() && fenced(self))
     return make<proto::ClaimReply>([](auto b) {
       b.setWon(false);
@@ -254,7 +254,7 @@ std::optional<msg<proto::ClaimReply>> dispatch(self_ptr self, const actions& act
 /// Node-local directories: each node's checkpoint server, indexed by the
 /// node the agreement counts (rank / ranks per node): the node rank, or in
 /// an elastic job the slot ("" where unknown).
-std::vector<std::string> servers_by_slot(self_ptr self) {
+std::vector<std::string> servers_by_slot(coordinator_ptr self) {
   auto& st = self->state;
   std::vector<std::string> out;
   if (auto plan = current_plan(self)) {
@@ -271,7 +271,7 @@ std::vector<std::string> servers_by_slot(self_ptr self) {
   return out;
 }
 
-std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& acts) {
+std::optional<msg<proto::ClaimReply>> carry_out(coordinator_ptr self, const actions& acts) {
   auto& st = self->state;
   std::optional<msg<proto::ClaimReply>> reply;
   auto to_all = [&](auto m) {
@@ -392,7 +392,7 @@ std::optional<msg<proto::ClaimReply>> carry_out(self_ptr self, const actions& ac
 
 /// Keeps a rescue timer armed while a round with a grace-period deadline is
 /// unsettled (see runtime/agreement.hpp, "A save that respects its deadline").
-void arm_rescue(self_ptr self) {
+void arm_rescue(coordinator_ptr self) {
   auto& st = self->state;
   if (!st.agree->needs_rescue()) {
     st.rescue_armed_for = 0;
@@ -410,7 +410,7 @@ void arm_rescue(self_ptr self) {
 }
 
 /// Tells the host (grace-launch) about a failure verdict.
-void report_to_host(self_ptr self, uint32_t rank, const std::string& why) {
+void report_to_host(coordinator_ptr self, uint32_t rank, const std::string& why) {
   auto& st = self->state;
   if (!st.cfg.on_member_lost) return;
   try {
@@ -421,7 +421,7 @@ void report_to_host(self_ptr self, uint32_t rank, const std::string& why) {
 }
 
 /// Answers table waiters (gets and barriers) by their ids.
-void deliver(self_ptr self, const std::vector<rendezvous_table::reply>& replies) {
+void deliver(coordinator_ptr self, const std::vector<rendezvous_table::reply>& replies) {
   if (!replies.empty() && fenced(self)) return;
   auto& st = self->state;
   for (auto& r : replies) {
@@ -438,12 +438,12 @@ void deliver(self_ptr self, const std::vector<rendezvous_table::reply>& replies)
 /// A lost member breaks this incarnation's group: rendezvous keys and
 /// barriers still pending can never complete, so they fail now rather than
 /// at their timeouts (the members then wait for the just-in-time round).
-void fail_pending(self_ptr self, const std::string& why) { deliver(self, self->state.table.break_group(why)); }
+void fail_pending(coordinator_ptr self, const std::string& why) { deliver(self, self->state.table.break_group(why)); }
 
 /// `completed`: the member's last completed step as heard (heartbeats).
 /// `kill_on_host`: tell the rank's launcher to kill it (not for a member
 /// refused at its join, which exits with the restart code by itself).
-void member_lost(self_ptr self, uint32_t rank, loss_reason reason, const std::string& why, uint64_t completed,
+void member_lost(coordinator_ptr self, uint32_t rank, loss_reason reason, const std::string& why, uint64_t completed,
                  bool kill_on_host = true) {
   auto& st = self->state;
   if (st.left.count(rank) || st.lost.count(rank)) return;
@@ -461,7 +461,7 @@ void member_lost(self_ptr self, uint32_t rank, loss_reason reason, const std::st
 
 /// Logs a refused message or join once per sending process (an attacker or
 /// a misconfigured node may send thousands); every one is counted.
-void note_refusal(self_ptr self, const std::string& what, const std::string& why) {
+void note_refusal(coordinator_ptr self, const std::string& what, const std::string& why) {
   auto& st = self->state;
   ++st.forged;
   auto sender = self->current_sender();
@@ -472,7 +472,7 @@ void note_refusal(self_ptr self, const std::string& what, const std::string& why
 
 /// A survivor's rejoin after the service moved: only while this service
 /// takes over its incarnation, once per rank.
-std::optional<msg<proto::Welcome>> rejoin_refusal(self_ptr self, proto::Join::Reader j) {
+std::optional<msg<proto::Welcome>> rejoin_refusal(coordinator_ptr self, proto::Join::Reader j) {
   auto& st = self->state;
   const auto inc = std::to_string(j.getIncarnation());
   if (!st.takeover || j.getIncarnation() != st.cfg.incarnation)
@@ -489,7 +489,7 @@ std::optional<msg<proto::Welcome>> rejoin_refusal(self_ptr self, proto::Join::Re
 /// An elastic job's join goes only into the group of the current
 /// incarnation, once it formed, with that group's world size; anything
 /// else is refused for now (a worker of another group restarts).
-std::optional<msg<proto::Welcome>> elastic_join_refusal(self_ptr self, proto::Join::Reader j) {
+std::optional<msg<proto::Welcome>> elastic_join_refusal(coordinator_ptr self, proto::Join::Reader j) {
   auto& st = self->state;
   const auto inc = std::to_string(st.cfg.incarnation);
   if (j.getIncarnation() != st.cfg.incarnation)
@@ -505,7 +505,7 @@ std::optional<msg<proto::Welcome>> elastic_join_refusal(self_ptr self, proto::Jo
 
 /// Every check a join must pass before it becomes a member; the refusal,
 /// if any. May advance the incarnation (the first join of the next group).
-std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Reader j) {
+std::optional<msg<proto::Welcome>> join_refusal(coordinator_ptr self, proto::Join::Reader j) {
   auto& st = self->state;
   if (j.getProtocolVersion() != proto::PROTOCOL_VERSION)
     return refuse("protocol version " + std::to_string(j.getProtocolVersion()) + " != coordinator's " +
@@ -555,7 +555,7 @@ std::optional<msg<proto::Welcome>> join_refusal(self_ptr self, proto::Join::Read
 
 /// Ends the takeover: ranks that did not rejoin are lost, and the
 /// survivors' just-in-time round starts (runtime/agreement.hpp, "Takeover").
-void end_takeover(self_ptr self, const std::string& why) {
+void end_takeover(coordinator_ptr self, const std::string& why) {
   auto& st = self->state;
   st.takeover = false;
   ++st.takeover_gen;
@@ -575,7 +575,7 @@ void end_takeover(self_ptr self, const std::string& why) {
 /// After each rejoin, registration and takeover timer: ends the takeover
 /// once nobody more is to be waited for (runtime/leadership.hpp,
 /// takeover_outcome).
-void check_takeover(self_ptr self) {
+void check_takeover(coordinator_ptr self) {
   auto& st = self->state;
   if (!st.takeover) return;
   takeover_progress p;
@@ -600,7 +600,7 @@ void check_takeover(self_ptr self) {
   if (end != takeover_end::wait) end_takeover(self, to_string(end));
 }
 
-msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {
+msg<proto::Welcome> on_join(coordinator_ptr self, msg<proto::Join>& m) {
   auto& st = self->state;
   auto r = decode(m);
   if (!r) return refuse(r.err().message);
@@ -652,7 +652,7 @@ msg<proto::Welcome> on_join(self_ptr self, msg<proto::Join>& m) {
 /// reach the port without having joined, or a worker of an older
 /// incarnation, cannot speak for a member. A refusal changes nothing; it is
 /// counted, and logged once per sender.
-bool from_member(self_ptr self, uint32_t rank, const char* what) {
+bool from_member(coordinator_ptr self, uint32_t rank, const char* what) {
   auto& st = self->state;
   auto it = st.workers.find(rank);
   auto sender = self->current_sender();
@@ -668,7 +668,7 @@ bool from_member(self_ptr self, uint32_t rank, const char* what) {
 /// A thawed or reconnected committer that still holds an old commit order
 /// hears no and leaves the parts uncommitted (their round is settled
 /// without it).
-msg<proto::CommitCheckReply> on_commit_check(self_ptr self, msg<proto::CommitCheck>& m) {
+msg<proto::CommitCheckReply> on_commit_check(coordinator_ptr self, msg<proto::CommitCheck>& m) {
   auto& st = self->state;
   auto reply = [](bool ok, const std::string& why) {
     return make<proto::CommitCheckReply>([&](auto b) {
@@ -695,7 +695,7 @@ msg<proto::CommitCheckReply> on_commit_check(self_ptr self, msg<proto::CommitChe
 /// joined members: from a process where no member of this incarnation runs
 /// (or an anonymous sender) they are refused, so nobody outside the job can
 /// plant or read the addresses the ranks connect to.
-bool from_member_process(self_ptr self, const char* what) {
+bool from_member_process(coordinator_ptr self, const char* what) {
   auto& st = self->state;
   if (auto sender = self->current_sender())
     for (auto& [rank, w] : st.workers)
@@ -709,7 +709,7 @@ bool from_member_process(self_ptr self, const char* what) {
 /// own process (node 0's launcher, or the chief hosting it in-process) and
 /// from a process registered as the launcher of a node; `node`, when given,
 /// must be the registered launcher's own node.
-bool from_launcher(self_ptr self, const char* what, std::optional<int32_t> node = std::nullopt) {
+bool from_launcher(coordinator_ptr self, const char* what, std::optional<int32_t> node = std::nullopt) {
   auto& st = self->state;
   auto sender = self->current_sender();
   if (sender && sender->node() == self->node()) return true;
@@ -726,7 +726,7 @@ bool from_launcher(self_ptr self, const char* what, std::optional<int32_t> node 
 
 /// The node a rank runs on, as the registered launcher of the sender says
 /// (nothing for the coordinator's own process, which is trusted).
-std::optional<int32_t> node_of(self_ptr self, uint32_t rank) {
+std::optional<int32_t> node_of(coordinator_ptr self, uint32_t rank) {
   auto sender = self->current_sender();
   if (!sender) return std::nullopt;
   auto it = self->state.launchers.find(sender->node());
@@ -737,7 +737,7 @@ std::optional<int32_t> node_of(self_ptr self, uint32_t rank) {
 /// Timers are the actor's own delayed messages; from anyone else they are
 /// refused (a forged tick would multiply the timers, a forged rescue would
 /// start one).
-bool from_self(self_ptr self, const char* what) {
+bool from_self(coordinator_ptr self, const char* what) {
   if (self->current_sender() == self->ctrl()) return true;
   note_refusal(self, what, "timers come from the coordination service itself");
   return false;
@@ -746,7 +746,7 @@ bool from_self(self_ptr self, const char* what) {
 /// A launcher or relay of `node` with `nproc` workers belongs to this job:
 /// its ranks lie inside the world, or (elastic) it is one of max_nodes
 /// nodes of the job's workers per node.
-bool node_fits(self_ptr self, int32_t node, int32_t nproc) {
+bool node_fits(coordinator_ptr self, int32_t node, int32_t nproc) {
   auto& st = self->state;
   if (node < 0 || nproc <= 0) return false;
   if (st.planner) return static_cast<uint32_t>(node) < st.cfg.max_nodes && nproc == st.cfg.nproc;
@@ -760,7 +760,7 @@ std::string node_count(int64_t lo, int64_t hi) {
 
 /// Why a launcher told `--nnodes lo:hi` does not belong to this job's node
 /// count, if it does not.
-std::optional<std::string> other_node_count(self_ptr self, int32_t lo, int32_t hi) {
+std::optional<std::string> other_node_count(coordinator_ptr self, int32_t lo, int32_t hi) {
   auto& st = self->state;
   int64_t job_lo = st.cfg.min_nodes, job_hi = st.cfg.max_nodes;
   if (!st.planner) job_lo = job_hi = st.cfg.nproc > 0 ? st.cfg.world_size / static_cast<uint32_t>(st.cfg.nproc) : hi;
@@ -769,7 +769,7 @@ std::optional<std::string> other_node_count(self_ptr self, int32_t lo, int32_t h
          ": give every launcher the same --nnodes";
 }
 
-std::string on_launcher(self_ptr self, int32_t node, int32_t nproc, const std::string& token, int32_t lo,
+std::string on_launcher(coordinator_ptr self, int32_t node, int32_t nproc, const std::string& token, int32_t lo,
                         int32_t hi) {
   auto& st = self->state;
   auto sender = self->current_sender();
@@ -797,7 +797,7 @@ std::string on_launcher(self_ptr self, int32_t node, int32_t nproc, const std::s
   return {};
 }
 
-msg<proto::ClaimReply> on_claim(self_ptr self, msg<proto::Claim>& m) {
+msg<proto::ClaimReply> on_claim(coordinator_ptr self, msg<proto::Claim>& m) {
   auto& st = self->state;
   auto r = decode(m);
   if (!r)
@@ -828,7 +828,7 @@ msg<proto::ClaimReply> on_claim(self_ptr self, msg<proto::Claim>& m) {
   return reply;
 }
 
-msg<proto::KvReply> on_kv_set(self_ptr self, msg<proto::KvSet>& m) {
+msg<proto::KvReply> on_kv_set(coordinator_ptr self, msg<proto::KvSet>& m) {
   if (!from_member_process(self, "a key-value set")) return kv_reply(false, nullptr, "refused: not a member");
   auto r = decode(m);
   if (!r) return kv_reply(false, nullptr, r.err().message);
@@ -839,7 +839,7 @@ msg<proto::KvReply> on_kv_set(self_ptr self, msg<proto::KvSet>& m) {
 
 /// Answered at once (found, or failed), or when the key is set, the group
 /// breaks or the get's own timeout passes.
-caf::result<msg<proto::KvReply>> on_kv_get(self_ptr self, msg<proto::KvGet>& m) {
+caf::result<msg<proto::KvReply>> on_kv_get(coordinator_ptr self, msg<proto::KvGet>& m) {
   auto& st = self->state;
   if (!from_member_process(self, "a key-value get")) return kv_reply(false, nullptr, "refused: not a member");
   auto r = decode(m);
@@ -856,7 +856,7 @@ caf::result<msg<proto::KvReply>> on_kv_get(self_ptr self, msg<proto::KvGet>& m) 
   return rp;
 }
 
-caf::result<msg<proto::BarrierReply>> on_barrier(self_ptr self, msg<proto::Barrier>& m) {
+caf::result<msg<proto::BarrierReply>> on_barrier(coordinator_ptr self, msg<proto::Barrier>& m) {
   auto& st = self->state;
   auto r = decode(m);
   if (!r) return barrier_reply(false, r.err().message);
@@ -870,7 +870,7 @@ caf::result<msg<proto::BarrierReply>> on_barrier(self_ptr self, msg<proto::Barri
   return rp;
 }
 
-void on_saved(self_ptr self, msg<proto::CheckpointSaved>& m) {
+void on_saved(coordinator_ptr self, msg<proto::CheckpointSaved>& m) {
   auto r = decode(m);
   if (!r) return;
   auto s = r->get();
@@ -888,7 +888,7 @@ void on_saved(self_ptr self, msg<proto::CheckpointSaved>& m) {
                                        s.getPart()));
 }
 
-void on_error_report(self_ptr self, msg<proto::ErrorReport>& m) {
+void on_error_report(coordinator_ptr self, msg<proto::ErrorReport>& m) {
   auto r = decode(m);
   if (!r) return;
   auto e = r->get();
@@ -900,7 +900,7 @@ void on_error_report(self_ptr self, msg<proto::ErrorReport>& m) {
 
 /// A request: the worker waits for the answer before it exits, so its
 /// connection loss that follows is never taken for a failure.
-bool on_leave(self_ptr self, msg<proto::Leave>& m) {
+bool on_leave(coordinator_ptr self, msg<proto::Leave>& m) {
   auto& st = self->state;
   auto r = decode(m);
   if (!r) return false;
@@ -916,7 +916,7 @@ bool on_leave(self_ptr self, msg<proto::Leave>& m) {
 /// The launcher saw a worker process exit before it left on purpose: a
 /// verdict as certain as a lost connection, and sometimes the only one (a
 /// worker that died before it joined).
-void on_exited(self_ptr self, uint32_t rank, uint32_t incarnation, int32_t code) {
+void on_exited(coordinator_ptr self, uint32_t rank, uint32_t incarnation, int32_t code) {
   auto& st = self->state;
   // An exit of an earlier group changes nothing (in an elastic job its rank
   // may be another node's now).
@@ -929,7 +929,7 @@ void on_exited(self_ptr self, uint32_t rank, uint32_t incarnation, int32_t code)
               st.members->completed(rank));
 }
 
-void on_rescue(self_ptr self, uint64_t gen) {
+void on_rescue(coordinator_ptr self, uint64_t gen) {
   auto& st = self->state;
   if (gen != st.rescue_gen) return;
   // Members silent for a third of dead-after are most likely frozen: the
@@ -946,7 +946,7 @@ void on_rescue(self_ptr self, uint64_t gen) {
   self->delayed_send(self, std::chrono::nanoseconds(st.rescue_cutoff_ns), cutoff_atom::value, gen);
 }
 
-void on_cutoff(self_ptr self, uint64_t gen) {
+void on_cutoff(coordinator_ptr self, uint64_t gen) {
   auto& st = self->state;
   if (gen != st.rescue_gen) return;
   auto acts = st.agree->on_cutoff();
@@ -955,7 +955,7 @@ void on_cutoff(self_ptr self, uint64_t gen) {
 }
 
 /// Heartbeat silence and hangs, checked every heartbeat_check.
-void on_tick(self_ptr self) {
+void on_tick(coordinator_ptr self) {
   auto& st = self->state;
   auto verdicts = st.members->check(now_ns(self));
   if (auto stall = st.members->last_stall_ns())
@@ -975,7 +975,7 @@ void on_tick(self_ptr self) {
   self->delayed_send(self, st.cfg.heartbeat_check, tick_atom::value);
 }
 
-uint32_t on_incarnation(self_ptr self, uint32_t incarnation) {
+uint32_t on_incarnation(coordinator_ptr self, uint32_t incarnation) {
   auto sender = self->current_sender();
   if (!sender || sender->node() != self->node()) {  // anonymous messages may come from anywhere
     note_refusal(self, "an incarnation change", "only node 0's launcher moves the incarnation");
@@ -994,7 +994,7 @@ uint32_t on_incarnation(self_ptr self, uint32_t incarnation) {
 /// lost) holds nothing the group needs (its parts were written from
 /// replicas by the survivors), and asking a gone host costs a timeout
 /// before every group.
-std::string on_ckpt_peer(self_ptr self, int32_t node, const std::string& endpoint) {
+std::string on_ckpt_peer(coordinator_ptr self, int32_t node, const std::string& endpoint) {
   auto& servers = self->state.ckpt_servers;
   if (!from_launcher(self, "a checkpoint server registration", node)) return {};
   if (!endpoint.empty()) servers[node] = endpoint;
@@ -1005,7 +1005,7 @@ std::string on_ckpt_peer(self_ptr self, int32_t node, const std::string& endpoin
   return others;
 }
 
-void on_down(self_ptr self, caf::down_msg& dm) {
+void on_down(coordinator_ptr self, caf::down_msg& dm) {
   auto& st = self->state;
   for (auto r = st.relays.begin(); r != st.relays.end(); ++r)
     if (r->second.address() == dm.source) {
@@ -1024,7 +1024,7 @@ void on_down(self_ptr self, caf::down_msg& dm) {
 
 /// A node relay registers, from its launcher's process (registered for
 /// that node, or this service's own).
-void on_relay(self_ptr self, int32_t node, int32_t nproc) {
+void on_relay(coordinator_ptr self, int32_t node, int32_t nproc) {
   auto& st = self->state;
   auto sender = self->current_sender();
   if (!sender || !from_launcher(self, "a relay registration", node)) return;
@@ -1043,7 +1043,7 @@ void on_relay(self_ptr self, int32_t node, int32_t nproc) {
 
 /// A batch is accepted only from the relay registered for its node, and
 /// only for that node's ranks.
-bool from_relay(self_ptr self, int32_t node, const char* what) {
+bool from_relay(coordinator_ptr self, int32_t node, const char* what) {
   auto& st = self->state;
   auto sender = self->current_sender();
   auto it = st.relays.find(node);
@@ -1052,18 +1052,18 @@ bool from_relay(self_ptr self, int32_t node, const char* what) {
   return false;
 }
 
-bool rank_of_node(self_ptr self, uint32_t rank, int32_t node) {
+bool rank_of_node(coordinator_ptr self, uint32_t rank, int32_t node) {
   auto& st = self->state;
   return node_of_rank(self, rank, st.relay_nproc) == node && st.workers.count(rank);
 }
 
-void accept_heartbeat(self_ptr self, proto::Heartbeat::Reader h) {
+void accept_heartbeat(coordinator_ptr self, proto::Heartbeat::Reader h) {
   auto& st = self->state;
   st.members->heartbeat(h.getRank(), now_ns(self), h.getCompletedStep(), h.getLastStepNs(), h.getLastSaveNs());
   if (st.cfg.on_progress) st.cfg.on_progress(h.getRank(), h.getCompletedStep(), h.getLastStepNs());
 }
 
-void on_heartbeat_batch(self_ptr self, msg<proto::HeartbeatBatch>& m) {
+void on_heartbeat_batch(coordinator_ptr self, msg<proto::HeartbeatBatch>& m) {
   auto r = decode(m);
   if (!r || !from_relay(self, r->get().getNode(), "a heartbeat batch")) return;
   for (auto h : r->get().getBeats())
@@ -1071,7 +1071,7 @@ void on_heartbeat_batch(self_ptr self, msg<proto::HeartbeatBatch>& m) {
       accept_heartbeat(self, h);
 }
 
-void on_ack_batch(self_ptr self, msg<proto::AckBatch>& m) {
+void on_ack_batch(coordinator_ptr self, msg<proto::AckBatch>& m) {
   auto r = decode(m);
   if (!r || !from_relay(self, r->get().getNode(), "an acknowledgement batch")) return;
   actions acts;
@@ -1102,7 +1102,7 @@ msg<proto::GroupPlan> plan_message(proto::PlanStatus status, uint32_t incarnatio
 
 /// The answer to the launcher of `node` asking for a group from incarnation
 /// `from` on, on the wire; nothing while the planner says wait.
-std::optional<msg<proto::GroupPlan>> plan_reply(self_ptr self, int32_t node, const std::string& host, uint32_t from) {
+std::optional<msg<proto::GroupPlan>> plan_reply(coordinator_ptr self, int32_t node, const std::string& host, uint32_t from) {
   using reply = group_planner::reply;
   auto& st = self->state;
   auto plan = current_plan(self);
@@ -1127,7 +1127,7 @@ std::optional<msg<proto::GroupPlan>> plan_reply(self_ptr self, int32_t node, con
 /// restart, and the next plan has the newcomer). A claim that does not win
 /// (a round is on) is tried again at the next check; that round may end
 /// the group first, which serves as well.
-void grow_if_due(self_ptr self) {
+void grow_if_due(coordinator_ptr self) {
   auto& st = self->state;
   if (!st.planner || !st.planner->growth_due() || st.grown.count(st.cfg.incarnation) || fenced(self)) return;
   auto acts = st.agree->on_claim(launcher_rank, 0, 0);
@@ -1147,7 +1147,7 @@ void grow_if_due(self_ptr self) {
 
 /// Decides the current plan when a rule is met, answers the launchers it
 /// settles, and claims a growth when one is due.
-void advance_plan(self_ptr self) {
+void advance_plan(coordinator_ptr self) {
   auto& st = self->state;
   if (!st.planner) return;
   if (auto p = st.planner->decide(now_ns(self))) {
@@ -1172,7 +1172,7 @@ void advance_plan(self_ptr self) {
   grow_if_due(self);
 }
 
-caf::result<msg<proto::GroupPlan>> on_plan_request(self_ptr self, msg<proto::GroupPlanRequest>& m) {
+caf::result<msg<proto::GroupPlan>> on_plan_request(coordinator_ptr self, msg<proto::GroupPlanRequest>& m) {
   auto& st = self->state;
   auto refused = [&](const std::string& why) {
     return plan_message(proto::PlanStatus::REFUSED, st.cfg.incarnation, nullptr, why);
@@ -1205,7 +1205,7 @@ caf::result<msg<proto::GroupPlan>> on_plan_request(self_ptr self, msg<proto::Gro
 
 /// Elastic jobs, once they finished: the registered nodes not in the last
 /// group that have not heard it ("1,3").
-std::string owed_finish(self_ptr self) {
+std::string owed_finish(coordinator_ptr self) {
   auto& st = self->state;
   auto plan = current_plan(self);
   std::set<int32_t> owed;
@@ -1216,7 +1216,7 @@ std::string owed_finish(self_ptr self) {
   return out;
 }
 
-void start_takeover(self_ptr self) {
+void start_takeover(coordinator_ptr self) {
   auto& st = self->state;
   st.takeover = true;
   st.takeover_since_ns = now_ns(self);
@@ -1229,7 +1229,7 @@ void start_takeover(self_ptr self) {
 }
 
 /// The message table: each handler is a function above.
-coordinator_actor::behavior_type coordinator(self_ptr self, coordinator_config cfg) {
+coordinator_actor::behavior_type coordinator(coordinator_ptr self, coordinator_config cfg) {
   auto& st = self->state;
   st.cfg = cfg;
   st.log = cfg.log ? cfg.log : spdlog::default_logger();

@@ -34,23 +34,23 @@ struct node_relay_state {
   uint64_t flush_gen = 0;
 };
 
-using self_ptr = node_relay_actor::stateful_pointer<node_relay_state>;
+using relay_ptr = node_relay_actor::stateful_pointer<node_relay_state>;
 
 /// The service's orders reach the relay from the service only.
-bool from_service(self_ptr self) {
+bool from_service(relay_ptr self) {
   auto sender = self->current_sender();
   return sender && self->state.coord && sender->node() == self->state.coord.node();
 }
 
 template <class M>
-void fan_out(self_ptr self, M& m) {
+void fan_out(relay_ptr self, M& m) {
   if (!from_service(self)) return;
   for (auto& [rank, w] : self->state.workers) self->send(w, m);
 }
 
 /// A verdict on one of this node's ranks, in the current incarnation:
 /// its launcher stops that worker.
-void note_own_loss(self_ptr self, msg<proto::PeerLost>& m) {
+void note_own_loss(relay_ptr self, msg<proto::PeerLost>& m) {
   auto& st = self->state;
   if (!st.cfg.on_own_rank_lost || !from_service(self)) return;
   auto r = decode(m);
@@ -61,7 +61,7 @@ void note_own_loss(self_ptr self, msg<proto::PeerLost>& m) {
   st.cfg.on_own_rank_lost(p.getRank(), p.getIncarnation(), str(p.getDetail()));
 }
 
-void send_acks(self_ptr self, const std::vector<relay_ack>& acks) {
+void send_acks(relay_ptr self, const std::vector<relay_ack>& acks) {
   auto& st = self->state;
   if (acks.empty() || !st.coord) return;
   self->send(st.coord, make<proto::AckBatch>([&](auto b) {
@@ -76,7 +76,7 @@ void send_acks(self_ptr self, const std::vector<relay_ack>& acks) {
              }));
 }
 
-void on_ack(self_ptr self, msg<proto::Ack>& m) {
+void on_ack(relay_ptr self, msg<proto::Ack>& m) {
   auto& st = self->state;
   auto r = decode(m);
   if (!r) return;
@@ -96,7 +96,7 @@ void on_ack(self_ptr self, msg<proto::Ack>& m) {
   }
 }
 
-void on_heartbeat(self_ptr self, msg<proto::Heartbeat>& m) {
+void on_heartbeat(relay_ptr self, msg<proto::Heartbeat>& m) {
   auto& st = self->state;
   auto r = decode(m);
   if (!r) return;
@@ -107,7 +107,7 @@ void on_heartbeat(self_ptr self, msg<proto::Heartbeat>& m) {
   st.batches.beat({h.getRank(), h.getIncarnation(), h.getCompletedStep(), h.getLastStepNs(), h.getLastSaveNs()});
 }
 
-void on_tick(self_ptr self) {
+void on_tick(relay_ptr self) {
   auto& st = self->state;
   self->delayed_send(self, st.cfg.heartbeat, tick_atom::value);
   auto beats = st.batches.take_beats();
@@ -125,7 +125,7 @@ void on_tick(self_ptr self) {
              }));
 }
 
-bool on_register(self_ptr self, uint32_t rank, uint32_t incarnation) {
+bool on_register(relay_ptr self, uint32_t rank, uint32_t incarnation) {
   auto& st = self->state;
   auto sender = self->current_sender();
   if (!sender || !st.batches.add_member(rank, incarnation)) return false;
@@ -137,7 +137,7 @@ bool on_register(self_ptr self, uint32_t rank, uint32_t incarnation) {
   return true;
 }
 
-void on_incarnation(self_ptr self, uint32_t incarnation, uint32_t first_rank) {
+void on_incarnation(relay_ptr self, uint32_t incarnation, uint32_t first_rank) {
   auto& st = self->state;
   st.first_rank = first_rank;
   if (incarnation == st.batches.incarnation()) return;
@@ -150,14 +150,14 @@ void on_incarnation(self_ptr self, uint32_t incarnation, uint32_t first_rank) {
 
 /// The service to talk to (at start, and after a failover): the relay
 /// registers with it, from the launcher's process.
-void on_coordinator(self_ptr self, caf::actor& coord) {
+void on_coordinator(relay_ptr self, caf::actor& coord) {
   auto& st = self->state;
   st.coord = caf::actor_cast<coordinator_actor>(coord);
   if (!st.coord) return;
   self->send(st.coord, relay_atom::value, st.cfg.node, st.cfg.nproc);
 }
 
-node_relay_actor::behavior_type node_relay(self_ptr self, node_relay_config cfg) {
+node_relay_actor::behavior_type node_relay(relay_ptr self, node_relay_config cfg) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
   st.log = st.cfg.log ? st.cfg.log : spdlog::default_logger();

@@ -42,11 +42,11 @@ struct peer_watcher_state {
   bool gave_up = false;
 };
 
-using self_ptr = peer_watcher_actor::stateful_pointer<peer_watcher_state>;
+using watcher_ptr = peer_watcher_actor::stateful_pointer<peer_watcher_state>;
 
-bool failover(self_ptr self) { return !self->state.cfg.coordinator_file.empty(); }
+bool failover(watcher_ptr self) { return !self->state.cfg.coordinator_file.empty(); }
 
-void lose(self_ptr self, loss_info l) {
+void lose(watcher_ptr self, loss_info l) {
   auto& st = self->state;
   st.ctl->post_loss(l);
   st.ctl->abort();
@@ -54,7 +54,7 @@ void lose(self_ptr self, loss_info l) {
 
 /// With failover, messages from a service that is no longer the one joined
 /// (a predecessor that was superseded) are dropped.
-bool from_current(self_ptr self) {
+bool from_current(watcher_ptr self) {
   auto& st = self->state;
   auto sender = self->current_sender();
   return !failover(self) || !sender || !st.current || sender->node() == st.current.node() ||
@@ -62,7 +62,7 @@ bool from_current(self_ptr self) {
 }
 
 /// An acknowledgement: through the node's relay if there is one.
-void send_ack(self_ptr self, uint64_t id, uint64_t earliest, const replica_report& copies = {}) {
+void send_ack(watcher_ptr self, uint64_t id, uint64_t earliest, const replica_report& copies = {}) {
   auto& st = self->state;
   auto m = make<proto::Ack>([&](auto b) {
     b.setAgreementId(id);
@@ -78,7 +78,7 @@ void send_ack(self_ptr self, uint64_t id, uint64_t earliest, const replica_repor
 
 /// A checkpoint order: hand it to the trainer, then acknowledge what can be
 /// acknowledged without it (see the protocol in runtime/agreement.hpp).
-void on_order(self_ptr self, const checkpoint_order& o) {
+void on_order(watcher_ptr self, const checkpoint_order& o) {
   auto& st = self->state;
   auto progress = st.ctl->post_order(o);
   if (o.agreed) return;
@@ -101,12 +101,12 @@ void on_order(self_ptr self, const checkpoint_order& o) {
 /// Joins through the coordinator; the answer goes back to the trainer
 /// (session::impl::join). Once accepted, heartbeats start and requests wait
 /// as long as the service's verdict wait.
-void join_service(self_ptr self, msg<proto::Join> m, caf::typed_response_promise<msg<proto::Welcome>> rp);
+void join_service(watcher_ptr self, msg<proto::Join> m, caf::typed_response_promise<msg<proto::Welcome>> rp);
 
 /// With a node relay, the watcher registers with it first (so the relay
 /// knows it before any order for it can come), then joins; a relay that
 /// refuses or does not answer is done without.
-caf::result<msg<proto::Welcome>> on_join(self_ptr self, msg<proto::Join>& m) {
+caf::result<msg<proto::Welcome>> on_join(watcher_ptr self, msg<proto::Join>& m) {
   auto& st = self->state;
   auto rp = self->make_response_promise<msg<proto::Welcome>>();
   if (!st.cfg.relay) {
@@ -143,7 +143,7 @@ msg<proto::Join> with_relay_flag(const msg<proto::Join>& m, bool relayed, bool r
   });
 }
 
-void join_service(self_ptr self, msg<proto::Join> m, caf::typed_response_promise<msg<proto::Welcome>> rp) {
+void join_service(watcher_ptr self, msg<proto::Join> m, caf::typed_response_promise<msg<proto::Welcome>> rp) {
   auto& st = self->state;
   if (st.cfg.relay) m = with_relay_flag(m, true, false, 0);
   auto sent = m;
@@ -174,7 +174,7 @@ void join_service(self_ptr self, msg<proto::Join> m, caf::typed_response_promise
 /// The service is gone or superseded: the trainer waits for the successor's
 /// verdict (its collectives, which may wait on ranks of the lost host, are
 /// aborted), and the watcher looks for the successor until the deadline.
-void begin_move(self_ptr self, const std::string& why) {
+void begin_move(watcher_ptr self, const std::string& why) {
   auto& st = self->state;
   if (st.phase != follow_phase::steady || st.gave_up) return;
   st.phase = follow_phase::moving;
@@ -186,7 +186,7 @@ void begin_move(self_ptr self, const std::string& why) {
               "the coordination service " + why + " and no successor took the group over"});
 }
 
-void give_up(self_ptr self, const std::string& why) {
+void give_up(watcher_ptr self, const std::string& why) {
   auto& st = self->state;
   st.gave_up = true;
   st.phase = follow_phase::steady;
@@ -207,7 +207,7 @@ std::optional<coordinator_location> read_location(const std::string& file) {
 
 /// Connects to the successor on a helper of its own (a connect blocks for
 /// up to seconds); the outcome comes back as a moved_atom message.
-void start_connect(self_ptr self, const coordinator_location& loc) {
+void start_connect(watcher_ptr self, const coordinator_location& loc) {
   auto& st = self->state;
   auto hp = parse_host_port(loc.endpoint);
   if (!hp) return;
@@ -227,7 +227,7 @@ void start_connect(self_ptr self, const coordinator_location& loc) {
 
 /// Rejoins the successor as a survivor of this incarnation, with the step
 /// the trainer completed (runtime/agreement.hpp, "Takeover").
-void rejoin(self_ptr self) {
+void rejoin(watcher_ptr self) {
   auto& st = self->state;
   auto m = with_relay_flag(*st.join, static_cast<bool>(st.cfg.relay), true, st.ctl->completed.load());
   self->request(st.current, st.cfg.request_timeout, std::move(m))
@@ -249,7 +249,7 @@ void rejoin(self_ptr self) {
           });
 }
 
-void on_moved(self_ptr self, caf::actor& handle, uint64_t epoch, const std::string& why) {
+void on_moved(watcher_ptr self, caf::actor& handle, uint64_t epoch, const std::string& why) {
   auto& st = self->state;
   if (st.phase != follow_phase::connecting || st.gave_up) return;
   if (!handle) {
@@ -266,7 +266,7 @@ void on_moved(self_ptr self, caf::actor& handle, uint64_t epoch, const std::stri
 
 /// Every follow_poll with failover: a location with a newer epoch means the
 /// service moved (possibly before its loss shows on the connection).
-void on_follow(self_ptr self) {
+void on_follow(watcher_ptr self) {
   auto& st = self->state;
   if (st.gave_up) return;
   self->delayed_send(self, st.cfg.follow_poll, follow_atom::value);
@@ -284,7 +284,7 @@ void on_follow(self_ptr self) {
                       std::to_string(st.cfg.failover_wait.count()) + " ms");
 }
 
-void on_down(self_ptr self, caf::down_msg& dm) {
+void on_down(watcher_ptr self, caf::down_msg& dm) {
   auto& st = self->state;
   if (st.cfg.relay && dm.source == st.cfg.relay.address()) {
     st.log->warn("this node's relay is gone: talking to the service directly");
@@ -303,7 +303,7 @@ void on_down(self_ptr self, caf::down_msg& dm) {
 /// A notice from the signal watcher (or session::notify): claimed at the
 /// trainer's current step. The claim leaves first: the log line and the
 /// event are not on the path to the agreement.
-void on_notice(self_ptr self, msg<proto::Notice>& m) {
+void on_notice(watcher_ptr self, msg<proto::Notice>& m) {
   auto& st = self->state;
   auto r = decode(m);
   if (!r) return;
@@ -338,7 +338,7 @@ void on_notice(self_ptr self, msg<proto::Notice>& m) {
                         {"step", started}});
 }
 
-void on_tick(self_ptr self) {
+void on_tick(watcher_ptr self) {
   auto& st = self->state;
   auto hb = make<proto::Heartbeat>([&](auto b) {
     b.setRank(st.cfg.rank);
@@ -357,7 +357,7 @@ void on_tick(self_ptr self) {
 /// The message table: what comes from the coordinator is handed to the
 /// trainer through the control block (post, then abort where a collective
 /// may wait on a peer that is gone).
-peer_watcher_actor::behavior_type peer_watcher(self_ptr self, std::shared_ptr<coordinator_ref> coord,
+peer_watcher_actor::behavior_type peer_watcher(watcher_ptr self, std::shared_ptr<coordinator_ref> coord,
                                                std::shared_ptr<control_block> control, peer_watcher_config cfg) {
   auto& st = self->state;
   st.coord = std::move(coord);

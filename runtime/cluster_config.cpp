@@ -12,13 +12,11 @@ namespace grace {
 
 namespace {
 
-error bad(std::string m) { return error{errc::invalid_input, std::move(m)}; }
-
 result<uint64_t> parse_uint(const std::string& name, const std::string& v, uint64_t max) {
   if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 19)
-    return bad(name + "='" + v + "' is not a non-negative integer");
+    return invalid_input(name + "='" + v + "' is not a non-negative integer");
   auto n = std::stoull(v);
-  if (n > max) return bad(name + "=" + v + " is out of range (max " + std::to_string(max) + ")");
+  if (n > max) return invalid_input(name + "=" + v + " is out of range (max " + std::to_string(max) + ")");
   return n;
 }
 
@@ -41,10 +39,10 @@ status check_run_id(const std::string& id, const std::string& origin) {
 
 result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s) {
   auto colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0) return bad("'" + s + "' is not host:port");
+  if (colon == std::string::npos || colon == 0) return invalid_input("'" + s + "' is not host:port");
   auto port = parse_uint("port in '" + s + "'", s.substr(colon + 1), 65535);
   if (!port) return port.err();
-  if (*port == 0) return bad("port 0 in '" + s + "' is not a usable port");
+  if (*port == 0) return invalid_input("port 0 in '" + s + "' is not a usable port");
   return std::make_pair(s.substr(0, colon), static_cast<uint16_t>(*port));
 }
 
@@ -54,23 +52,23 @@ result<cluster_config> cluster_from_workers(const std::string& workers, int inde
   while (start <= workers.size()) {
     auto comma = workers.find(',', start);
     auto item = workers.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (item.empty()) return bad("--workers '" + workers + "' has an empty entry");
+    if (item.empty()) return invalid_input("--workers '" + workers + "' has an empty entry");
     list.push_back(item);
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  if (list.empty()) return bad("--workers is empty");
+  if (list.empty()) return invalid_input("--workers is empty");
   cluster_config c;
   c.source = "--workers";
   c.world_size = static_cast<uint32_t>(list.size());
   if (index < 0) {
     if (list.size() > 1)
-      return bad("--workers lists " + std::to_string(list.size()) +
+      return invalid_input("--workers lists " + std::to_string(list.size()) +
                  " workers but no --index was given: say which one this process is");
     index = 0;
   }
   if (static_cast<size_t>(index) >= list.size())
-    return bad("--index " + std::to_string(index) + " is out of range for " + std::to_string(list.size()) + " workers");
+    return invalid_input("--index " + std::to_string(index) + " is out of range for " + std::to_string(list.size()) + " workers");
   for (auto& w : list) {
     auto hp = parse_host_port(w);
     if (!hp) return hp.err();
@@ -91,33 +89,33 @@ result<cluster_config> cluster_from_tf_config(const std::string& text) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
-    return bad(std::string("TF_CONFIG is not valid JSON: ") + e.what());
+    return invalid_input(std::string("TF_CONFIG is not valid JSON: ") + e.what());
   }
   if (!j.is_object() || !j.contains("cluster") || !j["cluster"].is_object())
-    return bad("TF_CONFIG has no \"cluster\" object");
+    return invalid_input("TF_CONFIG has no \"cluster\" object");
   auto& cl = j["cluster"];
   std::vector<std::string> workers;
   for (const char* role : {"chief", "worker"}) {
     if (!cl.contains(role)) continue;
-    if (!cl[role].is_array()) return bad(std::string("TF_CONFIG cluster.") + role + " is not a list");
+    if (!cl[role].is_array()) return invalid_input(std::string("TF_CONFIG cluster.") + role + " is not a list");
     for (auto& w : cl[role]) {
-      if (!w.is_string()) return bad(std::string("TF_CONFIG cluster.") + role + " has a non-string entry");
+      if (!w.is_string()) return invalid_input(std::string("TF_CONFIG cluster.") + role + " has a non-string entry");
       workers.push_back(w.get<std::string>());
     }
   }
-  if (workers.empty()) return bad("TF_CONFIG cluster lists no workers");
+  if (workers.empty()) return invalid_input("TF_CONFIG cluster lists no workers");
   int index = -1;
   if (j.contains("task")) {
     auto& t = j["task"];
-    if (!t.is_object()) return bad("TF_CONFIG task is not an object");
-    if (t.contains("type") && !t["type"].is_string()) return bad("TF_CONFIG task.type is not a string");
+    if (!t.is_object()) return invalid_input("TF_CONFIG task is not an object");
+    if (t.contains("type") && !t["type"].is_string()) return invalid_input("TF_CONFIG task.type is not a string");
     std::string type = t.value("type", "worker");
     if (type != "worker" && type != "chief")
-      return bad("TF_CONFIG task.type '" + type + "' is not supported (worker or chief)");
+      return invalid_input("TF_CONFIG task.type '" + type + "' is not supported (worker or chief)");
     if (!t.contains("index") || !t["index"].is_number_integer())
-      return bad("TF_CONFIG task.index is missing or not an integer");
+      return invalid_input("TF_CONFIG task.index is missing or not an integer");
     auto raw = t["index"].get<int64_t>();
-    if (raw < 0 || raw >= (1 << 20)) return bad("TF_CONFIG task.index " + std::to_string(raw) + " is out of range");
+    if (raw < 0 || raw >= (1 << 20)) return invalid_input("TF_CONFIG task.index " + std::to_string(raw) + " is out of range");
     index = static_cast<int>(raw);
     // With a separate "chief" entry, worker i is index i + 1 in our list.
     if (type == "worker" && cl.contains("chief")) index += static_cast<int>(cl["chief"].size());
@@ -138,7 +136,7 @@ static status failover_from_environment(cluster_config& c) {
   std::ifstream in(file);
   std::string line;
   if (!in || !std::getline(in, line))
-    return bad(std::string("GRACE_COORDINATOR_FILE=") + file + ": cannot read the coordination service's location");
+    return invalid_input(std::string("GRACE_COORDINATOR_FILE=") + file + ": cannot read the coordination service's location");
   auto loc = coordinator_location::parse(line);
   if (!loc) return error{errc::invalid_input, std::string("GRACE_COORDINATOR_FILE=") + file + ": " + loc.err().message};
   auto hp = parse_host_port(loc->endpoint);
@@ -160,10 +158,10 @@ result<cluster_config> cluster_from_environment() {
     c.source = "GRACE_*";
     auto ws = parse_uint("GRACE_WORLD_SIZE", env("GRACE_WORLD_SIZE"), 1u << 20);
     if (!ws) return ws.err();
-    if (*ws == 0) return bad("GRACE_WORLD_SIZE=0: at least one worker is needed");
+    if (*ws == 0) return invalid_input("GRACE_WORLD_SIZE=0: at least one worker is needed");
     c.world_size = static_cast<uint32_t>(*ws);
     if (!env("GRACE_RANK")) {
-      if (c.world_size > 1) return bad("GRACE_WORLD_SIZE is set but GRACE_RANK is not: say which worker this is");
+      if (c.world_size > 1) return invalid_input("GRACE_WORLD_SIZE is set but GRACE_RANK is not: say which worker this is");
     } else {
       auto r = parse_uint("GRACE_RANK", env("GRACE_RANK"), c.world_size - 1);
       if (!r) return r.err();
@@ -181,12 +179,12 @@ result<cluster_config> cluster_from_environment() {
       c.coordinator_host = hp->first;
       c.coordinator_port = hp->second;
     } else if (c.world_size > 1) {
-      return bad("GRACE_WORLD_SIZE > 1 but GRACE_COORDINATOR is not set");
+      return invalid_input("GRACE_WORLD_SIZE > 1 but GRACE_COORDINATOR is not set");
     }
     if (auto st = failover_from_environment(c); !st) return st.err();
     if (auto nl = env("GRACE_NODE_LOCAL_CHECKPOINTS")) {
       if (std::string(nl) != "0" && std::string(nl) != "1")
-        return bad(std::string("GRACE_NODE_LOCAL_CHECKPOINTS=") + nl + ": expected 0 or 1");
+        return invalid_input(std::string("GRACE_NODE_LOCAL_CHECKPOINTS=") + nl + ": expected 0 or 1");
       c.node_local_checkpoints = std::string(nl) == "1";
     }
     if (auto md = env("GRACE_MEMORY_DIR")) c.memory_dir = md;
@@ -197,7 +195,7 @@ result<cluster_config> cluster_from_environment() {
     if (auto v = env("GRACE_GROUP_NODES")) {
       const std::string nodes = v;
       if (nodes.empty() || nodes.size() > 64 * 1024 || nodes.find_first_not_of("0123456789,") != std::string::npos)
-        return bad("GRACE_GROUP_NODES=" + nodes.substr(0, 64) + ": expected node ranks separated by commas");
+        return invalid_input("GRACE_GROUP_NODES=" + nodes.substr(0, 64) + ": expected node ranks separated by commas");
       c.group_nodes = nodes;
     }
     if (auto v = env("GRACE_RUN_ID")) {

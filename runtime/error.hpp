@@ -33,6 +33,9 @@ struct error {
   std::string what() const { return std::string(to_string(code)) + ": " + message; }
 };
 
+/// The error for bad input (configuration, a command line, a message, a file).
+inline error invalid_input(std::string message) { return error{errc::invalid_input, std::move(message)}; }
+
 /// A value or an error (a minimal `expected`, C++17 has none).
 template <class T>
 class result {

@@ -6,8 +6,6 @@ namespace grace {
 
 namespace {
 
-error bad(std::string m) { return error{errc::invalid_input, std::move(m)}; }
-
 /// The first of `names` that is set and not empty.
 std::optional<std::pair<std::string, std::string>> first_set(const env_lookup& getenv,
                                                              std::initializer_list<const char*> names) {
@@ -21,9 +19,9 @@ std::optional<std::pair<std::string, std::string>> first_set(const env_lookup& g
 result<int> to_int(const std::pair<std::string, std::string>& var, int max) {
   auto& v = var.second;
   if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos)
-    return bad(var.first + "='" + v + "' is not a non-negative integer");
+    return invalid_input(var.first + "='" + v + "' is not a non-negative integer");
   int n = std::stoi(v);
-  if (n > max) return bad(var.first + "=" + v + " is out of range (max " + std::to_string(max) + ")");
+  if (n > max) return invalid_input(var.first + "=" + v + " is out of range (max " + std::to_string(max) + ")");
   return n;
 }
 
@@ -45,7 +43,7 @@ status from_torchrun(launch_settings& s, const env_lookup& getenv) {
   auto addr = first_set(getenv, {"PET_MASTER_ADDR", "MASTER_ADDR"});
   auto port = first_set(getenv, {"PET_MASTER_PORT", "MASTER_PORT"});
   if (!addr) return {};  // RANK/WORLD_SIZE alone may mean anything: not a torchrun-style job
-  if (!port) return bad(addr->first + " is set but MASTER_PORT is not: give both (or --coordinator)");
+  if (!port) return invalid_input(addr->first + " is set but MASTER_PORT is not: give both (or --coordinator)");
   auto p = to_int(*port, 65535);
   if (!p) return p.err();
   s.coordinator = env_value<std::string>{addr->second + ":" + std::to_string(*p), addr->first + ":" + port->first, src};
@@ -73,7 +71,7 @@ status from_slurm(launch_settings& s, const env_lookup& getenv) {
   auto list = first_set(getenv, {"SLURM_JOB_NODELIST", "SLURM_NODELIST"});
   if (s.coordinator || !list) return {};
   auto host = first_host_of_nodelist(list->second);
-  if (!host) return bad(list->first + ": " + host.err().message);
+  if (!host) return invalid_input(list->first + ": " + host.err().message);
   int port = 29400 + *id % 1000;
   std::string port_from = "SLURM_JOB_ID";
   if (auto p = first_set(getenv, {"GRACE_COORDINATOR_PORT", "MASTER_PORT"})) {
@@ -89,29 +87,29 @@ status from_slurm(launch_settings& s, const env_lookup& getenv) {
 }  // namespace
 
 result<std::string> first_host_of_nodelist(const std::string& list) {
-  if (list.empty()) return bad("empty host list");
+  if (list.empty()) return invalid_input("empty host list");
   size_t depth = 0, end = list.size();
   for (size_t i = 0; i < list.size(); ++i) {
     if (list[i] == '[')
       ++depth;
     else if (list[i] == ']') {
-      if (depth == 0) return bad("unbalanced ']' in '" + list + "'");
+      if (depth == 0) return invalid_input("unbalanced ']' in '" + list + "'");
       --depth;
     } else if (list[i] == ',' && depth == 0) {
       end = i;
       break;
     }
   }
-  if (depth != 0) return bad("unbalanced '[' in '" + list + "'");
+  if (depth != 0) return invalid_input("unbalanced '[' in '" + list + "'");
   auto host = list.substr(0, end);
-  if (host.empty()) return bad("empty host in '" + list + "'");
+  if (host.empty()) return invalid_input("empty host in '" + list + "'");
   // Each bracket group stands for its first item: "rack[1-2]-n[4,6]" -> "rack1-n4".
   for (auto open = host.find('['); open != std::string::npos; open = host.find('[')) {
     auto close = host.find(']', open);
     auto inside = host.substr(open + 1, close - open - 1);
     auto item = inside.substr(0, inside.find_first_of(",-"));
     if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos)
-      return bad("cannot read the range '[" + inside + "]' in '" + list + "'");
+      return invalid_input("cannot read the range '[" + inside + "]' in '" + list + "'");
     host = host.substr(0, open) + item + host.substr(close + 1);
   }
   return host;

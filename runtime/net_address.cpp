@@ -16,8 +16,6 @@ namespace grace {
 
 namespace {
 
-error bad(std::string m) { return error{errc::invalid_input, std::move(m)}; }
-
 bool is_loopback(const std::string& ip) { return ip.rfind("127.", 0) == 0; }
 
 /// The interface holding `ip`. All of 127.0.0.0/8 is the loopback
@@ -43,7 +41,7 @@ std::string first_of_list(const std::string& list) { return list.substr(0, list.
 result<advertise_choice> by_address(const std::string& ip, const std::string& what, const host_probe& host) {
   auto i = find_by_address(host.interfaces, ip);
   if (!i)
-    return bad(what + " " + ip +
+    return invalid_input(what + " " + ip +
                " is not an address of this host (its addresses: " + describe_interfaces(host.interfaces) + ")");
   return advertise_choice{ip, i->name, what};
 }
@@ -52,7 +50,7 @@ result<advertise_choice> by_address(const std::string& ip, const std::string& wh
 result<advertise_choice> by_interface(const std::string& name, const std::string& what, const host_probe& host) {
   auto i = find_by_name(host.interfaces, name);
   if (!i)
-    return bad(what + "=" + name + ": this host has no interface of that name with an IPv4 address (it has: " +
+    return invalid_input(what + "=" + name + ": this host has no interface of that name with an IPv4 address (it has: " +
                describe_interfaces(host.interfaces) + ")");
   return advertise_choice{i->address, i->name, what + "=" + name};
 }
@@ -62,7 +60,7 @@ std::optional<result<advertise_choice>> explicit_choice(const address_request& r
   if (!r.host_flag.empty()) {
     auto c = by_address(r.host_flag, "--host", host);
     if (c && !r.iface_flag.empty() && c->iface != r.iface_flag)
-      return result<advertise_choice>(bad("--host " + r.host_flag + " is on interface " + c->iface +
+      return result<advertise_choice>(invalid_input("--host " + r.host_flag + " is on interface " + c->iface +
                                           ", not on --iface " + r.iface_flag + ": give one of them"));
     return c;
   }
@@ -89,16 +87,16 @@ result<advertise_choice> choose_advertise_address(const address_request& r, cons
   } else if (r.coordinator_ip.empty()) {
     return advertise_choice{"127.0.0.1", "lo", "single node (no coordinator address)"};
   } else {
-    if (!host.route_source) return bad("no route lookup available to reach the coordinator " + r.coordinator_ip);
+    if (!host.route_source) return invalid_input("no route lookup available to reach the coordinator " + r.coordinator_ip);
     auto src = host.route_source(r.coordinator_ip);
     if (!src)
-      return bad("no route from this host to the coordinator " + r.coordinator_ip + ": " + src.err().message +
+      return invalid_input("no route from this host to the coordinator " + r.coordinator_ip + ": " + src.err().message +
                  " (give this host's address with --host or GRACE_HOST)");
     auto i = find_by_address(host.interfaces, *src);
     c = advertise_choice{*src, i ? i->name : "", "route to the coordinator " + r.coordinator_ip};
   }
   if (is_loopback(c.address) && !r.coordinator_ip.empty() && !is_loopback(r.coordinator_ip))
-    return bad(c.source + " gives the loopback address " + c.address + ", but the coordinator " + r.coordinator_ip +
+    return invalid_input(c.source + " gives the loopback address " + c.address + ", but the coordinator " + r.coordinator_ip +
                " is not on loopback: peers on other hosts could not reach it (give "
                "--host/--iface with an address they can reach)");
   return c;
@@ -110,7 +108,7 @@ result<std::string> choose_listen_address(const std::string& coordinator_ip, con
   bool chosen =
       adv.source.rfind("--", 0) == 0 || adv.source.rfind("GRACE_", 0) == 0 || adv.source.rfind("GLOO_", 0) == 0;
   if (chosen) return adv.address;
-  return bad("the coordinator address " + coordinator_ip +
+  return invalid_input("the coordinator address " + coordinator_ip +
              " is not an address of this host, and node 0 "
              "hosts the coordination service (this host's addresses: " +
              describe_interfaces(host.interfaces) +
@@ -119,13 +117,13 @@ result<std::string> choose_listen_address(const std::string& coordinator_ip, con
 }
 
 result<std::string> resolve_ipv4(const std::string& name) {
-  if (name.empty()) return bad("empty host name");
+  if (name.empty()) return invalid_input("empty host name");
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   int rc = ::getaddrinfo(name.c_str(), nullptr, &hints, &res);
-  if (rc != 0 || !res) return bad("cannot resolve host '" + name + "' to an IPv4 address: " + ::gai_strerror(rc));
+  if (rc != 0 || !res) return invalid_input("cannot resolve host '" + name + "' to an IPv4 address: " + ::gai_strerror(rc));
   char buf[INET_ADDRSTRLEN] = {};
   ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof buf);
   ::freeaddrinfo(res);
@@ -153,7 +151,7 @@ result<std::string> kernel_route_source(const std::string& dest) {
   sockaddr_in to{};
   to.sin_family = AF_INET;
   to.sin_port = htons(9);  // any port: no datagram leaves
-  if (::inet_pton(AF_INET, dest.c_str(), &to.sin_addr) != 1) return bad("'" + dest + "' is not an IPv4 address");
+  if (::inet_pton(AF_INET, dest.c_str(), &to.sin_addr) != 1) return invalid_input("'" + dest + "' is not an IPv4 address");
   int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return error{errc::failed, std::string("socket: ") + std::strerror(errno)};
   if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {

@@ -37,7 +37,7 @@ uint32_t replica_source(uint32_t rank, uint32_t world, uint32_t local_world) noe
 
 namespace {
 
-constexpr char magic[4] = {'G', 'R', 'P', 'L'};
+constexpr char replica_magic[4] = {'G', 'R', 'P', 'L'};
 constexpr uint32_t version = 2;
 constexpr uint32_t max_token = 4096;
 constexpr uint32_t max_layout = 16u << 20;
@@ -286,7 +286,7 @@ bool replica_keeper::connect_holder() {
 
 bool replica_keeper::push(const kept_slot& s) {
   if (!connect_holder()) return false;
-  std::string head(magic, sizeof magic);
+  std::string head(replica_magic, sizeof replica_magic);
   put(head, version);
   put(head, static_cast<uint32_t>(cfg_.token.size()));
   head += cfg_.token;
@@ -355,7 +355,7 @@ bool replica_keeper::receive_one(int fd) {
   char m[4];
   uint32_t ver = 0, token_len = 0, rank = 0, layout_len = 0;
   uint64_t step = 0, bytes = 0;
-  if (!tcp::recv_all(fd, m, 4) || std::memcmp(m, magic, 4) != 0 || !get(fd, ver) || ver != version ||
+  if (!tcp::recv_all(fd, m, 4) || std::memcmp(m, replica_magic, 4) != 0 || !get(fd, ver) || ver != version ||
       !get(fd, token_len) || token_len > max_token)
     return false;
   std::string token(token_len, '\0');

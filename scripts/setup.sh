@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential cmake pkg-config
+  ninja-build                # the build tool the scripts use (scripts/build_lib.sh says why)
   libcaf-dev                 # C++ Actor Framework 0.17 (core + io + openssl)
   libssl-dev openssl         # --tls-*: certificate checks; tests make certificates with `openssl`
   capnproto libcapnp-dev     # Cap'n Proto: the protocol
@@ -42,15 +43,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+source scripts/build_lib.sh
 echo "==> configuring"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRACE_CUDA="${GRACE_CUDA:-AUTO}" >build-configure.log \
-  || { cat build-configure.log; exit 1; }
+grace_configure build build-configure.log -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRACE_CUDA="${GRACE_CUDA:-AUTO}"
 grep -E "^-- Grace" build-configure.log || true
-echo "==> building (-j2; CAF translation units are heavy, a clean build takes a few minutes)"
-if ! cmake --build build -j2 >build.log 2>&1; then
-  grep -E "error|Error" -A5 build.log | head -60
-  echo "build failed: see build.log"
-  exit 1
-fi
+echo "==> building (-j2; a unity build: a clean build takes about 5 minutes on 2 cores)"
+grace_build build build.log
 grep -E "warning:" build.log | sort -u | head -20 || true
 echo "==> built: build/grace-launch build/grace-train build/grace-ckpt, build/python/grace (PYTHONPATH=build/python /usr/bin/python3)"

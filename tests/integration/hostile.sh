@@ -89,11 +89,8 @@ start_job "$D4" 4 -- "${ARGS4[@]}"
 wait_for_training "$D4" 4
 wait_for_save "$D4" 50
 kill -TERM "$(workers_of "$JOB_PID" | head -1)"
-for _ in $(seq 1 1200); do   # the new group's four members stepping
-  [ "$(count_events "$D4/events.jsonl" "e['event']=='first_step' and e['incarnation']==1")" -ge 4 ] && break
-  sleep 0.05
-done
-[ "$(count_events "$D4/events.jsonl" "e['event']=='first_step' and e['incarnation']==1")" -ge 4 ] ||
+# the new group's four members stepping
+await_events "$D4" "e['event']=='first_step' and e['incarnation']==1" 4 60 ||
   { tail -20 "$D4/log.txt"; fail "the group did not restart into incarnation 1"; }
 PORT4=$(sed -n 's/.*coordination service on 127\.0\.0\.1:\([0-9]*\),.*/\1/p' "$D4/log.txt" | head -1)
 W=$(workers_of "$JOB_PID" | head -1)

@@ -76,16 +76,23 @@ start_job() {
   track_pid "$JOB_PID"
 }
 
+# await_events FILES-OR-DIR EXPR [COUNT] [SECONDS] [PID]: until COUNT (1)
+# events matching the python expression on e are in the files (a directory
+# means DIR/events.jsonl); status 1 after SECONDS (60), 2 once PID is gone.
+# One polling process (wait_events.py), not an interpreter every 50 ms.
+LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+await_events() {
+  local files=$1 expr=$2 count=${3:-1} secs=${4:-60} pid=${5:-0}
+  [ -d "$files" ] && files="$files/events.jsonl"
+  # shellcheck disable=SC2086
+  "$PY" "$LIB_DIR/wait_events.py" --expr "$expr" --count "$count" --timeout "$secs" --pid "$pid" $files
+}
+
 # wait_for_event DIR FILTER-EXPR [SECONDS]: until an event matching the
 # python expression on e is in DIR/events.jsonl (default: up to 60 s).
 wait_for_event() {
-  local dir=$1 expr=$2 max=${3:-60} i
-  for i in $(seq 1 $((max * 20))); do
-    if [ -f "$dir/events.jsonl" ] && [ "$(count_events "$dir/events.jsonl" "$expr")" -ge 1 ]; then
-      return 0
-    fi
-    sleep 0.05
-  done
+  local dir=$1 expr=$2 max=${3:-60}
+  await_events "$dir" "$expr" 1 "$max" && return 0
   tail -20 "$dir/log.txt" 2>/dev/null
   fail "no event matching [$expr] within $max s"
 }
@@ -103,15 +110,11 @@ wait_job() { # wait_job -> sets JOB_RC
 
 workers_of() { pgrep -P "$1" -f grace-train || true; }
 
-# wait_for_workers PID N: until N workers run and have joined (events)
+# wait_for_training DIR N: until N workers run and have joined (events)
 wait_for_training() {
   local dir=$1 n=$2
-  for _ in $(seq 1 1200); do   # up to 60 s on a loaded machine
-    if [ -f "$dir/events.jsonl" ] && [ "$(count_events "$dir/events.jsonl" "e['event']=='first_step'")" -ge "$n" ]; then
-      return 0
-    fi
-    sleep 0.05
-  done
+  # up to 60 s on a loaded machine
+  await_events "$dir" "e['event']=='first_step'" "$n" 60 && return 0
   cat "$dir/log.txt"
   fail "workers did not start training"
 }

@@ -169,12 +169,7 @@ tb_launch() {
 # is in FILE; fails after SECONDS (default 90).
 tb_wait_event() {
   local file=$1 expr=$2 secs=${3:-90}
-  local end=$((SECONDS + secs))
-  while [ $SECONDS -lt $end ]; do
-    if [ -f "$file" ] && [ "$(count_events "$file" "$expr")" -ge 1 ]; then return 0; fi
-    sleep 0.05
-  done
-  fail "no event '$expr' in $file within ${secs}s"
+  await_events "$file" "$expr" 1 "$secs" || fail "no event '$expr' in $file within ${secs}s"
 }
 
 # tb_all_events: every host's events, one JSON object a line, in time order.
@@ -190,11 +185,9 @@ m = [e for e in map(json.loads, sys.stdin) if eval(sys.argv[1], {}, {'e': e})]
 print(m[0][sys.argv[2]] if m else '')" "$1" "$2"
 }
 tb_wait_all() {
-  local end=$((SECONDS + $2))
-  until [ -n "$(tb_field "$1" t_ns)" ]; do
-    [ $SECONDS -lt $end ] || { tail -n 20 "$TB"/h*/log.txt; fail "no event '$1' within $2 s"; }
-    sleep 0.1
-  done
+  await_events "$(printf '%s/events.jsonl ' "$TB"/h*)" "$1" 1 "$2" && return 0
+  tail -n 20 "$TB"/h*/log.txt
+  fail "no event '$1' within $2 s"
 }
 
 # tb_launchers_ok HOST...: waits for each host's launcher (pid in LP[HOST]); fails unless all exit 0.

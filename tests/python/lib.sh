@@ -32,13 +32,11 @@ start_py_job() {
 
 # wait_event DIR EXPR [WHAT]: until an event matches EXPR (python on e); up to 120 s.
 wait_event() {
-  local dir=$1 expr=$2 what=${3:-$2}
-  for _ in $(seq 1 2400); do
-    if [ -f "$dir/events.jsonl" ] && [ -n "$(events "$dir/events.jsonl" "$expr" | head -1)" ]; then return 0; fi
-    kill -0 "$JOB_PID" 2>/dev/null || { tail -30 "$dir/log.txt"; fail "job ended while waiting for: $what"; }
-    sleep 0.05
-  done
+  local dir=$1 expr=$2 what=${3:-$2} rc=0
+  await_events "$dir" "$expr" 1 120 "$JOB_PID" || rc=$?
+  [ $rc -eq 0 ] && return 0
   tail -30 "$dir/log.txt"
+  [ $rc -eq 2 ] && fail "job ended while waiting for: $what"
   fail "timed out waiting for: $what"
 }
 

@@ -10,14 +10,14 @@ using namespace grace;
 namespace {
 
 constexpr int64_t sec = 1000000000;
-int64_t at(double seconds) { return static_cast<int64_t>(seconds * sec); }
+int64_t at_s(double seconds) { return static_cast<int64_t>(seconds * sec); }
 
 /// An event as the events file holds it: rank -1 is the launcher or the
 /// coordination service.
 event ev(const char* name, double t, int64_t rank, int64_t inc, nlohmann::json fields = nlohmann::json::object()) {
   event e;
   e.name = name;
-  e.t_ns = at(t);
+  e.t_ns = at_s(t);
   e.rank = rank;
   e.incarnation = inc;
   e.j = std::move(fields);
@@ -30,18 +30,18 @@ event ev(const char* name, double t, int64_t rank, int64_t inc, nlohmann::json f
 std::vector<event> timeline() {
   return {
       ev("group_started", 1, -1, 0),
-      ev("first_step", 3, 0, 0, {{"step", 1}, {"ns", at(0.5)}}),
-      ev("snapshot_done", 5, 0, 0, {{"step", 40}, {"kind", "periodic"}, {"ns", at(0.2)}}),
+      ev("first_step", 3, 0, 0, {{"step", 1}, {"ns", at_s(0.5)}}),
+      ev("snapshot_done", 5, 0, 0, {{"step", 40}, {"kind", "periodic"}, {"ns", at_s(0.2)}}),
       ev("worker_exit", 10, -1, 0, {{"worker_rank", 1}, {"code", 137}, {"signal", 9}}),
       ev("peer_lost", 10.5, -1, 0, {{"lost_rank", 1}, {"step", 100}, {"verdict", "dead"}}),
       ev("agreed", 10.7, -1, 0, {{"id", 1}, {"step", 101}, {"kind", "jit"}}),
       ev("reached_agreed_step", 10.8, 0, 0, {{"step", 101}}),
-      ev("snapshot_done", 10.9, 0, 0, {{"step", 101}, {"kind", "jit"}, {"ns", at(0.1)}}),
+      ev("snapshot_done", 10.9, 0, 0, {{"step", 101}, {"kind", "jit"}, {"ns", at_s(0.1)}}),
       ev("exit", 11.5, 0, 0, {{"step", 101}, {"code", 42}}),
       ev("worker_exit", 11.6, -1, 0, {{"worker_rank", 0}, {"code", 42}, {"signal", 0}}),
       ev("group_started", 12, -1, 1),
-      ev("restored", 13.5, 0, 1, {{"step", 95}, {"ns", at(0.5)}}),
-      ev("first_step", 14, 0, 1, {{"step", 96}, {"ns", at(0.1)}}),
+      ev("restored", 13.5, 0, 1, {{"step", 95}, {"ns", at_s(0.5)}}),
+      ev("first_step", 14, 0, 1, {{"step", 96}, {"ns", at_s(0.1)}}),
       ev("finished", 20, 0, 1, {{"step", 200}}),
   };
 }
@@ -52,15 +52,15 @@ TEST_CASE("goodput: every second of a run with a failure is put to one cause", "
   goodput_tracker t(0);
   std::optional<uint64_t> lost;
   for (auto& e : timeline()) {
-    if (e.name == "worker_exit" && e.t_ns == at(10)) t.on_progress(1, 100, at(0.05), at(9.9));
+    if (e.name == "worker_exit" && e.t_ns == at_s(10)) t.on_progress(1, 100, at_s(0.05), at_s(9.9));
     if (auto l = t.on_event(e)) lost = l;
-    if (e.name == "worker_exit" && e.t_ns == at(11.6)) {
+    if (e.name == "worker_exit" && e.t_ns == at_s(11.6)) {
       t.group_ended();
-      t.on_progress(0, 130, at(0.05), at(11.9));  // the next group's heartbeats, read before its restore
+      t.on_progress(0, 130, at_s(0.05), at_s(11.9));  // the next group's heartbeats, read before its restore
     }
   }
   REQUIRE(lost == 6u);
-  auto a = t.account(at(21));
+  auto a = t.account(at_s(21));
   CHECK(a.wall_s == Approx(21));
   CHECK(a.startup_s == Approx(2.5));     // launcher start to the first step
   CHECK(a.detection_s == Approx(0.5));   // the kill (its exit) to the verdict
@@ -85,15 +85,15 @@ TEST_CASE("goodput: a chief cut off from the job and running into the next group
   // new group starts at 12 s, while the fenced chief runs on until its exit
   // at 25 s and writes a save wait that outlasts its group.
   goodput_tracker t(0);
-  for (auto& e : {ev("group_started", 1, -1, 0), ev("first_step", 2, 0, 0, {{"ns", at(0.5)}}),
+  for (auto& e : {ev("group_started", 1, -1, 0), ev("first_step", 2, 0, 0, {{"ns", at_s(0.5)}}),
                   ev("worker_exit", 11, -1, 0, {{"worker_rank", 1}, {"code", 42}}),
-                  ev("group_started", 12, -1, 1), ev("first_step", 13, 0, 1, {{"ns", at(0.1)}}),
+                  ev("group_started", 12, -1, 1), ev("first_step", 13, 0, 1, {{"ns", at_s(0.1)}}),
                   ev("reached_agreed_step", 11.8, 0, 0, {{"step", 90}}),
                   ev("exit", 25, 0, 0, {{"step", 90}, {"code", 42}}),
                   ev("worker_exit", 25.1, -1, 0, {{"worker_rank", 0}, {"code", 42}}),
                   ev("finished", 30, 0, 1, {{"step", 300}})})
     t.on_event(e);
-  auto a = t.account(at(30));
+  auto a = t.account(at_s(30));
   CHECK(a.ratio() <= 1.0);
   CHECK(a.restart_s == Approx(0.9));              // group 1's start to its first step (group 0 counted to 12 s)
   CHECK(a.save_s == Approx(0.2));                 // the wait is clipped at the next group's start
@@ -106,10 +106,10 @@ TEST_CASE("goodput: a chief cut off from the job and running into the next group
 TEST_CASE("goodput: a run without faults loses only its startup and saves", "[goodput]") {
   goodput_tracker t(0);
   t.on_event(ev("group_started", 0.5, -1, 0));
-  t.on_event(ev("first_step", 1.2, 0, 0, {{"ns", at(0.2)}}));
-  t.on_event(ev("snapshot_done", 3, 0, 0, {{"ns", at(0.25)}}));
+  t.on_event(ev("first_step", 1.2, 0, 0, {{"ns", at_s(0.2)}}));
+  t.on_event(ev("snapshot_done", 3, 0, 0, {{"ns", at_s(0.25)}}));
   t.on_event(ev("finished", 11, 0, 0, {{"step", 500}}));
-  auto a = t.account(at(11));
+  auto a = t.account(at_s(11));
   CHECK(a.startup_s == Approx(1.0));
   CHECK(a.save_s == Approx(0.25));
   CHECK(a.productive_s == Approx(9.75));
@@ -122,14 +122,14 @@ TEST_CASE("goodput: a restore with nothing lost costs no recomputation", "[goodp
   goodput_tracker t(0);
   t.on_event(ev("exit", 5, 1, 0, {{"step", 120}}));
   t.group_ended();
-  CHECK(t.on_event(ev("restored", 7, 0, 1, {{"step", 120}, {"ns", at(0.1)}})) == 0u);
+  CHECK(t.on_event(ev("restored", 7, 0, 1, {{"step", 120}, {"ns", at_s(0.1)}})) == 0u);
   CHECK(t.high_water() == 120);
 }
 
 TEST_CASE("goodput: accounts add up across runs and survive JSON", "[goodput]") {
   goodput_tracker t(0);
   for (auto& e : timeline()) t.on_event(e);
-  auto one = t.account(at(21));
+  auto one = t.account(at_s(21));
   auto sum = one;
   sum += one;
   CHECK(sum.runs == 2);
@@ -156,9 +156,9 @@ TEST_CASE("goodput: restart reasons", "[goodput]") {
 TEST_CASE("metrics: events and heartbeats become Prometheus series", "[metrics]") {
   job_metrics m;
   goodput_tracker t(0);
-  m.on_progress(0, 10, at(0.02));
-  m.on_progress(0, 10, at(0.02));  // no progress: no new step-time sample
-  m.on_progress(0, 12, at(0.03));
+  m.on_progress(0, 10, at_s(0.02));
+  m.on_progress(0, 10, at_s(0.02));  // no progress: no new step-time sample
+  m.on_progress(0, 12, at_s(0.03));
   m.on_event(ev("claim", 1, -1, 0, {{"by", 4294967295u}, {"source", 4}}), {});
   m.on_event(ev("agreed", 1.25, -1, 0, {{"id", 3}, {"step", 50}, {"kind", "preemption"}}), {});
   m.on_event(ev("committed", 2.25, -1, 0, {{"id", 3}, {"step", 50}}), {});
@@ -168,7 +168,7 @@ TEST_CASE("metrics: events and heartbeats become Prometheus series", "[metrics]"
              {});
   m.on_event(ev("save_failed", 4, 0, 0, {{"step", 70}, {"kind", "periodic"}, {"error", "disk full"}}), {});
   m.on_event(ev("peer_lost", 5, -1, 0, {{"lost_rank", 2}, {"verdict", "hung"}}), {});
-  m.on_event(ev("restored", 6, 0, 1, {{"step", 60}, {"ns", at(0.4)}}), 3);
+  m.on_event(ev("restored", 6, 0, 1, {{"step", 60}, {"ns", at_s(0.4)}}), 3);
   m.on_event(ev("finished", 9, 1, 1, {{"step", 99}}), {});
   m.on_restart("member_lost");
   goodput_account a;

@@ -62,8 +62,7 @@ resume_and_finish() { # resume_and_finish DIR
 A="$WORK/a"
 submit "$A" "--steps $STEPS --step-delay-ms 5"
 tb_events="$A/events.jsonl"
-for _ in $(seq 1 600); do [ "$(count_events "$tb_events" "e['event']=='first_step'" 2>/dev/null)" -ge 2 ] && break; sleep 0.1; done
-[ "$(count_events "$tb_events" "e['event']=='first_step'")" -ge 2 ] || { cat "$A/job.out"; fail "job A did not start training"; }
+await_events "$tb_events" "e['event']=='first_step'" 2 60 || { cat "$A/job.out"; fail "job A did not start training"; }
 scancel --signal=TERM --batch "$J"
 resume_and_finish "$A"
 saved=$(step_of "$A/events.jsonl" "e['event']=='committed'")
