@@ -580,6 +580,8 @@ grace::options make_options(const py::kwargs& kw) {
       o.grace_period = ms(v);
     else if (key == "wait_timeout_ms")
       o.wait_timeout = ms(v);
+    else if (key == "connect_timeout_ms")
+      o.connect_timeout = ms(v);
     else if (key == "heartbeat_ms")
       o.heartbeat = ms(v);
     else if (key == "dead_after_ms")

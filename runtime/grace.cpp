@@ -905,7 +905,7 @@ status session::impl::start_actors() {
       if (auto w = plaintext_warning(cluster.coordinator_host, tls.any())) log->warn("{}", *w);
     }
   } else {
-    auto h = connect_coordinator(sys, cluster.coordinator_host, cluster.coordinator_port, std::chrono::seconds(30));
+    auto h = connect_coordinator(sys, cluster.coordinator_host, cluster.coordinator_port, opts.connect_timeout);
     if (!h) return h.err();
     coord->set(*h);
   }

@@ -89,6 +89,9 @@ struct options {
   // behaviour
   bool throw_on_stop = false;                     ///< run() throws grace::stop_requested instead of returning stop
   std::chrono::milliseconds wait_timeout{60000};  ///< longest wait for a rendezvous key (collectives' setup)
+  /// How long attach() keeps trying to reach the coordination service
+  /// before it gives up (exit code no_rendezvous, 45).
+  std::chrono::milliseconds connect_timeout{30000};
   /// Longest wait for another member's checkpoint to commit (a save of the
   /// whole state by the saver). Waits for the coordinator's decisions are
   /// bounded by what it announces when this worker joins (its dead-after,

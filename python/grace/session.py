@@ -62,7 +62,9 @@ class Session:
     (a notice, a lost peer, an error elsewhere), end the process with its exit
     code (42: restart me); False leaves the loop instead, and the caller exits
     with g.exit_code. collective_timeout_ms bounds the rendezvous and every
-    all_reduce_ (a lost peer aborts one at once). replicas: with sharded
+    all_reduce_ (a lost peer aborts one at once). connect_timeout_ms: how long
+    attach() tries to reach the coordination service before it stops with
+    exit code 45. replicas: with sharded
     tensors on several ranks, every rank keeps in memory copies of its part
     and a replica of one other rank's, so a lost rank still ends in a
     just-in-time save (False: back to the last periodic checkpoint).
@@ -73,7 +75,7 @@ class Session:
                  poll_interval_ms=1000, restart_exit_code=None, exit_on_stop=True, wait_timeout_ms=60000,
                  heartbeat_ms=200, dead_after_ms=3000, collective_timeout_ms=30000, mtbf_prior_hours=6.0,
                  save_retry_max_ms=300000, prune_on_save_failure=False, fallback_checkpoint_dir=None,
-                 replicas=True):
+                 replicas=True, connect_timeout_ms=30000):
         checkpoint_dir = checkpoint_dir or os.environ.get("GRACE_CHECKPOINT_DIR") or "grace-checkpoints"
         if restart_exit_code is None:
             restart_exit_code = int(os.environ.get("GRACE_RESTART_CODE", _grace.RESTART))
@@ -88,7 +90,7 @@ class Session:
             keep_checkpoints_on_success=keep_checkpoints_on_success, notice_file=notice_file,
             notice_command=notice_command, poll_interval_ms=poll_interval_ms, grace_period_ms=grace_period_ms,
             wait_timeout_ms=wait_timeout_ms, heartbeat_ms=heartbeat_ms, dead_after_ms=dead_after_ms,
-            replicas=bool(replicas))
+            replicas=bool(replicas), connect_timeout_ms=connect_timeout_ms)
         self.checkpoint_dir = str(checkpoint_dir)
         self._checks = []       # callables raising GraceError when registered memory moved
         self._after_attach = []  # callables(restored_step)

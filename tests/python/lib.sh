@@ -6,6 +6,10 @@
 export GRACE_TRAIN=${GRACE_TRAIN:-unused}
 source "$GRACE_SOURCE_DIR/tests/integration/lib.sh"
 export PYTHONPATH=$GRACE_PYTHONPATH
+# One intra-op thread per worker: the tests run 4 workers on 2 cores, and
+# torch's default (a thread per core, OpenMP threads that spin while they
+# wait) had every worker's threads compete with the others' for nothing.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 "$PY" -c 'import torch' 2>/dev/null || { echo "SKIP: python3-torch is not installed (apt-get install python3-torch)"; exit 77; }
 "$PY" -c 'import grace' || fail "cannot import grace from $GRACE_PYTHONPATH"
 TRAINER=("$PY" "$GRACE_SOURCE_DIR/examples/pytorch_train.py")

@@ -431,7 +431,7 @@ class AttachRefused(unittest.TestCase):
     launcher would take for a bug and stop the job."""
 
     SCRIPT = ("import grace, numpy as np; a = np.zeros(4, dtype=np.float32)\n"
-              "with grace.Session(sys_dir, exit_on_stop=EXIT) as g:\n"
+              "with grace.Session(sys_dir, exit_on_stop=EXIT, connect_timeout_ms=1000) as g:\n"
               "    g.register_array('a', a)\n"
               "    try:\n"
               "        g.attach()\n"
