@@ -21,6 +21,8 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -91,6 +93,33 @@ std::optional<nlohmann::json> read_cached(const fs::path& file, const nlohmann::
   return std::nullopt;
 }
 
+/// Holds the cache entry `file` for this process: runs that share a cache
+/// (tests side by side) compute a missing reference once, not at the same
+/// time in the same run directory.
+class cache_lock {
+public:
+  explicit cache_lock(const fs::path& file) : fd_(::open((file.string() + ".lock").c_str(), O_RDWR | O_CREAT, 0644)) {
+    if (fd_ >= 0)
+      while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {}
+  }
+  ~cache_lock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  cache_lock(const cache_lock&) = delete;
+  cache_lock& operator=(const cache_lock&) = delete;
+
+private:
+  int fd_;
+};
+
+/// Writes a cache record whole or not at all (a reader never sees half).
+void write_cached(const fs::path& file, const nlohmann::json& record) {
+  const fs::path tmp = file.string() + ".tmp";
+  std::ofstream(tmp) << record.dump(2) << "\n";
+  std::error_code ec;
+  fs::rename(tmp, file, ec);
+}
+
 struct reference {
   std::optional<std::string> checksum;
   double step_ns = 0;
@@ -130,6 +159,7 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
   auto key = trainer_key(base);
   key["workers"] = base.total_workers();
   const auto file = cache_file(cache_dir, "reference-", key);
+  cache_lock lock(file);
   if (auto j = read_cached(file, key)) {
     ref.checksum = (*j)["weights_checksum"].get<std::string>();
     ref.step_ns = j->value("step_ns", 0.0);
@@ -154,12 +184,7 @@ reference get_reference(const run_config& base, const fs::path& cache_dir) {
   }
   ref.checksum = res.out["weights_checksum"].get<std::string>();
   ref.step_ns = res.step_ns;
-  std::ofstream(file) << nlohmann::json{{"key", key},
-                                        {"weights_checksum", *ref.checksum},
-                                        {"step_ns", ref.step_ns},
-                                        {"out", res.out}}
-                             .dump(2)
-                      << "\n";
+  write_cached(file, {{"key", key}, {"weights_checksum", *ref.checksum}, {"step_ns", ref.step_ns}, {"out", res.out}});
   ref.note = "fresh run, cached " + file.string();
   return ref;
 }
@@ -181,6 +206,7 @@ reference elastic_reference(const run_config& base, const run_result& res, const
     sizes += (sizes.empty() ? "" : ", ") + std::to_string(p.workers) + " workers to step " + std::to_string(p.to);
   }
   const auto file = cache_file(cache_dir, "elastic-", key);
+  cache_lock lock(file);
   if (auto j = read_cached(file, key)) {
     ref.checksum = (*j)["weights_checksum"].get<std::string>();
     ref.note = "the same size changes without a fault (" + sizes + "), cached " + file.string();
@@ -216,7 +242,7 @@ reference elastic_reference(const run_config& base, const run_result& res, const
     ref.note = std::string("the elastic reference wrote no usable out.json: ") + e.what();
     return ref;
   }
-  std::ofstream(file) << nlohmann::json{{"key", key}, {"weights_checksum", *ref.checksum}}.dump(2) << "\n";
+  write_cached(file, {{"key", key}, {"weights_checksum", *ref.checksum}});
   fs::remove_all(dir, ec);
   ref.note = "the same size changes without a fault (" + sizes + "), cached " + file.string();
   return ref;

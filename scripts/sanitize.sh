@@ -3,14 +3,27 @@
 # and integration tests under it.
 #   bash scripts/sanitize.sh thread     # ThreadSanitizer        -> build-tsan/
 #   bash scripts/sanitize.sh address    # AddressSanitizer+UBSan (clang) -> build-fuzz/
-# Left out, each for a reason: the exhaustive protocol model (pure code,
-# millions of states: hours under a sanitizer), the chaos runs, the Python
-# module (an interpreter that is not instrumented), the GPU tests (no CUDA in
-# a sanitizer build), the network-namespace and SLURM beds and the
-# grace-period test (their deadlines and timeouts assume native speed; under
-# a sanitizer every step is 5-20x slower), the install test (it builds an
-# uninstrumented program against the instrumented libraries). The same code
-# paths run in the integration tests that stay.
+# Every unit, actor and fuzz-replay test runs under both. Of the tests with
+# real processes, each sanitizer runs the ones whose code nothing else
+# under it reaches (the launcher, relays, checkpoint servers and every
+# thread of a real worker only run in real processes):
+#   thread:  multinode (two launchers: relays, checkpoint servers, node-local
+#            leveling and fetches), sharded (replica keepers and transfers,
+#            the two-phase commit, resizing), hard_failure (the unsharded
+#            just-in-time save, a frozen worker, a step error), standby (the
+#            spare pool and its release), metrics (the exposer and the job
+#            monitor's threads);
+#   address: the ones that feed hostile or damaged input to real processes:
+#            hostile (forged messages), tls (handshakes), bad_input (command
+#            lines and files), save_failures (failing disks), token, sharded
+#            (damaged parts, resharded restores), step_error.
+# The other process tests (notices, restarts, grace periods, chaos runs,
+# network namespaces, SLURM, Python) go through the code these do, at native
+# speed in the README suite; their deadlines assume native speed, and under
+# a sanitizer every step is 5-20x slower. Not built here: the protocol
+# model (pure code, millions of states), the GPU tests (no CUDA), the
+# install test (an uninstrumented program cannot link instrumented
+# libraries).
 # Suppressions (third-party internals only, each justified there):
 # scripts/sanitizers/tsan.supp, lsan.supp. A report from Grace's own code
 # aborts the process, which fails its test.
@@ -49,13 +62,12 @@ export LSAN_OPTIONS="suppressions=$supp/lsan.supp"
 export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1"
 echo "==> running the unit, actor and integration tests under the $kind sanitizer"
 # A sanitizer report aborts the process, and the test fails with it.
-# The model tests' binary is not built here: CTest lists it as a placeholder
-# (grace_model_tests_NOT_BUILT), which -E leaves out with the rest.
-# Under ASan only the integration tests that feed hostile or damaged input
-# to real processes stay (forged messages, TLS handshakes, bad command lines
-# and files, failing disks, sharded restores, tokens, a step error); the
-# process-fault runs left out go through the code the unit and actor tests
-# cover here, and ThreadSanitizer runs them all. It keeps CI within its time.
-skip="integration.grace_period|_NOT_BUILT"
-[ "$kind" = address ] && skip="$skip|integration.(hard_failure|multinode|metrics|preempt_restart|save_every_auto|standby|frozen_rank|agreement_multiprocess)"
-ctest --test-dir "$dir" --output-on-failure -LE "chaos|model|gpu|python|netns|slurm|install" -E "$skip" -j1
+# The model tests' binary is not built here: CTest lists it as a
+# placeholder (grace_model_tests_NOT_BUILT), which the selection leaves out.
+# Unit and actor tests side by side (-j2); the process tests after them.
+ctest --test-dir "$dir" --output-on-failure -L "unit|actor" -LE python -E "_NOT_BUILT" -j2
+case "$kind" in
+  thread) processes="multinode|sharded|hard_failure|standby|metrics" ;;
+  address) processes="hostile|tls|bad_input|save_failures|token|sharded|step_error" ;;
+esac
+ctest --test-dir "$dir" --output-on-failure -R "^integration\.($processes)\$" -j2

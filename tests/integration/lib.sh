@@ -49,17 +49,36 @@ PYEOF
 
 count_events() { events "$1" "$2" | wc -l; }
 
-# reference NPROC ARGS...: checksum of an uninterrupted run (cached per config)
+# reference NPROC ARGS...: checksum of an uninterrupted run of grace-train.
+# One run per configuration for the whole suite: cached in GRACE_REF_CACHE
+# (CTest sets it in the build tree; default: this test's $WORK), keyed by
+# NPROC, ARGS and the binaries' identity, so a rebuild computes it anew.
+# --step-delay-ms only sleeps (the weights do not depend on it): dropped
+# from the key and from the run. Tests side by side share it under a lock.
 reference() {
   local nproc=$1; shift
-  local key
-  key=$(echo "$nproc $*" | md5sum | cut -c1-12)
-  local dir="$WORK/ref-$key"
-  if [ ! -f "$dir/out.json" ]; then
-    mkdir -p "$dir"
-    (cd "$dir" && "$GRACE_LAUNCH" --quiet --nproc "$nproc" --checkpoint-dir ck -- \
-        "$GRACE_TRAIN" --device cpu --output out.json "$@" >log.txt 2>&1) || { cat "$dir/log.txt"; fail "reference run failed"; }
-  fi
+  local args=() key dir cache=${GRACE_REF_CACHE:-$WORK}
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --step-delay-ms) shift 2 ;;
+      --step-delay-ms=*) shift ;;
+      *) args+=("$1"); shift ;;
+    esac
+  done
+  key=$( { echo "$nproc ${args[*]}"; stat -Lc '%s %Y' "$GRACE_TRAIN" "$GRACE_LAUNCH"; } | md5sum | cut -c1-12)
+  dir="$cache/ref-$key"
+  mkdir -p "$cache"
+  (
+    flock 9
+    if [ ! -f "$dir/out.json" ]; then
+      rm -rf "$dir" && mkdir -p "$dir"
+      (cd "$dir" && "$GRACE_LAUNCH" --quiet --nproc "$nproc" --checkpoint-dir ck -- \
+          "$GRACE_TRAIN" --device cpu --output out.json.part "${args[@]}" >log.txt 2>&1) ||
+        { cat "$dir/log.txt" >&2; exit 1; }
+      rm -rf "$dir/ck"
+      mv "$dir/out.json.part" "$dir/out.json"
+    fi
+  ) 9>"$cache/ref-$key.lock" || fail "reference run failed ($nproc workers: ${args[*]})"
   json "$dir/out.json" weights_checksum
 }
 

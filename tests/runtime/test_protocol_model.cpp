@@ -135,6 +135,21 @@ struct scenario {
   uint32_t local_world = 0;
 };
 
+/// REQUIRE evaluated by Catch only when the condition fails: its assertion
+/// machinery (and INFO's message, built eagerly) cost more than the model's
+/// own work when run at every transition of tens of millions.
+#define MODEL_REQUIRE(cond)        \
+  do {                             \
+    if (!(cond)) REQUIRE(cond);    \
+  } while (0)
+#define MODEL_REQUIRE_INFO(cond, message) \
+  do {                                    \
+    if (!(cond)) {                        \
+      INFO(message);                      \
+      REQUIRE(cond);                      \
+    }                                     \
+  } while (0)
+
 /// Appends raw bytes of plain fields to a fixed buffer (the key is hashed,
 /// never read back; a world's key is a few hundred bytes).
 struct key_writer {
@@ -143,9 +158,13 @@ struct key_writer {
   template <class T>
   void put(const T& v) {
     static_assert(std::is_trivially_copyable_v<T>);
-    if (n + sizeof(T) > sizeof(buf)) throw std::length_error("protocol model: state key over 4096 bytes");
+    if (__builtin_expect(n + sizeof(T) > sizeof(buf), 0)) overflow();
     std::memcpy(buf + n, &v, sizeof(T));
     n += sizeof(T);
+  }
+  /// Out of line, so put() stays small enough to inline.
+  [[noreturn]] __attribute__((noinline, cold)) static void overflow() {
+    throw std::length_error("protocol model: state key over 4096 bytes");
   }
   void put_order(const std::optional<checkpoint_order>& o) {
     put(o.has_value());
@@ -309,9 +328,9 @@ public:
     auto acts = w.coord.on_claim(1, restored, deadline);
     uint64_t id = w.coord.current_id();
     for (uint32_t r = 0; r < w.m.size(); ++r) acts = w.coord.on_ack(r, id, restored);
-    REQUIRE(w.coord.phase() == agreement_phase::saving);
+    MODEL_REQUIRE(w.coord.phase() == agreement_phase::saving);
     w.coord.on_saved(0, id, restored, true, "");
-    REQUIRE(w.coord.phase() == agreement_phase::countdown);
+    MODEL_REQUIRE(w.coord.phase() == agreement_phase::countdown);
     w.wins = 1;
     w.fault = true;
     for (auto& x : w.m) {
@@ -346,26 +365,26 @@ private:
       switch (a.what) {
         case ty::claim_reply:
           if (a.won) ++w.wins;
-          REQUIRE(w.wins <= 1);
+          MODEL_REQUIRE(w.wins <= 1);
           break;
         case ty::propose:
         case ty::agreed:
-          if (a.what == ty::agreed) REQUIRE(a.step <= max_started(w) + 1);
+          if (a.what == ty::agreed) MODEL_REQUIRE(a.step <= max_started(w) + 1);
           msg.kind = to_member::order;
           msg.o = checkpoint_order{a.id, a.step, a.kind, a.what == ty::agreed, a.saver, a.exit_after, a.deadline_ns};
           msg.o.all_save = a.all_save;
           msg.o.from_kept = a.from_kept;
           msg.o.from_replica = a.from_replica;
-          REQUIRE(a.all_save == (a.what == ty::agreed && w.parts));
+          MODEL_REQUIRE(a.all_save == (a.what == ty::agreed && w.parts));
           // Copies only with replicas, and only above the durable step.
-          REQUIRE((!a.from_kept || (w.replicas && a.step > *w.disk.rbegin())));
+          MODEL_REQUIRE((!a.from_kept || (w.replicas && a.step > *w.disk.rbegin())));
           to_live(msg);
           break;
         case ty::committed:
           msg.kind = to_member::commit;
           msg.c = commit_info{a.id, a.step, a.exit_after};
           if (w.local_world) committed_everywhere(w, a.step);
-          REQUIRE(w.disk.count(a.step));  // a commit names a step that is on disk
+          MODEL_REQUIRE(w.disk.count(a.step));  // a commit names a step that is on disk
           to_live(msg);
           break;
         case ty::peer_lost:
@@ -386,8 +405,8 @@ private:
         case ty::commit_parts:
           // Phase 2 only once every rank's part of the round is durable:
           // a lost member's part is never missing from a commit.
-          REQUIRE(w.parts);
-          for (uint32_t r = 0; r < w.m.size(); ++r) REQUIRE(w.parts_done.count(a.id << 8 | r));
+          MODEL_REQUIRE(w.parts);
+          for (uint32_t r = 0; r < w.m.size(); ++r) MODEL_REQUIRE(w.parts_done.count(a.id << 8 | r));
           msg.kind = to_member::commit_parts;
           msg.c = commit_info{a.id, a.step, false};
           if (a.rank < w.m.size() && w.m[a.rank].alive) w.m[a.rank].in.push_back(msg);
@@ -404,8 +423,9 @@ private:
     if (w.disk.count(step)) return;  // an earlier round's (a stop at the durable step)
     for (auto& x : w.m)
       if (x.alive) {
-        INFO("node " << x.rank / w.local_world << " of live rank " << x.rank << " has not committed step " << step);
-        REQUIRE(w.node_commits.count(step << 8 | x.rank / w.local_world));
+        MODEL_REQUIRE_INFO(w.node_commits.count(step << 8 | x.rank / w.local_world),
+                           "node " << x.rank / w.local_world << " of live rank " << x.rank
+                                   << " has not committed step " << step);
       }
     w.disk.insert(step);
   }
@@ -501,8 +521,8 @@ private:
         if (d.from_kept) {
           // Its kept copy of the agreed step exists, and so does the
           // replica it writes (the agreement picked the step from reports).
-          REQUIRE(d.step > restored);
-          REQUIRE(d.step <= x.completed);
+          MODEL_REQUIRE(d.step > restored);
+          MODEL_REQUIRE(d.step <= x.completed);
           for (auto q : d.from_replica)
             if (q == (x.rank + 1) % w.m.size()) x.w_replica = static_cast<int>(q);
         }
@@ -525,7 +545,7 @@ private:
         break;
       case ty::wait: break;
       case ty::stop:
-        REQUIRE(d.message.find("protocol violation") == std::string::npos);
+        MODEL_REQUIRE(d.message.find("protocol violation") == std::string::npos);
         stop(w, x, d.code, d.message);
         break;
     }
@@ -543,7 +563,7 @@ private:
   void explore(const world& w) {
     if (!seen_.insert(key(w))) return;
     ++states;
-    REQUIRE(states < 400'000'000);
+    MODEL_REQUIRE(states < 400'000'000);
     bool any = false;
     auto branch = [&](auto&& f) {
       any = true;
@@ -789,14 +809,16 @@ private:
     uint64_t best = 0;
     for (auto& x : w.m) {
       if (!x.alive) continue;
-      INFO("rank " << x.rank << " stopped " << x.stopped << " code " << x.code << " why " << x.why << " agreement "
-                   << w.coord.state_key());
-      REQUIRE(x.stopped);  // no live member left waiting
+      const auto says = [&] {
+        return "rank " + std::to_string(x.rank) + " stopped " + std::to_string(x.stopped) + " code " +
+               std::to_string(x.code) + " why " + x.why + " agreement " + w.coord.state_key();
+      };
+      MODEL_REQUIRE_INFO(x.stopped, says());  // no live member left waiting
       best = std::max(best, x.completed);
       if (w.save_failed)
-        REQUIRE((x.code == 3 || x.code == 42));
+        MODEL_REQUIRE_INFO((x.code == 3 || x.code == 42), says());
       else if (w.fault)
-        REQUIRE(x.code == 42);
+        MODEL_REQUIRE_INFO(x.code == 42, says());
       summary += std::to_string(x.code) + ",";
     }
     if (w.fault && !w.save_failed && (w.m[0].alive || w.coordinator_alive)) {
@@ -804,8 +826,8 @@ private:
       // survivor (without the service and without the chief, nobody may
       // save: that case is only required to stop cleanly).
       uint64_t newest = w.local_world ? restorable(w) : *w.disk.rbegin();
-      INFO("newest on disk " << newest << ", most advanced survivor " << best << " agreement " << w.coord.state_key());
-      REQUIRE(newest + 1 >= best);
+      MODEL_REQUIRE_INFO(newest + 1 >= best, "newest on disk " << newest << ", most advanced survivor " << best
+                                                             << " agreement " << w.coord.state_key());
       summary += "lost" + std::to_string(best > newest ? best - newest : 0);
     }
     outcomes.insert(summary);
