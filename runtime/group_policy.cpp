@@ -60,6 +60,12 @@ launcher_decision decide_after_group(const group_end& g, const group_context& c,
   return {true, true, 0, g.cause};
 }
 
+std::string level_problem_after(const std::string& before, bool failed, const std::string& error,
+                                bool heard_every_peer) {
+  if (failed) return error;
+  return heard_every_peer ? std::string() : before;
+}
+
 launcher_decision coordinator_gone(const std::string& where, int64_t waited_ms, uint64_t newest_step,
                                    int restart_code, const std::string& signal_name,
                                    const std::string& level_problem) {

@@ -104,6 +104,15 @@ struct group_context {
 /// (a membership change is not counted); otherwise restart.
 launcher_decision decide_after_group(const group_end& g, const group_context& c, rendezvous_streak& streak);
 
+/// Why this node's checkpoints cannot be brought level after a leveling
+/// (`failed`, with `error`), given what an earlier one found (`before`): a
+/// failure names its own reason; one that heard every peer's checkpoint
+/// server clears it; one that heard fewer learned nothing and keeps
+/// `before` (a node that came back with an empty disk and then finds the
+/// node holding the parts gone still cannot resume).
+std::string level_problem_after(const std::string& before, bool failed, const std::string& error,
+                                bool heard_every_peer);
+
 /// A launcher on node > 0 whose coordination service (in node 0's launcher)
 /// stayed unreachable for `waited_ms` after its group ended: nothing can be
 /// agreed without it and no other node may take over (that needs an

@@ -411,7 +411,7 @@ private:
   std::optional<uint32_t> previous_group_;
   std::unique_ptr<checkpoint_server> ckpt_server_;
   bool node_local_sync_ = false;
-  std::string level_problem_;  ///< why this group's leveling failed (empty: it did not)
+  std::string level_problem_;  ///< why this node's checkpoints cannot be brought level (level_problem_after)
   std::string memory_dir_;  ///< replicas mirrored in memory (setup_memory_dir); empty: none
   std::vector<worker_proc> workers_;
   int restarts_ = 0;
@@ -809,7 +809,7 @@ std::optional<launcher_decision> launcher::await_plan() {
       return coordinator_gone(host_ + ":" + std::to_string(port_),
                               std::chrono::duration_cast<std::chrono::milliseconds>(now - heard).count(),
                               o_.checkpoint_dir.empty() ? 0 : checkpoint_store(o_.checkpoint_dir).newest_valid_step(),
-                              o_.restart_code);
+                              o_.restart_code, "", level_problem_);
     if (now - t0 > o_.join_timeout)
       return launcher_decision{false, true, exit_code::no_progress,
                                "no group with this node formed within --join-timeout-ms (" +
@@ -880,13 +880,15 @@ void launcher::level_checkpoints() {
   c.memory_dir = memory_dir_;
   auto t0 = mono_ns();
   auto r = level_node_local(c, [this](const std::string& l) { say(l); });
-  level_problem_ = r ? std::string() : r.err().message;
+  level_problem_ = level_problem_after(level_problem_, !r, r ? std::string() : r.err().message,
+                                       r && r->heard_every_peer);
   if (!r) {
     say("node-local checkpoints not brought level: " + r.err().message);
     return;
   }
-  if (*r)
-    emit_event("leveled", {{"step", *r}, {"ns", mono_ns() - t0}, {"peers", static_cast<int64_t>(c.peers.size())}});
+  if (r->step)
+    emit_event("leveled",
+               {{"step", r->step}, {"ns", mono_ns() - t0}, {"peers", static_cast<int64_t>(c.peers.size())}});
 }
 
 std::map<std::string, std::string> launcher::worker_environment(int rank, int local_rank) const {

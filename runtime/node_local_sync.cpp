@@ -284,8 +284,9 @@ status fetch_needed(const level_config& c, views& v, uint64_t s, const std::stri
 
 }  // namespace
 
-result<uint64_t> level_node_local(const level_config& c, const std::function<void(const std::string&)>& say) {
+result<leveled> level_node_local(const level_config& c, const std::function<void(const std::string&)>& say) {
   auto v = gather(c);
+  const bool heard_every_peer = v.peers.size() == c.peers.size();
   auto target = choose(c, v);
   if (!target) {
     bool any = !v.steps.empty();
@@ -293,8 +294,8 @@ result<uint64_t> level_node_local(const level_config& c, const std::function<voi
     const std::string why = "no checkpoint has every part on some node (" + std::to_string(v.peers.size()) +
                             " of " + std::to_string(c.peers.size()) + " other nodes' checkpoint servers answered)";
     if (any) return error{errc::failed, why};
-    if (v.peers.size() < c.peers.size()) say(why + "; the restore uses what this node has");
-    return uint64_t{0};
+    if (!heard_every_peer) say(why + "; the restore uses what this node has");
+    return leveled{0, heard_every_peer};
   }
   set_aside_above(v, *target, say);
   auto tm = manifest_of(c, v, *target);
@@ -310,7 +311,7 @@ result<uint64_t> level_node_local(const level_config& c, const std::function<voi
     if (auto st = fetch_needed(c, v, *target, f.name); !st) return st.err();
     say("step " + std::to_string(*target) + ": fetched " + f.name + " (held on node " + std::to_string(f.node) + ")");
   }
-  return *target;
+  return leveled{*target, heard_every_peer};
 }
 
 }  // namespace grace

@@ -74,11 +74,16 @@ struct level_config {
   std::filesystem::path memory_dir;
 };
 
+/// What a leveling found.
+struct leveled {
+  uint64_t step = 0;              ///< the step the group will restore (0: none)
+  bool heard_every_peer = true;   ///< false: some peers' checkpoint servers did not answer
+};
+
 /// Brings `c.dir` level (see above). Returns the step the group will
-/// restore (0: none), and says what it did through `say`. An error names
-/// what could not be done, among others that checkpoints exist but none
-/// has every part on some node; the directory is then as consistent as
-/// before.
-result<uint64_t> level_node_local(const level_config& c, const std::function<void(const std::string&)>& say);
+/// restore, and says what it did through `say`. An error names what could
+/// not be done, among others that checkpoints exist but none has every part
+/// on some node; the directory is then as consistent as before.
+result<leveled> level_node_local(const level_config& c, const std::function<void(const std::string&)>& say);
 
 }  // namespace grace

@@ -139,6 +139,18 @@ TEST_CASE("after a group: stop with the right code or restart", "[launcher]") {
   }
 }
 
+TEST_CASE("a leveling problem lasts until a leveling hears every peer", "[launcher]") {
+  using grace::level_problem_after;
+  const std::string none_whole = "no checkpoint has every part on some node";
+  CHECK(level_problem_after("", true, none_whole, false) == none_whole);
+  // The node that held the parts is gone: its peer learned nothing new.
+  CHECK(level_problem_after(none_whole, false, "", false) == none_whole);
+  // Every peer answered and the directory is level: solved.
+  CHECK(level_problem_after(none_whole, false, "", true).empty());
+  CHECK(level_problem_after("", false, "", false).empty());
+  CHECK(level_problem_after("old", true, "new", true) == "new");
+}
+
 TEST_CASE("coordination service gone: stop with the restart code, naming the checkpoint", "[launcher]") {
   auto d = grace::coordinator_gone("h0:29500", 30500, 150, 42);
   CHECK_FALSE(d.restart);

@@ -128,7 +128,7 @@ TEST_CASE("node-local level: a replacement node takes the manifest and the parts
   const auto fresh = d.path / "replacement";
   auto got = level_node_local(config(fresh, {(*s0)->endpoint(), (*s1)->endpoint()}, 1), say);
   REQUIRE(got);
-  CHECK(*got == 20);
+  CHECK(got->step == 20);
   checkpoint_store store(fresh);
   CHECK(store.newest_valid_step() == 20);
   auto absent = store.absent_parts(20);
@@ -156,7 +156,7 @@ TEST_CASE("node-local level: a node that missed the commit rolls its durable par
   CHECK(store.newest_valid_step() == 10);
   auto got = level_node_local(config(nodes[1], {(*s0)->endpoint()}, 1), say);
   REQUIRE(got);
-  CHECK(*got == 20);
+  CHECK(got->step == 20);
   CHECK(store.newest_valid_step() == 20);
   CHECK(store.verify(20));
   CHECK(fs::exists(store.step_path(20) / "rank-00004-of-00004.safetensors"));
@@ -172,7 +172,7 @@ TEST_CASE("node-local level: a step a part of which is gone is set aside for the
   REQUIRE(s1);
   auto got = level_node_local(config(nodes[0], {(*s1)->endpoint()}, 0), say);
   REQUIRE(got);
-  CHECK(*got == 10);
+  CHECK(got->step == 10);
   checkpoint_store store(nodes[0]);
   CHECK(store.newest_valid_step() == 10);
   bool aside = false;
@@ -197,7 +197,7 @@ TEST_CASE("node-local level: a host lost with its disk is restored from the part
   auto on0 = config(nodes[0], {}, 0);
   on0.memory_dir = memory;
   const auto fresh = d.path / "replacement";
-  std::optional<result<uint64_t>> replacement;
+  std::optional<result<leveled>> replacement;
   std::thread t([&] {  // its own log: `said` is the main thread's
     std::vector<std::string> lines;
     replacement = level_node_local(config(fresh, {(*s0)->endpoint()}, 1),
@@ -206,13 +206,13 @@ TEST_CASE("node-local level: a host lost with its disk is restored from the part
   auto got0 = level_node_local(on0, say);  // node 0 levels at the same time
   t.join();
   REQUIRE(got0);
-  CHECK(*got0 == 20);
+  CHECK(got0->step == 20);
   for (auto part : {"rank-00003-of-00004.safetensors", "rank-00004-of-00004.safetensors"})
     CHECK(fs::exists(checkpoint_store(nodes[0]).step_path(20) / part));  // adopted from memory, verified
   REQUIRE(replacement);
   INFO((*replacement ? std::string() : replacement->err().message));
   REQUIRE(*replacement);
-  CHECK(**replacement == 20);
+  CHECK((*replacement)->step == 20);
   checkpoint_store store(fresh);
   CHECK(store.newest_valid_step() == 20);
   CHECK(fs::exists(store.step_path(20) / "rank-00003-of-00004.safetensors"));
@@ -237,7 +237,7 @@ TEST_CASE("node-local level: parts mirrored in memory are not copied to disk whi
   c.memory_dir = memory;
   auto got = level_node_local(c, say);
   REQUIRE(got);
-  CHECK(*got == 20);
+  CHECK(got->step == 20);
   auto absent = checkpoint_store(nodes[0]).absent_parts(20);
   REQUIRE(absent);
   CHECK(absent->size() == 2);  // node 1's parts stay on node 1 only
@@ -256,6 +256,20 @@ TEST_CASE("node-local level: without the mirrored parts a host lost with its dis
   CHECK(checkpoint_store(nodes[0]).newest_valid_step() == 20);  // nothing set aside: kept for a node that may come back
 }
 
+TEST_CASE("node-local level: an empty node whose peer does not answer learns nothing", "[node-local]") {
+  // A replacement host with an empty disk that finds the node holding the
+  // parts gone: nothing to restore here, and the result says the peers
+  // were not all heard (the launcher keeps what an earlier leveling found).
+  grace::testing::temp_dir d("grace-level");
+  auto got = level_node_local(config(d.path / "replacement", {"127.0.0.1:1"}, 1), say);
+  REQUIRE(got);
+  CHECK(got->step == 0);
+  CHECK_FALSE(got->heard_every_peer);
+  auto alone = level_node_local(config(d.path / "alone", {}, 0), say);
+  REQUIRE(alone);
+  CHECK(alone->heard_every_peer);
+}
+
 TEST_CASE("node-local level: a mirror of another state of the same step does not count", "[node-local]") {
   grace::testing::temp_dir d("grace-level");
   const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
@@ -271,11 +285,11 @@ TEST_CASE("node-local level: a mirror of another state of the same step does not
   on0.memory_dir = memory;
   auto got0 = level_node_local(on0, say);
   REQUIRE(got0);
-  CHECK(*got0 == 10);  // 20 set aside: its parts 2 and 3 exist nowhere
+  CHECK(got0->step == 10);  // 20 set aside: its parts 2 and 3 exist nowhere
   const auto fresh = d.path / "replacement";
   auto got = level_node_local(config(fresh, {(*s0)->endpoint()}, 1), say);
   REQUIRE(got);
-  CHECK(*got == 10);
+  CHECK(got->step == 10);
   rank_state_t st;
   auto refs = st.refs(2);
   REQUIRE(checkpoint_store(fresh).restore_latest(refs));
