@@ -100,10 +100,11 @@ TEST_CASE("standby pool: a ready spare gets the worker's environment and runs on
   standby_pool pool(bash_spare(dir.path / "release"), 10s);
   REQUIRE(pool.start(0, {{"GRACE_RANK", "0"}}));
   CHECK(pool.count() == 1);
-  for (int i = 0; i < 500 && pool.ready_count() == 0; ++i) {
-    pool.check_ready(0);
-    std::this_thread::sleep_for(10ms);
-  }
+  auto waiting = pool.waiting_fds();
+  REQUIRE(waiting.size() == 1);
+  pollfd p{waiting[0].second, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 30000) == 1);  // its ready byte arrived (30 s: a hang guard only)
+  CHECK(pool.check_ready(0));
   REQUIRE(pool.ready_count() == 1);
   env_map env{{"GRACE_INCARNATION", "1"}, {"MASTER_PORT", "29500"}};
   auto pid = pool.release(0, env, pool.ready_deadline());
