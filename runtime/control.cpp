@@ -149,7 +149,14 @@ void control_block::abort() {
 void control_block::disarm() {
   std::unique_lock<std::mutex> lk(m_);
   abort_collectives_ = nullptr;
+  ++disarms_waiting_;
   abort_cv_.wait(lk, [this] { return aborts_running_ == 0; });
+  --disarms_waiting_;
+}
+
+int control_block::disarms_waiting() {
+  std::lock_guard<std::mutex> g(m_);
+  return disarms_waiting_;
 }
 
 bool control_block::armed() {

@@ -154,6 +154,10 @@ public:
   void disarm();
   /// True while a handler is installed (tests, diagnostics).
   bool armed();
+  /// Threads inside disarm() waiting for a running abort to return (read
+  /// under the block's lock, which that wait releases): lets a test see
+  /// disarm() blocked instead of sleeping and guessing it is.
+  int disarms_waiting();
 
 private:
   /// Bumps the version, raises the flag and wakes the trainer. `m_` held.
@@ -164,6 +168,7 @@ private:
   control_state state_;                      ///< guarded by m_
   std::function<void()> abort_collectives_;  ///< guarded by m_
   int aborts_running_ = 0;                   ///< guarded by m_
+  int disarms_waiting_ = 0;                  ///< guarded by m_
   std::optional<std::pair<uint64_t, std::string>> commit_failure_;  ///< the newest failed commit; guarded by m_
   std::condition_variable abort_cv_;
 };

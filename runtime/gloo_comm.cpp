@@ -352,6 +352,11 @@ bool gloo_comm::arm(std::initializer_list<gloo::transport::UnboundBuffer*> bufs)
   return true;
 }
 
+bool gloo_comm::in_collective() const {
+  std::lock_guard<std::mutex> g(active_m_);
+  return !active_.empty();
+}
+
 void gloo_comm::release(std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& bufs, bool failed) {
   {
     std::lock_guard<std::mutex> g(active_m_);

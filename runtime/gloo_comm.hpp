@@ -78,6 +78,11 @@ public:
   /// The peers see the connections close and fail too.
   void abort();
   bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+  /// True while a collective has its buffers armed (from arm() to release()):
+  /// an abort() from now on wakes it through those buffers, not the
+  /// pre-check. Lets a test abort a collective that is surely under way
+  /// instead of sleeping and hoping it is.
+  bool in_collective() const;
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -116,7 +121,7 @@ private:
   std::unique_ptr<gloo::rendezvous::PrefixStore> prefix_store_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
-  std::mutex active_m_;
+  mutable std::mutex active_m_;
   std::vector<gloo::transport::UnboundBuffer*> active_;  ///< guarded by active_m_
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> graveyard_;
   std::vector<float> scratch_;  ///< receive buffer of the reduce-scatter

@@ -149,9 +149,16 @@ bool snapshot_buffers::wait_captured(uint64_t n) const {
   auto ready = [&] { return failed_.load(std::memory_order_acquire) || captured_.load(std::memory_order_acquire) >= n; };
   if (!ready()) {
     std::unique_lock<std::mutex> g(progress_m_);
+    ++waiters_;
     progress_cv_.wait(g, ready);
+    --waiters_;
   }
   return !failed_.load(std::memory_order_acquire);
+}
+
+int snapshot_buffers::waiters() const {
+  std::lock_guard<std::mutex> g(progress_m_);
+  return waiters_;
 }
 
 void snapshot_buffers::keep_warm() const {

@@ -84,6 +84,11 @@ public:
   bool wait_captured(uint64_t n) const;
   /// Blocks until the capture in progress, if any, has ended.
   void wait_capture_end() const { wait_captured(total_bytes_); }
+  /// Threads asleep in `wait_captured` now, on bytes not yet copied (read
+  /// under the lock they wait with, so a count above 0 means they are
+  /// inside the wait). Lets a test start a copy only once a writer waits
+  /// for it, instead of sleeping and hoping it does.
+  int waiters() const;
   /// How long the last completed `copy_in` (or `capture`'s copy) took.
   int64_t capture_ns() const noexcept { return capture_ns_.load(std::memory_order_acquire); }
   /// True when the last capture failed part way (its bytes are not usable).
@@ -134,6 +139,7 @@ private:
   std::atomic<int64_t> capture_ns_{0};
   mutable std::mutex progress_m_;  ///< with progress_cv_: wait_captured sleeps on progress
   mutable std::condition_variable progress_cv_;
+  mutable int waiters_ = 0;  ///< threads inside wait_captured's wait; guarded by progress_m_
   mutable std::mutex touch_m_;  ///< capture() writes, keep_warm() reads: one at a time
 };
 

@@ -127,14 +127,23 @@ TEST_CASE("checkpoint writer: an overlapped save waits for the capture it writes
   set->set_busy(true);
   save_request req{set, meta(9), 0, 0};
   req.overlapped = true;
-  req.begin_ns = mono_ns();
+  // The capture "began" an hour ago: a save_ns counted from there covers
+  // the hour, one counted from anything the writer saw itself does not.
+  constexpr int64_t an_hour_ns = 3600'000'000'000;
+  req.begin_ns = mono_ns() - an_hour_ns;
   self->send(writer, save_atom::value, req);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Copy only once the writer waits for the bytes (30 s: a hang guard).
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (set->waiters() == 0 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+  const bool writer_waited = set->waiters() > 0;
   REQUIRE(set->copy_in(t.refs()).ok());
+  REQUIRE(writer_waited);
   self->receive([&](save_outcome& o) {
+    INFO("save_ns " << o.save_ns << ", snap_ns " << o.snap_ns << ", write_ns " << o.write_ns);
     CHECK(o.ok);
     CHECK(o.snap_ns == set->capture_ns());
-    CHECK(o.save_ns >= 50'000'000);  // counted from the capture's start
+    CHECK(o.save_ns >= an_hour_ns);  // counted from the capture's start
+    CHECK(o.write_ns == o.save_ns - o.snap_ns);
   });
   CHECK_FALSE(set->busy());
   tensors back;

@@ -51,22 +51,24 @@ TEST_CASE("control_block: an abort in progress delays disarm until it returned",
   std::thread watcher([&] { ctl.abort(); });  // the peer watcher's actor thread
   entered.get_future().wait();
 
-  std::atomic<bool> disarming{false}, disarmed{false};
+  std::atomic<bool> disarmed{false};
   bool returned_before_disarm = false;
   std::thread trainer([&] {
-    disarming = true;
     ctl.disarm();
     returned_before_disarm = handler_returned.load();
     disarmed = true;
   });
-  // Once the trainer is inside disarm(), a disarm that did not wait would
-  // return within microseconds; give it 100 ms to show that it does not.
-  while (!disarming) std::this_thread::yield();
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // The handler is released only once the trainer waits inside disarm()
+  // (the block counts it under its lock): a disarm that did not wait is
+  // never seen there, and the guard (30 s, only against a hang) fails.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (ctl.disarms_waiting() == 0 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+  const bool disarm_waited = ctl.disarms_waiting() == 1;
   CHECK_FALSE(disarmed.load());  // cannot finish while the handler runs
   release.set_value();
   trainer.join();
   watcher.join();
+  CHECK(disarm_waited);
   CHECK(disarmed.load());
   CHECK(returned_before_disarm);  // disarm returned only after the handler did
   CHECK_FALSE(ctl.armed());

@@ -1,5 +1,8 @@
 // In-memory replicas of sharded state (runtime/replica.hpp): placement,
 // kept copies, transfers between two keepers over loopback, refusals.
+// A check that a transfer changed nothing runs once the transfer is known
+// to have ended: keep() of the next step waits for the previous transfer
+// (runtime/replica.hpp), and its kept copy shows it did not give up.
 #include "runtime/replica.hpp"
 #include "runtime/tcp.hpp"
 #include "../temp_dir.hpp"
@@ -81,9 +84,17 @@ void keep(member& m, uint32_t rank, uint64_t step) {
 }
 
 void wait_pushed(const member& m, uint64_t step) {
-  for (int i = 0; i < 500 && m.keeper->pushed_step() < step; ++i)
+  for (int i = 0; i < 3000 && m.keeper->pushed_step() < step; ++i)  // 30 s: a hang guard
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   REQUIRE(m.keeper->pushed_step() == step);
+}
+
+/// Keeps `step` on `m` once its transfer of the previous copy ended
+/// (accepted or refused): keep() waits for it, and a kept copy of `step`
+/// shows the wait did not time out instead.
+void keep_after_transfer(member& m, uint32_t rank, uint64_t step) {
+  keep(m, rank, step);
+  REQUIRE(m.keeper->kept(step));
 }
 
 }  // namespace
@@ -122,10 +133,12 @@ TEST_CASE("replicas: each rank keeps its last steps and the other's newest whole
   REQUIRE(own);
   CHECK(own->meta.counters.at("steps_done") == 4);
   CHECK(static_cast<const float*>(own->buffers->view()[0].data)[7] == 4007.0f);
-  // Frozen: later steps change nothing.
+  // Frozen: later steps change nothing, and rank 1's transfer of step 6
+  // has ended before that is checked.
   keep(a, 0, 6);
   keep(b, 1, 6);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  keep_after_transfer(b, 1, 7);
+  CHECK(b.keeper->pushed_step() == 5);  // refused: never acknowledged
   CHECK(a.keeper->freeze().kept == std::vector<uint64_t>{3, 4, 5});
   CHECK(a.keeper->freeze().replica == std::vector<uint64_t>{4, 5});
   CHECK_FALSE(a.keeper->kept(6));
@@ -137,7 +150,7 @@ TEST_CASE("replicas: a transfer with a wrong token or from the wrong rank is ref
   // Rank 1 with another job's token: its copies never count at rank 0.
   auto b = make_member(1, kv, "another-job-secret-000");
   keep(b, 1, 1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  keep_after_transfer(b, 1, 2);  // the transfer of step 1 has ended
   CHECK(b.keeper->pushed() == 0);
   CHECK(a.keeper->freeze().replica.empty());
   // Garbage on the port: the keeper goes on.
@@ -156,7 +169,7 @@ std::string file_bytes(const std::filesystem::path& p) {
 }
 
 void wait_mirrored(const member& m, uint64_t step) {
-  for (int i = 0; i < 500 && m.keeper->mirrored_step() < step; ++i)
+  for (int i = 0; i < 3000 && m.keeper->mirrored_step() < step; ++i)  // 30 s: a hang guard
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   REQUIRE(m.keeper->mirrored_step() == step);
 }

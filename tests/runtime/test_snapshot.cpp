@@ -1,6 +1,8 @@
 // Overlapped capture: a writer waits on the snapshot's progress and never
 // reads a byte before the copy put it there; a capture that fails part way
 // fails the save that was writing it, and nothing is committed.
+// Whether the writer already waits when the copy starts is decided by an
+// event (snapshot_buffers::waiters), never by a sleep.
 #include "runtime/checkpoint.hpp"
 #include "runtime/device_copy.hpp"
 #include "runtime/snapshot.hpp"
@@ -45,6 +47,17 @@ checkpoint_meta meta_for(uint64_t step) {
 
 status failing_copy(void*, const void*, size_t, int) { return error{errc::failed, "device lost"}; }
 
+/// Waits until a thread sleeps in `buf.wait_captured`. False only if none
+/// does within 30 s: a hang guard, not a timing.
+bool writer_waits(const snapshot_buffers& buf) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (buf.waiters() == 0) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("snapshot: a waiting writer wakes only for bytes already copied", "[snapshot]") {
@@ -60,10 +73,12 @@ TEST_CASE("snapshot: a waiting writer wakes only for bytes already copied", "[sn
     bool ok = buf.wait_captured(total);
     return ok && copied.load();
   });
-  CHECK(waiter.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
+  REQUIRE(writer_waits(buf));  // asleep on bytes not copied yet (else it returned already)
+  CHECK(waiter.wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
   copied = true;
   REQUIRE(buf.copy_in(s.refs()).ok());
   CHECK(waiter.get());
+  CHECK(buf.waiters() == 0);
   auto v = buf.view();
   CHECK(static_cast<const uint8_t*>(v[0].data)[(12u << 20) - 1] == 7);
   CHECK(static_cast<const uint8_t*>(v[1].data)[0] == 8);
@@ -88,9 +103,10 @@ TEST_CASE("snapshot: a save overlapping its capture writes the captured bytes", 
       return buf.wait_captured(n);
     });
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the writer is waiting now
+  const bool overlapped = writer_waits(buf);  // the writer waits for bytes the copy has yet to put there
   REQUIRE(buf.copy_in(s.refs()).ok());
   REQUIRE(save.get().ok());
+  REQUIRE(overlapped);
   // Pieces in stream order, ending at the whole snapshot.
   REQUIRE(asked.size() >= 2);
   CHECK(std::is_sorted(asked.begin(), asked.end()));
@@ -120,11 +136,13 @@ TEST_CASE("snapshot: a capture that fails part way fails the overlapping save", 
   buf.begin_capture();
   auto save = std::async(std::launch::async,
                          [&] { return store.save(buf.view(), meta_for(2), [&](uint64_t n) { return buf.wait_captured(n); }); });
+  const bool overlapped = writer_waits(buf);  // the failure comes while the writer waits
   auto st = buf.copy_in(refs);
   register_device_copy(nullptr, nullptr);
   CHECK(st.err().message.find("device lost") != std::string::npos);
   CHECK(buf.capture_failed());
   auto r = save.get();
+  REQUIRE(overlapped);
   REQUIRE_FALSE(r.ok());
   // Tensor a or b: the writer may wake for a's bytes only after the failure.
   INFO(r.err().message);
@@ -143,12 +161,20 @@ TEST_CASE("snapshot: a capture that throws still releases a waiting writer", "[s
   register_device_copy(throwing_copy, throwing_copy);
   auto refs = s.refs();
   refs[0].memory = memory_kind::device;
-  snapshot_buffers buf(refs);
-  buf.begin_capture();
-  auto waiter = std::async(std::launch::async, [&] { return buf.wait_captured(buf.total_bytes()); });
-  CHECK_THROWS_AS(buf.copy_in(refs), std::bad_alloc);
+  auto buf = std::make_shared<snapshot_buffers>(refs);
+  buf->begin_capture();
+  // Detached, owning what it waits on: if the throw left it asleep, the
+  // test fails at the guard below instead of hanging in a destructor.
+  std::promise<bool> woke;
+  auto waiter = woke.get_future();
+  std::thread([buf, woke = std::move(woke)]() mutable { woke.set_value(buf->wait_captured(buf->total_bytes())); })
+      .detach();
+  const bool waiting = writer_waits(*buf);
+  CHECK_THROWS_AS(buf->copy_in(refs), std::bad_alloc);
   register_device_copy(nullptr, nullptr);
-  REQUIRE(waiter.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  REQUIRE(waiting);
+  INFO("the waiter still sleeps after the capture threw");
+  REQUIRE(waiter.wait_for(std::chrono::seconds(30)) == std::future_status::ready);  // a hang guard
   CHECK_FALSE(waiter.get());
-  CHECK(buf.capture_failed());
+  CHECK(buf->capture_failed());
 }

@@ -10,7 +10,9 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +43,9 @@ int wait_exit(pid_t pid) {
 std::vector<std::string> bash_spare(const std::filesystem::path& out) {
   return {"/bin/bash", "-c", "printf R >&$GRACE_STANDBY_FD; cat <&$GRACE_STANDBY_FD > '" + out.string() + "'"};
 }
+
+/// True once `pid` was reaped (by the pool): it ended.
+bool reaped(pid_t pid) { return ::waitpid(pid, nullptr, WNOHANG) == -1 && errno == ECHILD; }
 
 /// A forked child acting as a spare: GRACE_STANDBY_FD names its end of a
 /// socketpair, then `body` runs (await_standby_release and what follows;
@@ -95,10 +100,11 @@ TEST_CASE("standby pool: a ready spare gets the worker's environment and runs on
   standby_pool pool(bash_spare(dir.path / "release"), 10s);
   REQUIRE(pool.start(0, {{"GRACE_RANK", "0"}}));
   CHECK(pool.count() == 1);
-  for (int i = 0; i < 500 && pool.ready_count() == 0; ++i) {
-    pool.check_ready(0);
-    std::this_thread::sleep_for(10ms);
-  }
+  auto waiting = pool.waiting_fds();
+  REQUIRE(waiting.size() == 1);
+  pollfd p{waiting[0].second, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 30000) == 1);  // its ready byte arrived (30 s: a hang guard only)
+  CHECK(pool.check_ready(0));
   REQUIRE(pool.ready_count() == 1);
   env_map env{{"GRACE_INCARNATION", "1"}, {"MASTER_PORT", "29500"}};
   auto pid = pool.release(0, env, pool.ready_deadline());
@@ -133,12 +139,15 @@ TEST_CASE("standby pool: a spare that died or never got ready is not used", "[st
   }
   SECTION("not ready within the wait: killed") {
     standby_pool pool({"/bin/bash", "-c", "sleep 30"}, 200ms);
-    REQUIRE(pool.start(0, {}));
-    auto t0 = std::chrono::steady_clock::now();
-    auto pid = pool.release(0, {}, pool.ready_deadline());
+    auto spare = pool.start(0, {});
+    REQUIRE(spare);
+    const auto deadline = pool.ready_deadline();
+    auto pid = pool.release(0, {}, deadline);
     REQUIRE_FALSE(pid);
+    CHECK(pid.err().code == errc::overloaded);
     CHECK(pid.err().message.find("not ready") != std::string::npos);
-    CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+    CHECK(pool.count() == 0);
+    CHECK(reaped(*spare));  // killed: `sleep 30` would still run
   }
   SECTION("no spare for that rank") {
     standby_pool pool({"/bin/true"}, 1s);
@@ -227,13 +236,45 @@ TEST_CASE("standby: a spare starts without what only the release gives, children
 }
 
 TEST_CASE("standby pool: one deadline for the group, spares that are not ready do not add up", "[standby]") {
-  standby_pool pool({"/bin/bash", "-c", "sleep 30"}, 1000ms);
-  REQUIRE(pool.start(0, {}));
-  REQUIRE(pool.start(1, {}));
+  // Each spare says ready only once its gate (a FIFO) is opened. Spare 0's
+  // never is; spare 1's is opened after the group's deadline passed, and
+  // the test waits until its ready byte is there. A second release that
+  // waited again (a deadline of its own) would find spare 1 ready and use
+  // it; with one deadline for the group it does not wait, so spare 1 counts
+  // as not ready and is killed like spare 0.
+  testing::temp_dir dir("grace-standby");
+  std::filesystem::create_directories(dir.path);
+  standby_pool pool({"/bin/bash", "-c", "read -r _ < \"$GATE\"; printf R >&$GRACE_STANDBY_FD; exec cat <&$GRACE_STANDBY_FD"},
+                    300ms);
+  std::vector<pid_t> pids;
+  for (int r : {0, 1}) {
+    const auto gate = dir.path / ("gate" + std::to_string(r));
+    REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
+    auto pid = pool.start(r, {{"GATE", gate.string()}});
+    REQUIRE(pid);
+    pids.push_back(*pid);
+  }
   const auto deadline = pool.ready_deadline();
-  auto t0 = std::chrono::steady_clock::now();
-  CHECK_FALSE(pool.release(0, {}, deadline));
-  CHECK_FALSE(pool.release(1, {}, deadline));
-  CHECK(std::chrono::steady_clock::now() - t0 < 1900ms);  // one wait of 1 s, not two
+  auto first = pool.release(0, {}, deadline);
+  REQUIRE_FALSE(first);
+  CHECK(first.err().code == errc::overloaded);
+  // The first release used up the group's wait; it gives up when less than
+  // a millisecond is left (its poll counts in ms): let that pass too.
+  while (standby_pool::clock::now() < deadline) std::this_thread::yield();
+
+  std::ofstream(dir.path / "gate1") << "go\n";  // opens once spare 1 reads its gate
+  int fd1 = -1;
+  for (auto [rank, fd] : pool.waiting_fds())
+    if (rank == 1) fd1 = fd;
+  REQUIRE(fd1 >= 0);
+  pollfd p{fd1, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 30000) == 1);  // spare 1's ready byte arrived (30 s: a hang guard only)
+
+  auto second = pool.release(1, {}, deadline);
+  REQUIRE_FALSE(second);
+  CHECK(second.err().code == errc::overloaded);
+  CHECK(second.err().message.find("not ready") != std::string::npos);
   CHECK(pool.count() == 0);
+  CHECK(reaped(pids[0]));
+  CHECK(reaped(pids[1]));
 }
