@@ -126,17 +126,35 @@ std::set<std::string> present_here(views& v, uint64_t s) {
   return out;
 }
 
-/// Refreshes (and returns) what peer `p` holds of committed step `s`.
-const std::set<std::string>& peer_files(const level_config& c, peer_view& p, uint64_t s) {
+/// Refreshes what peer `p` holds of its committed step `s`, asking up to
+/// three times (its server answers one connection at a time and may be
+/// busy, or restarting with its launcher): nullptr when it would not say.
+/// A peer that did not answer is not a peer without the files.
+const std::set<std::string>* peer_files_or_null(const level_config& c, peer_view& p, uint64_t s) {
   auto& f = p.files[s];
-  if (p.steps.count(s))
-    if (auto l = list_files_remote(p.ep, c.token, s, c.io_timeout)) f = std::move(*l);
-  return f;
+  if (!p.steps.count(s)) return &f;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (auto l = list_files_remote(p.ep, c.token, s, c.io_timeout)) {
+      f = std::move(*l);
+      return &f;
+    }
+  }
+  return nullptr;
 }
 
-/// Every committed step anyone has, with the parts it needs, and where the
-/// parts are available.
-std::optional<uint64_t> choose(const level_config& c, views& v) {
+/// The same where not knowing is the same as not having (a fetch that
+/// tries the next peer, a mirror adopted whole and checked).
+const std::set<std::string>& peer_files(const level_config& c, peer_view& p, uint64_t s) {
+  if (auto* f = peer_files_or_null(c, p, s)) return *f;
+  return p.files[s];
+}
+
+/// The newest committed step anyone has whose every part some node holds
+/// (nullopt: none). An error when a peer that has a step would not list its
+/// files: without its answer an older step would be chosen and the newer
+/// ones set aside, though they may be whole.
+result<std::optional<uint64_t>> choose(const level_config& c, views& v) {
   std::set<uint64_t> all = v.steps;
   for (auto& p : v.peers) all.insert(p.steps.begin(), p.steps.end());
   std::map<uint64_t, std::set<std::string>> needed, available;
@@ -152,8 +170,11 @@ std::optional<uint64_t> choose(const level_config& c, views& v) {
     auto mine = matching(*m, v.mirrored, s);
     a.insert(mine.begin(), mine.end());
     for (auto& p : v.peers) {
-      auto& pf = peer_files(c, p, s);
-      a.insert(pf.begin(), pf.end());
+      auto* pf = peer_files_or_null(c, p, s);
+      if (!pf)
+        return error{errc::disconnected, "the checkpoint server at " + p.ep + " did not list its files of step " +
+                                             std::to_string(s) + " (asked three times): nothing was set aside"};
+      a.insert(pf->begin(), pf->end());
       a.insert(p.prepared[s].begin(), p.prepared[s].end());
       auto theirs = matching(*m, p.mirrored, s);
       a.insert(theirs.begin(), theirs.end());
@@ -161,9 +182,9 @@ std::optional<uint64_t> choose(const level_config& c, views& v) {
     // Every committed copy holds the index and state files: only parts count.
     for (auto& f : m->files)
       if (f.node < 0) a.insert(f.name);
-    if (newest_restorable({{s, needed[s]}}, {{s, a}})) return s;
+    if (newest_restorable({{s, needed[s]}}, {{s, a}})) return std::optional<uint64_t>(s);
   }
-  return std::nullopt;
+  return std::optional<uint64_t>();
 }
 
 /// Renames our committed steps above `keep` aside: a part of them exists
@@ -287,7 +308,9 @@ status fetch_needed(const level_config& c, views& v, uint64_t s, const std::stri
 result<leveled> level_node_local(const level_config& c, const std::function<void(const std::string&)>& say) {
   auto v = gather(c);
   const bool heard_every_peer = v.peers.size() == c.peers.size();
-  auto target = choose(c, v);
+  auto chosen = choose(c, v);
+  if (!chosen) return chosen.err();
+  auto target = *chosen;
   if (!target) {
     bool any = !v.steps.empty();
     for (auto& p : v.peers) any |= !p.steps.empty();

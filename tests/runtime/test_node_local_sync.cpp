@@ -6,14 +6,18 @@
 #include "runtime/ckpt_fetch.hpp"
 #include "runtime/manifest.hpp"
 #include "runtime/snapshot.hpp"
+#include "runtime/tcp.hpp"
 #include "../temp_dir.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <numeric>
 #include <optional>
 #include <thread>
+
+#include <unistd.h>
 
 using namespace grace;
 using namespace std::chrono_literals;
@@ -92,6 +96,53 @@ level_config config(const fs::path& dir, std::vector<std::string> peers, uint32_
 
 std::vector<std::string> said;
 auto say = [](const std::string& l) { said.push_back(l); };
+
+/// A checkpoint server's stand-in that passes every request on to the real
+/// one, but answers the first `fail` requests "FILES <step>" with an error:
+/// a peer whose server is busy or restarting when the leveling asks it.
+class flaky_files_proxy {
+public:
+  flaky_files_proxy(std::string upstream, uint64_t step, int fail)
+      : upstream_(std::move(upstream)), files_(" FILES " + std::to_string(step)), fail_(fail) {
+    auto l = tcp::listen_on("127.0.0.1");
+    REQUIRE(l);
+    listen_ = l->first;
+    port_ = l->second;
+    REQUIRE(::pipe(stop_) == 0);
+    thread_ = std::thread([this] { tcp::serve_until_stopped(listen_, stop_[0], [this](int fd) { pass_on(fd); }); });
+  }
+  ~flaky_files_proxy() {
+    (void)!::write(stop_[1], "x", 1);
+    thread_.join();
+    for (int fd : {listen_, stop_[0], stop_[1]}) ::close(fd);
+  }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+  int refused() const { return refused_; }
+
+private:
+  void pass_on(int fd) {
+    tcp::set_io_timeout(fd, 2000ms);
+    std::string line;
+    char ch = 0;
+    while (line.size() < 4096 && tcp::recv_all(fd, &ch, 1) && ch != '\n') line += ch;
+    if (line.find(files_) != std::string::npos && refused_ < fail_) {
+      ++refused_;
+      tcp::send_all(fd, "ERR busy\n");
+      return;
+    }
+    auto up = tcp::connect_to(upstream_, 2000ms);
+    if (!up) return;
+    if (tcp::send_all(*up, line + "\n"))
+      if (auto answer = tcp::read_to_end(*up, 64 << 20)) tcp::send_all(fd, *answer);
+    ::close(*up);
+  }
+  std::string upstream_, files_;
+  int fail_;
+  std::atomic<int> refused_{0};
+  int listen_ = -1, stop_[2] = {-1, -1};
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -254,6 +305,39 @@ TEST_CASE("node-local level: without the mirrored parts a host lost with its dis
   REQUIRE_FALSE(got);
   CHECK(got.err().message.find("no checkpoint has every part on some node") != std::string::npos);
   CHECK(checkpoint_store(nodes[0]).newest_valid_step() == 20);  // nothing set aside: kept for a node that may come back
+}
+
+TEST_CASE("node-local level: a peer that does not list a step's files once is asked again", "[node-local]") {
+  // Node 1's server fails node 0's first question about step 110's files
+  // (busy, or restarting with its launcher). Taken as "node 1 holds none of
+  // them", step 110 looked incomplete: node 0 chose 100 and set its whole
+  // step 110 aside. Asked again, it says, and 110 is the step.
+  grace::testing::temp_dir d("grace-level");
+  const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
+  save(nodes, 100);
+  save(nodes, 110);
+  auto s1 = checkpoint_server::start(nodes[1], "127.0.0.1", "tok");
+  REQUIRE(s1);
+  flaky_files_proxy busy((*s1)->endpoint(), 110, 1);
+  auto got = level_node_local(config(nodes[0], {busy.endpoint()}, 0), say);
+  REQUIRE(got);
+  CHECK(busy.refused() == 1);
+  CHECK(got->step == 110);
+  CHECK(checkpoint_store(nodes[0]).newest_valid_step() == 110);
+}
+
+TEST_CASE("node-local level: a peer that never lists a step's files sets nothing aside", "[node-local]") {
+  grace::testing::temp_dir d("grace-level");
+  const std::vector<fs::path> nodes{d.path / "node0", d.path / "node1"};
+  save(nodes, 100);
+  save(nodes, 110);
+  auto s1 = checkpoint_server::start(nodes[1], "127.0.0.1", "tok");
+  REQUIRE(s1);
+  flaky_files_proxy down((*s1)->endpoint(), 110, 1000);
+  auto got = level_node_local(config(nodes[0], {down.endpoint()}, 0), say);
+  REQUIRE_FALSE(got);
+  CHECK(got.err().message.find("did not list its files of step 110") != std::string::npos);
+  CHECK(checkpoint_store(nodes[0]).newest_valid_step() == 110);  // nothing set aside on a guess
 }
 
 TEST_CASE("node-local level: an empty node whose peer does not answer learns nothing", "[node-local]") {
