@@ -71,9 +71,10 @@ same() { # same WHAT PROMQL EXPECTED WHY
 # What the test saw: the checkpoints on disk (step directories; their
 # kinds as grace-ckpt reads them from the files) and their bytes, and the
 # steps out.json counts.
-on_disk=$(ls -d "$D"/ck/step-* | grep -cE '/step-[0-9]{10}$')
+steps_on_disk() { find "$D/ck" -mindepth 1 -maxdepth 1 -type d -regextype posix-extended -regex '.*/step-[0-9]{10}' "$@"; }
+on_disk=$(steps_on_disk | wc -l)
 jit_on_disk=$("$GRACE_CKPT" list "$D/ck" | awk '$2 == "jit"' | wc -l)
-bytes=$(find "$D"/ck/step-[0-9]* -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
+bytes=$(steps_on_disk -exec find {} -type f -printf '%s\n' \; | awk '{s += $1} END {print s + 0}')
 done_steps=$(json "$D/out.json" steps_done)
 [ "$jit_on_disk" -eq 1 ] || { "$GRACE_CKPT" list "$D/ck"; fail "one just-in-time checkpoint expected on disk after one SIGKILL, found $jit_on_disk"; }
 same "committed saves" 'grace_saves_total{outcome="committed"}' "$on_disk" "checkpoints on disk"

@@ -11,7 +11,7 @@ source "$(dirname "$0")/lib.sh"
 # A model of 2.3 MB of state (weights and momentum), small batches: the
 # snapshot copy is most of a save's cost, so the test's measurement is one
 # of the save and not of the few event writes around it.
-ARGS=(--device cpu --step-delay-ms 10 --save-every auto --hidden 512,512 --batch 8)
+ARGS=(--device cpu --step-delay-ms 10 --save-every auto --hidden "512,512" --batch 8)
 periodic() { count_events "$1/events.jsonl" "e['event']=='committed_local' and e.get('kind')=='periodic'"; }
 # first_interval DIR [INCARNATION]: the first save_interval event, as
 # "seconds mtbf_s cost_s measured_s". measured_s is the test's own
