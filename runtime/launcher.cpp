@@ -1099,6 +1099,9 @@ group_end launcher::watch_group() {
       for (auto& w : workers_)
         if (!w.exited) {
           say("rank " + std::to_string(w.rank) + " did not exit in time: killing it");
+          // An event, not only a line: tests order it against the restart
+          // (a kill on the verdict must come first, never this one).
+          emit_event("exit_timeout", {{"worker_rank", w.rank}});
           ::kill(w.pid, SIGKILL);
         }
       kill_at = std::chrono::steady_clock::now() + std::chrono::hours(1);

@@ -25,6 +25,24 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 pass() { echo "ok: $*"; }
 
+# tmpfs_unavailable: why a small tmpfs cannot be mounted here, or nothing
+# when it can (a probe mount, unmounted at once). A test that needs one asks
+# before its first check: a mount that fails after the probe succeeded is a
+# failure of the test, never a skip.
+tmpfs_unavailable() {
+  local p="$WORK/.tmpfs-probe" err
+  [ "$(id -u)" -eq 0 ] || { echo "not root (a tmpfs mount needs root)"; return 0; }
+  command -v mount >/dev/null || { echo "no 'mount' command"; return 0; }
+  mkdir -p "$p"
+  if ! err=$(mount -t tmpfs -o size=64k tmpfs "$p" 2>&1); then
+    rmdir "$p"
+    echo "mount -t tmpfs failed: $err"
+    return 0
+  fi
+  umount "$p" || fail "the probe tmpfs at $p was mounted but cannot be unmounted"
+  rmdir "$p"
+}
+
 json() { # json FILE KEY
   "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
 }

@@ -4,19 +4,22 @@
 # once there is room again, made by freeing space or, when allowed, by
 # removing older checkpoints); a preemption save that cannot be written is
 # a clear error and the previous checkpoint stays intact.
-# Needs root for the tmpfs mounts: without it the test reports Skipped (77).
+# Every part needs a small tmpfs (root): the probe runs before anything
+# else, so Skipped (77) means no check ran; a mount that fails after the
+# probe succeeded is a failure.
 source "$(dirname "$0")/lib.sh"
+why=$(tmpfs_unavailable)
+[ -z "$why" ] || { echo "skipped: cannot mount a small tmpfs here ($why); every part of this test needs one"; exit 77; }
 ARGS=(--device cpu --hidden 256 --step-delay-ms 10)
 REF=$(reference 1 "${ARGS[@]}" --steps 500)
 
 # mount_small DIR SIZE: a tmpfs of SIZE at DIR, unmounted when the test ends
 MOUNTS=()
 mount_small() {
+  local err
   mkdir -p "$1"
-  if ! mount -t tmpfs -o "size=$2" tmpfs "$1" 2>/dev/null; then
-    echo "skipped: cannot mount a small tmpfs here (these tests need root and mount)"
-    exit 77
-  fi
+  err=$(mount -t tmpfs -o "size=$2" tmpfs "$1" 2>&1) ||
+    fail "mount of a $2 tmpfs at $1 failed although the probe mount succeeded: $err"
   MOUNTS+=("$1")
 }
 unmount_all() { for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null || true; done; }

@@ -70,32 +70,48 @@ for sig in KILL STOP; do
   pass "SIG$sig to rank 2: just-in-time save of step $restored from kept copies and rank 2's replica ($lost step(s) behind the most advanced survivor), weights identical"
 done
 
-# A kill during the two-phase commit: rank 2 as soon as a part of step >= 30
-# is durable (phase 1 running or done, the commit not yet taken), and rank 0
-# (the committer) as soon as the service ordered a commit (phase 2 running).
-# Whichever point the kill lands on, the restart restores a complete
-# checkpoint and the run ends bit-identical.
+# A kill during the two-phase commit of step 30, whose rename the committer
+# (rank 0) holds back 3 s (--commit-delay-step 30): the kill comes once rank
+# 1 wrote its part of step 40, so the group is past the cut step and the
+# survivors' just-in-time step cannot be step 30 itself. Rank 2 (phase 2 of
+# step 30 running on another rank) and rank 0 (the committer: the rename of
+# step 30 never happens). The restart must restore exactly the agreed
+# just-in-time step, never the cut step 30; every checkpoint is kept, so
+# the test sees on disk which commits happened.
+step_dir() { printf '%s/ck/step-%010d' "$D" "$1"; }   # step_dir STEP: in the job directory D
 for who in 2 0; do
   D="$WORK/commit-kill-$who"
-  start_job "$D" 4 -- "${ARGS[@]}"
+  cut=30
+  start_job "$D" 4 -- "${ARGS[@]}" --commit-delay-ms 3000 --commit-delay-step $cut --keep 1000 --keep-checkpoints
   wait_for_training "$D" 4
   victim=$(workers_of "$JOB_PID" | sort | sed -n "$((who + 1))p")
-  if [ "$who" -eq 2 ]; then
-    wait_for_event "$D" "e['event']=='part_durable' and e['step']>=30"
-  else
-    wait_for_event "$D" "e['event']=='parts_durable' and e['step']>=30"
-  fi
+  wait_for_event "$D" "e['event']=='part_durable' and e['step']==$((cut + 10)) and e['rank']==1"
   kill -KILL "$victim"
   wait_job
   check_finished "$D" $STEPS "$REF"
+  # The kill landed inside the held commit: the victim's exit comes before
+  # any commit of step 30.
+  "$PY" - "$D/events.jsonl" "$who" "$cut" <<'PYEOF' || fail "kill of rank $who: it did not land inside the commit of step $cut"
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+who, cut = int(sys.argv[2]), int(sys.argv[3])
+died = min(i for i, e in enumerate(ev) if e['event'] == 'worker_exit' and e['worker_rank'] == who and e['incarnation'] == 0)
+assert ev[died]['signal'] == 9, ev[died]
+assert all(i > died for i, e in enumerate(ev) if e['event'] == 'committed_local' and e['step'] == cut), "step %d committed first" % cut
+PYEOF
   restored=$(first_event_step "$D" restored)
-  # A periodic step whose commit completed, or the survivors' just-in-time
-  # step from copies; never the step whose commit was cut.
   jit=$(events "$D/events.jsonl" "e['event']=='agreed' and e['kind']=='jit'" | "$PY" -c 'import json,sys; l=sys.stdin.readline(); print(json.loads(l)["step"] if l else "none")')
-  [ $((restored % 10)) -eq 0 ] || [ "$restored" = "$jit" ] ||
-    fail "kill of rank $who in a commit: restored step $restored was never committed"
+  [ "$jit" != none ] || fail "kill of rank $who in the commit of step $cut: no just-in-time save was agreed"
+  [ "$jit" -gt "$cut" ] || fail "kill of rank $who: just-in-time step $jit, but the group was past step $cut"
+  [ -d "$(step_dir "$jit")" ] || fail "kill of rank $who: the just-in-time step $jit was agreed but never committed"
+  if [ "$who" -eq 0 ]; then
+    [ ! -d "$(step_dir $cut)" ] || fail "kill of the committer in the commit of step $cut: step $cut was committed anyway"
+  fi
+  [ "$restored" -ne "$cut" ] || fail "kill of rank $who: restored step $cut, whose commit was cut"
+  [ "$restored" = "$jit" ] ||
+    fail "kill of rank $who in the commit of step $cut: restored step $restored, not the just-in-time step $jit"
   [ -z "$(find "$D/ck" -maxdepth 1 -name '.parts-*')" ] || fail "kill of rank $who: parts directories left behind"
-  pass "SIGKILL to rank $who during the commit of a sharded save: restored the complete step $restored (just in time: $jit), weights identical"
+  pass "SIGKILL to rank $who during the commit of step $cut (committed after all: $([ -d "$(step_dir $cut)" ] && echo yes || echo no)): restored the just-in-time step $jit, weights identical"
 done
 
 # A damaged part: the newest checkpoint no longer verifies; the next run

@@ -12,10 +12,8 @@ for spec in "40 2" "41 0" "17 3" "60 1" "23 2" "5 0"; do
   set -- $spec
   step=$1 rank=$2
   D="$WORK/err-$step-$rank"
-  T0=$(date +%s)
   start_job "$D" 4 -- "${ARGS[@]}" --fail-at-step "$step" --fail-rank "$rank"
   wait_job
-  T1=$(date +%s)
   [ "$JOB_RC" -eq 3 ] || { tail -30 "$D/log.txt"; fail "step $step rank $rank: launcher exit $JOB_RC, expected 3"; }
   [ "$(json "$D/ck/grace-exit.json" restarts)" -eq 0 ] || fail "a bug must not be restarted"
   exits=$(count_events "$D/events.jsonl" "e['event']=='worker_exit'")
@@ -25,7 +23,7 @@ for spec in "40 2" "41 0" "17 3" "60 1" "23 2" "5 0"; do
   [ "$(count_events "$D/events.jsonl" "e['event']=='exit' and e['code']==3 and 'rank $rank' in e['reason'] and 'step $step' in e['reason']")" -eq 4 ] \
     || { grep '"exit"' "$D/events.jsonl"; fail "step $step rank $rank: every worker must name the origin"; }
   ! grep -q "did not exit in time" "$D/log.txt" || fail "step $step rank $rank: a worker hung and was killed"
-  [ $((T1 - T0)) -lt 30 ] || fail "step $step rank $rank: took $((T1 - T0)) s"
+  [ "$(count_events "$D/events.jsonl" "e['event']=='exit_timeout'")" -eq 0 ] || fail "step $step rank $rank: the launcher's exit timeout fired (a worker hung)"
   n=$((n + 1))
 done
 pass "$n step errors: every worker exited 3, the launcher exited 3, no restart, no signal, no hang"

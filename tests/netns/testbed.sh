@@ -21,6 +21,8 @@
 #
 # Where namespaces cannot be made (not root, no CAP_NET_ADMIN, no iproute2),
 # tb_init prints "skipped: ..." and exits 77, which CTest reports as Skipped.
+# Once the namespace probe succeeded, any later step of building the bed
+# (a bridge, a link) that fails is a failure, never a skip.
 
 TB_SKIP=77
 TB_NS=()
@@ -86,9 +88,12 @@ tb_init() { # tb_init K
   trap 'exit 143' TERM
   TB="$WORK/tb"
   mkdir -p "$TB/shared"
-  ip link add "${TB_PREFIX}b" type bridge || tb_skip "cannot create a bridge"
-  ip link add "${TB_PREFIX}c" type bridge
+  # The probe above showed namespaces can be made here: a bridge that then
+  # cannot be is a broken test bed (a failure), not a missing one (a skip).
   local br
+  for br in "${TB_PREFIX}b" "${TB_PREFIX}c"; do
+    ip link add "$br" type bridge || fail "cannot create bridge $br although a network namespace could be made (ip link add $br type bridge failed)"
+  done
   for br in "${TB_PREFIX}b" "${TB_PREFIX}c"; do
     # The machine's own namespace sits on each bridge (the bridge device)
     # and may itself hold one of the test addresses (this machine kind's
