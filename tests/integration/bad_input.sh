@@ -10,7 +10,7 @@ expect_exit() { # expect_exit CODE PATTERN CMD...
   rc=$?
   set -e
   [ $rc -eq "$code" ] || { echo "$out"; fail "'$*': exit $rc, expected $code"; }
-  echo "$out" | grep -q -- "$pattern" || { echo "$out"; fail "'$*': message lacks '$pattern'"; }
+  echo "$out" | grep -- "$pattern" >/dev/null || { echo "$out"; fail "'$*': message lacks '$pattern'"; }
   pass "'$*' -> exit $code ($pattern)"
 }
 
@@ -43,8 +43,8 @@ mkdir -p "$WORK/c1/.tmp-step-0000000040-999999-x"   # a stale temporary from a c
 set +e; "$GRACE_CKPT" verify "$WORK/c1" >/dev/null 2>&1; vrc=$?; set -e
 [ $vrc -eq 1 ] || fail "grace-ckpt verify must report the corrupt checkpoint"
 out=$("$GRACE_TRAIN" --device cpu --steps 40 --checkpoint-dir "$WORK/c1" --keep-checkpoints --output "$WORK/c1.json" 2>&1)
-echo "$out" | grep -q "skipped checkpoint.*step-0000000030" || { echo "$out"; fail "the corrupt checkpoint must be reported"; }
-echo "$out" | grep -q "restored step 20" || { echo "$out"; fail "restore must fall back to step 20"; }
+echo "$out" | grep "skipped checkpoint.*step-0000000030" >/dev/null || { echo "$out"; fail "the corrupt checkpoint must be reported"; }
+echo "$out" | grep "restored step 20" >/dev/null || { echo "$out"; fail "restore must fall back to step 20"; }
 [ "$(json "$WORK/c1.json" weights_checksum)" = "$REF" ] || fail "weights after falling back differ"
 ls -d "$WORK"/c1/step-0000000030* >/dev/null || fail "the corrupt checkpoint was deleted"
 [ -z "$(find "$WORK/c1" -maxdepth 1 -name '.tmp-*')" ] || fail "stale temporary not cleaned"
@@ -64,7 +64,7 @@ set +e
 out=$("$GRACE_TRAIN" --device cpu --steps 30 --hidden 256 --save-every 10 --keep 5 --keep-checkpoints --checkpoint-dir "$M" 2>&1)
 rc=$?
 set -e
-echo "$out" | grep -qi "no space left" || { echo "$out"; umount "$M"; fail "disk full must be reported"; }
+echo "$out" | grep -i "no space left" >/dev/null || { echo "$out"; umount "$M"; fail "disk full must be reported"; }
 [ $rc -ne 0 ] || { umount "$M"; fail "a run whose final save failed must not exit 0"; }
 "$GRACE_CKPT" verify "$M" --step 10 >/dev/null || { "$GRACE_CKPT" list "$M"; umount "$M"; fail "the previous checkpoint was damaged"; }
 [ -z "$(find "$M" -maxdepth 1 -name '.tmp-*')" ] || { umount "$M"; fail "temporary left after ENOSPC"; }

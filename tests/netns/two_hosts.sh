@@ -48,7 +48,7 @@ expect_exit() { # expect_exit CODE PATTERN HOST CMD...
   local rc=$?
   set -e
   [ $rc -eq "$code" ] || { echo "$out"; fail "'$*': exit $rc, expected $code"; }
-  echo "$out" | grep -q -- "$pattern" || { echo "$out"; fail "'$*': message lacks '$pattern'"; }
+  echo "$out" | grep -- "$pattern" >/dev/null || { echo "$out"; fail "'$*': message lacks '$pattern'"; }
   pass "'$*' -> exit $code ($pattern)"
 }
 N1=(--nproc 1 --nnodes 2 --node-rank 1 --run-id bad)

@@ -53,7 +53,7 @@ sl_start() {
   slurmd -f "$SLURM_CONF" || { cat "$SL/log/slurmd.log"; fail "slurmd did not start"; }
   local i
   for i in $(seq 1 100); do
-    sinfo -h -o %t 2>/dev/null | grep -qx idle && return 0
+    sinfo -h -o %t 2>/dev/null | grep -x idle >/dev/null && return 0
     sleep 0.2
   done
   sinfo; tail -n 20 "$SL/log/slurmctld.log" "$SL/log/slurmd.log"
@@ -124,7 +124,7 @@ sl_wait_state() {
   local end=$((SECONDS + $3)) s
   while [ $SECONDS -lt "$end" ]; do
     s=$(sl_state "$1")
-    echo "$s" | grep -qE "^($2)$" && return 0
+    echo "$s" | grep -E "^($2)$" >/dev/null && return 0
     sleep 0.2
   done
   scontrol show job "$1"

@@ -33,7 +33,7 @@ step_of() { # step_of FILE EXPR: the step of the first matching event
 # Requeued by the job script after exit 42; release SLURM's hold; finish.
 resume_and_finish() { # resume_and_finish DIR
   local end=$((SECONDS + 120))
-  until scontrol show job "$J" | grep -q "JobState=PENDING.*" && scontrol show job "$J" | grep -q "Restarts=1 "; do
+  until scontrol show job "$J" | grep "JobState=PENDING.*" >/dev/null && scontrol show job "$J" | grep "Restarts=1 " >/dev/null; do
     [ $SECONDS -lt $end ] || { cat "$1/job.out"; fail "job $J was not requeued"; }
     sleep 0.2
   done
@@ -49,7 +49,7 @@ resume_and_finish() { # resume_and_finish DIR
   done
   sl_wait_state "$J" "COMPLETED|FAILED|CANCELLED|TIMEOUT" 150
   [ "$(sl_state "$J")" = COMPLETED ] || { cat "$1/job.out"; fail "job $J ended $(sl_state "$J")"; }
-  scontrol show job "$J" | grep -q "Restarts=1 " || { scontrol show job "$J"; fail "job $J was not requeued once"; }
+  scontrol show job "$J" | grep "Restarts=1 " >/dev/null || { scontrol show job "$J"; fail "job $J was not requeued once"; }
   local out="$1/out.json"
   [ "$(json "$out" steps_done)" -eq $STEPS ] || fail "steps_done != $STEPS"
   [ "$(json "$out" step_index_sum)" -eq $((STEPS * (STEPS + 1) / 2)) ] || fail "a step ran twice or never"
