@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "../bounded_call.hpp"
 #include "runtime/cancel_token.hpp"
 #include "runtime/gloo_comm.hpp"
 #include "runtime/kernels.hpp"
@@ -77,22 +78,6 @@ bool eventually(const std::function<bool()>& event) {
     std::this_thread::yield();
   }
   return true;
-}
-
-/// `fn()` on a detached thread, as a future: a test that gives up on it
-/// fails instead of blocking in the future's destructor (std::async's would).
-template <class F>
-auto detached(F fn) -> std::future<decltype(fn())> {
-  auto p = std::make_shared<std::promise<decltype(fn())>>();
-  auto f = p->get_future();
-  std::thread([p, fn = std::move(fn)]() mutable { p->set_value(fn()); }).detach();
-  return f;
-}
-
-/// Whether `f` has its value, waiting at most as long as `eventually`.
-template <class T>
-bool returns(std::future<T>& f) {
-  return f.wait_for(30s) == std::future_status::ready;
 }
 
 }  // namespace
@@ -438,29 +423,31 @@ TEST_CASE("gloo_comm: a cancelled rendezvous returns at once while a peer never 
   if (!can_bind("127.0.0.2")) GRACE_SKIP("127.0.0.2 is not a local address here (Linux routes 127/8 to lo)");
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   const std::string prefix = fresh_prefix();
-  auto r2 = detached([=] {
+  using call = grace::testing::bounded_call<result<std::unique_ptr<gloo_comm>>>;
+  call r2([=] {
     return gloo_comm::connect(std::make_shared<dying_store>(store, prefix + "/2"), prefix, 2, 3, 60000ms, "127.0.0.2");
   });
   // Ranks 0 and 1 with Gloo's timeout an hour away: only the cancel can end
   // them (their helpers, abandoned, stay blocked: detached, like the calls,
   // so a failure here ends the test instead of hanging it).
   std::vector<std::shared_ptr<cancel_token>> tokens{std::make_shared<cancel_token>(), std::make_shared<cancel_token>()};
-  std::vector<std::future<result<std::unique_ptr<gloo_comm>>>> fs;
+  std::vector<call> fs;
   for (int r = 0; r < 2; ++r)
-    fs.push_back(detached([=] { return gloo_comm::connect(store, prefix, r, 3, 3600000ms, "127.0.0.1", tokens[r]); }));
+    fs.emplace_back([=] { return gloo_comm::connect(store, prefix, r, 3, 3600000ms, "127.0.0.1", tokens[r]); });
   // Every rank published its pairs' addresses: 0 and 1 are connecting
   // pairs, rank 2 is gone without connecting any.
   store->wait({prefix + "/0", prefix + "/1", prefix + "/2"});
-  REQUIRE(returns(r2));
-  CHECK_FALSE(r2.get().ok());
+  auto gone = r2.get();
+  REQUIRE(gone.has_value());
+  CHECK_FALSE(gone->ok());
   for (auto& t : tokens) t->cancel();
   for (auto& f : fs) {
     INFO("a connect did not return after its cancel (it would wait an hour)");
-    REQUIRE(returns(f));
     auto c = f.get();
-    REQUIRE_FALSE(c.ok());
-    CHECK(c.err().code == errc::disconnected);
-    CHECK(c.err().message.find("aborted during the rendezvous") != std::string::npos);
+    REQUIRE(c.has_value());
+    REQUIRE_FALSE(c->ok());
+    CHECK(c->err().code == errc::disconnected);
+    CHECK(c->err().message.find("aborted during the rendezvous") != std::string::npos);
   }
 }
 

@@ -6,6 +6,7 @@
 #include "runtime/checkpoint.hpp"
 #include "runtime/device_copy.hpp"
 #include "runtime/snapshot.hpp"
+#include "../bounded_call.hpp"
 #include "../temp_dir.hpp"
 
 #include <catch2/catch.hpp>
@@ -163,18 +164,16 @@ TEST_CASE("snapshot: a capture that throws still releases a waiting writer", "[s
   refs[0].memory = memory_kind::device;
   auto buf = std::make_shared<snapshot_buffers>(refs);
   buf->begin_capture();
-  // Detached, owning what it waits on: if the throw left it asleep, the
-  // test fails at the guard below instead of hanging in a destructor.
-  std::promise<bool> woke;
-  auto waiter = woke.get_future();
-  std::thread([buf, woke = std::move(woke)]() mutable { woke.set_value(buf->wait_captured(buf->total_bytes())); })
-      .detach();
+  // A hang guard: if the throw left the waiter asleep, the test fails below
+  // instead of hanging.
+  grace::testing::bounded_call<bool> waiter([buf] { return buf->wait_captured(buf->total_bytes()); });
   const bool waiting = writer_waits(*buf);
   CHECK_THROWS_AS(buf->copy_in(refs), std::bad_alloc);
   register_device_copy(nullptr, nullptr);
   REQUIRE(waiting);
   INFO("the waiter still sleeps after the capture threw");
-  REQUIRE(waiter.wait_for(std::chrono::seconds(30)) == std::future_status::ready);  // a hang guard
-  CHECK_FALSE(waiter.get());
+  auto woke = waiter.get();
+  REQUIRE(woke.has_value());
+  CHECK_FALSE(*woke);
   CHECK(buf->capture_failed());
 }
