@@ -377,18 +377,34 @@ std::vector<int64_t> group_bounds(const run_result& res, const run_config& cfg) 
   return bound;
 }
 
-/// The newest checkpoint committed before a damage, other than the damaged
-/// one, when a full disk had swallowed periodic saves (-1: not needed).
-int64_t full_disk_fallback(const run_result& res, const fault_record& f) {
-  bool disk_was_full = std::any_of(res.faults.begin(), res.faults.end(), [&](const fault_record& g) {
-    return injected(g) && g.f.kind == fault_kind::fs_full && g.t_ns < f.t_ns;
-  });
-  int64_t fallback = -1;
-  if (loss_class_of(f.f.kind) != loss_class::periodic || !disk_was_full) return fallback;
-  for (auto& e : res.events)
-    if (e.name == "committed_local" && e.t_ns < f.corrupted_ns && e.j.value("path", "") != f.corrupted_path)
-      fallback = std::max(fallback, e.step());
-  return fallback;
+/// Steps a full disk's window is widened by on either side: the harness's
+/// step at the fill is extrapolated from the last event that anchored it,
+/// and a periodic save still being written when the disk filled fails too.
+constexpr int64_t full_disk_slack_steps = 3;
+
+/// A damaged-checkpoint fault after a full disk may fall back further than
+/// one save interval: the restore skips the damaged (newest) checkpoint and
+/// takes the newest periodic save before it, which the full disk may have
+/// swallowed. Bounded by the faults, not by what the run left on disk: an
+/// fs_full whose disk was full at step F stays full for save_every + 3 steps
+/// (less: the harness frees it at the first failed save), so it swallows at
+/// most the periodic saves in [F - slack, F + save_every + 3 + slack]. The
+/// bound is `reached` minus the newest multiple of save_every below it that
+/// no earlier fs_full can have swallowed (0: start over); -1 when no fs_full
+/// came before `f` or `f` is not a damaged-checkpoint fault.
+int64_t full_disk_bound(const run_result& res, const fault_record& f, int64_t reached, int save_every) {
+  if (loss_class_of(f.f.kind) != loss_class::periodic || save_every <= 0) return -1;
+  std::vector<std::pair<int64_t, int64_t>> windows;  // step ranges a full disk may have swallowed saves in
+  for (auto& g : res.faults)
+    if (injected(g) && g.f.kind == fault_kind::fs_full && g.t_ns < f.t_ns)
+      windows.emplace_back(g.est_step - full_disk_slack_steps, g.est_step + save_every + 3 + full_disk_slack_steps);
+  if (windows.empty()) return -1;
+  auto swallowed = [&](int64_t step) {
+    return std::any_of(windows.begin(), windows.end(), [&](auto& w) { return step >= w.first && step <= w.second; });
+  };
+  int64_t fallback = (reached - 1) / save_every * save_every;  // the newest periodic save below `reached`
+  while (fallback > 0 && swallowed(fallback)) fallback -= save_every;
+  return reached - std::max<int64_t>(0, fallback);
 }
 
 /// The last step the faulted incarnation completed (from its exits, saves
@@ -450,11 +466,11 @@ fault_loss measure_loss(const run_result& res, const fault_record& f, int64_t bo
     return l;
   }
   l.lost = std::max<int64_t>(0, l.reached - l.restored);
-  int64_t fallback = full_disk_fallback(res, f);
-  if (fallback >= 0 && l.reached - fallback > l.bound) {
-    l.bound = l.reached - fallback;
-    l.detail += "bound widened to the newest intact checkpoint (step " + std::to_string(fallback) +
-                ": a full disk swallowed periodic saves); ";
+  const int64_t full_disk = full_disk_bound(res, f, l.reached, cfg.save_every);
+  if (full_disk > l.bound) {
+    l.bound = full_disk;
+    l.detail += "bound widened to step " + std::to_string(l.reached - full_disk) +
+                ", the newest periodic save no earlier full disk can have swallowed; ";
   }
   l.ok = l.lost <= l.bound;
   l.detail += "reached " + std::to_string(l.reached) + ", restored " + std::to_string(l.restored) + " in incarnation " +

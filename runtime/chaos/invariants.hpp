@@ -8,7 +8,8 @@
 ///   no_temp_left        no `.tmp-*` directory left in the checkpoint directory
 ///   exit_codes          every worker and launcher exit code is explained by an injected fault
 ///   work_lost           steps re-run after each fault within its bound
-///                       (notice 0, kill/freeze 1, damaged checkpoint: the periodic interval)
+///                       (notice 0, kill/freeze 1, damaged checkpoint: the periodic interval, or
+///                       after a full disk back to the newest periodic save its window spared)
 ///   no_split_brain      (--hosts) a host cut off or frozen past dead-after never commits a
 ///                       checkpoint in the incarnation it was declared dead in
 

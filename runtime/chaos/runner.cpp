@@ -354,7 +354,7 @@ private:
   }
 
   /// fs_full: fills the checkpoint file system for save_every + 3 steps.
-  bool fill_disk(fault_record& r, active_fault& a, int64_t now) {
+  bool fill_disk(fault_record& r, active_fault& a) {
     if (!res_.fs_mounted) {
       r.status = "skipped";
       r.detail = "no small file system could be mounted (needs root and mount(2))";
@@ -370,9 +370,15 @@ private:
       n += static_cast<uint64_t>(w);
     }
     if (fd >= 0) ::close(fd);
-    r.detail = "filled with " + std::to_string(n) + " bytes";
+    // Filling takes a while (a quarter of a second for 256 MiB, several
+    // steps of a fast job): the disk is full from here, so its step (what
+    // work_lost bounds the fault by) and its window start here, not at
+    // `now`.
+    const int64_t full_ns = now_ns();
+    r.est_step = view_.estimate(full_ns);
+    r.detail = "filled with " + std::to_string(n) + " bytes, full at ~step " + std::to_string(r.est_step);
     a.until = active_fault::wait_for::timer;
-    a.timer_ns = now + static_cast<int64_t>(double(cfg_.save_every + 3) * view_.step_ns);
+    a.timer_ns = full_ns + static_cast<int64_t>(double(cfg_.save_every + 3) * view_.step_ns);
     return true;
   }
 
@@ -418,7 +424,7 @@ private:
         a.gap = true;
         break;
       case fault_kind::fs_full:
-        if (!fill_disk(r, a, now)) return;
+        if (!fill_disk(r, a)) return;
         break;
       case fault_kind::host_lost:
       case fault_kind::host_partition:

@@ -1,5 +1,5 @@
-// grace-chaos's pure parts for the multi-host test bed: host faults in
-// schedules (parsing, generation) and the verdicts that depend on hosts.
+// grace-chaos's pure parts: host faults in schedules (parsing, generation), the
+// verdicts that depend on hosts, and work_lost's bound after a full disk.
 #include "runtime/chaos/invariants.hpp"
 #include "runtime/chaos/schedule.hpp"
 
@@ -330,4 +330,94 @@ TEST_CASE("a group ended for a member that is not level explains its exits", "[c
                 ev("worker_exit", 4.1, -1, 2, {{"worker_rank", 1}, {"code", 42}})};
   res.launches = {launch(0, 0, 0), launch(1, 1, 0)};
   CHECK(find(check(cfg, res), "exit_codes").status == verdict_status::pass);
+}
+
+namespace {
+
+/// One host of four workers, a save every 10 steps: the disk full at
+/// `full_at` (fs_full, 2 s), then the newest checkpoint (the preemption's
+/// save at `reached`) damaged at 5 s (flip_byte) and the next incarnation
+/// restoring `restored`. `committed`: the periodic saves the run made
+/// before the damage.
+run_result damaged_after_full_disk(int64_t full_at, int64_t reached, int64_t restored,
+                                   const std::vector<int64_t>& committed) {
+  run_result res;
+  fault_record full;
+  full.f.kind = fault_kind::fs_full;
+  full.f.at_step = static_cast<uint64_t>(full_at);
+  full.status = "injected";
+  full.index = 0;
+  full.t_ns = 2 * sec;
+  full.est_step = full_at;
+  full.incarnation = 0;
+  fault_record flip;
+  flip.f.kind = fault_kind::flip_byte;
+  flip.f.at_step = static_cast<uint64_t>(reached);
+  flip.status = "injected";
+  flip.index = 1;
+  flip.t_ns = 5 * sec;
+  flip.est_step = reached;
+  flip.incarnation = 0;
+  flip.launch = 0;
+  const std::string damaged = "/ck/step-" + std::to_string(reached);
+  flip.corrupted_path = damaged;
+  flip.corrupted_ns = static_cast<int64_t>(5.5 * sec);
+  res.faults = {full, flip};
+  res.launches = {launch(0, 0, 42), launch(1, 0, 0)};
+  for (int64_t s : committed)
+    res.events.push_back(ev("committed_local", 4.5 * double(s) / double(reached), 0, 0,
+                            {{"step", s}, {"path", "/ck/step-" + std::to_string(s)}, {"kind", "periodic"}}));
+  res.events.push_back(ev("committed_local", 5.2, 0, 0, {{"step", reached}, {"path", damaged}, {"kind", "initial"}}));
+  for (int r = 0; r < 4; ++r) {
+    res.events.push_back(ev("exit", 5.3, r, 0, {{"step", reached}, {"code", 42}}));
+    res.events.push_back(ev("restored", 8, r, 1, {{"step", restored}}));
+    res.events.push_back(ev("first_step", 8.1, r, 1, {{"step", restored + 1}}));
+    res.events.push_back(ev("finished", 12, r, 1, {{"step", 100}}));
+  }
+  res.out = {{"steps_done", 100}, {"step_index_sum", 5050}, {"weights_checksum", "abc"}};
+  return res;
+}
+
+run_config one_host_saving_every_10() {
+  run_config cfg;
+  cfg.workers = 4;
+  cfg.steps = 100;
+  cfg.save_every = 10;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("work_lost after a full disk: back past the saves the disk swallowed, no further", "[chaos]") {
+  auto cfg = one_host_saving_every_10();
+  // Full from step 34 for save_every + 3 steps: the save of step 40 failed.
+  // Damaged at 45, the restore falls back past 40 to 30: 15 steps, more
+  // than one interval, all explained by the full disk.
+  auto out = check(cfg, damaged_after_full_disk(34, 45, 30, {10, 20, 30}));
+  CHECK(find(out, "work_lost").status == verdict_status::pass);
+  CHECK(out.losses.at(1).lost == 15);
+  CHECK(out.losses.at(1).bound == 15);
+  // Without the full disk, the same loss is over the interval.
+  auto plain = damaged_after_full_disk(34, 45, 30, {10, 20, 30});
+  plain.faults.erase(plain.faults.begin());
+  plain.faults[0].index = 0;
+  CHECK(find(check(cfg, plain), "work_lost").status == verdict_status::fail);
+}
+
+TEST_CASE("work_lost after a full disk: a loss the full disk does not explain fails", "[chaos]") {
+  auto cfg = one_host_saving_every_10();
+  // The save of step 30 is missing too (committed before the disk was
+  // full: nothing excuses it); the restore goes back to 20, 25 steps. The
+  // old rule took the bound from the newest checkpoint the run had left
+  // (20) and passed this.
+  auto out = check(cfg, damaged_after_full_disk(34, 45, 20, {10, 20}));
+  CHECK(find(out, "work_lost").status == verdict_status::fail);
+  CHECK(out.losses.at(1).lost == 25);
+  CHECK(out.losses.at(1).bound == 15);
+  CHECK_THAT(find(out, "work_lost").detail, Catch::Contains("fault 1 flip_byte: lost 25 step(s) > bound 15"));
+  // A full disk long before the damage swallowed the save of step 10, not
+  // 60 or 70: a restore at 60 after a damage at 75 is over the interval.
+  out = check(cfg, damaged_after_full_disk(4, 75, 60, {20, 30, 40, 50, 60}));
+  CHECK(find(out, "work_lost").status == verdict_status::fail);
+  CHECK(out.losses.at(1).bound == 10);
 }
