@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -115,11 +116,13 @@ result<probe_findings> check_probes(const shared_dir_probe& p, gloo::rendezvous:
   }
 }
 
-/// Rank 0: this incarnation's probe files and any older leftovers.
-void remove_probes(const fs::path& dir) {
+/// The probe files in `dir`: of every incarnation (a leftover of an older
+/// one included), or of `incarnation` only.
+void remove_probes(const fs::path& dir, std::optional<uint32_t> incarnation = std::nullopt) {
+  const std::string prefix = probe_prefix + (incarnation ? std::to_string(*incarnation) + "-r" : std::string());
   std::error_code ec;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
-    if (it->path().filename().string().rfind(probe_prefix, 0) == 0) {
+    if (it->path().filename().string().rfind(prefix, 0) == 0) {
       std::error_code e2;
       fs::remove(it->path(), e2);
     }
@@ -256,8 +259,10 @@ status check_node_local_directories(const shared_dir_probe& p, gloo::rendezvous:
   }
   auto verdict = await_key(kv, key_of(p, "verdict"), p.timeout + p.settle + std::chrono::seconds(10),
                            "waiting for rank 0's verdict");
-  std::error_code ec;
-  fs::remove(probe_file(p.dir, p.incarnation, p.rank), ec);
+  // Every probe was read once the verdict is out: the first rank here
+  // removes its directory's (a failed check ends the group, and its
+  // launcher may stop the others before they get here).
+  remove_probes(p.dir, p.incarnation);
   if (leader) remove_probes(p.dir);  // older incarnations' leftovers
   if (!verdict) return verdict.err();
   if (*verdict != verdict_ok) return error{errc::invalid_input, *verdict};
@@ -276,8 +281,9 @@ status check_shared_directory(const shared_dir_probe& p, gloo::rendezvous::Store
       auto v = kv.get(verdict_key);
       verdict.assign(v.begin(), v.end());
     });
-    std::error_code ec;
-    fs::remove(probe_file(p.dir, p.incarnation, p.rank), ec);  // rank 0 cannot, when it does not share it
+    // Rank 0 cannot, when it does not share this directory; the first rank
+    // here removes every probe in it (the others may be stopped before).
+    remove_probes(p.dir, p.incarnation);
     if (!st) return st;
     if (verdict != verdict_ok) return error{errc::invalid_input, verdict};
     return {};

@@ -8,6 +8,7 @@
 #include <gloo/rendezvous/hash_store.h>
 
 #include <fstream>
+#include <set>
 #include <thread>
 
 using namespace grace;
@@ -17,12 +18,21 @@ namespace fs = std::filesystem;
 namespace {
 
 /// Runs the check on `dirs.size()` ranks at once, rank r in dirs[r].
-std::vector<status> run_ranks(const std::vector<fs::path>& dirs, uint32_t local_world, bool node_local = false) {
+/// Ranks in `stopped` only write their probe and publish it, as a rank its
+/// launcher stops before it reads the verdict would.
+std::vector<status> run_ranks(const std::vector<fs::path>& dirs, uint32_t local_world, bool node_local = false,
+                              const std::set<uint32_t>& stopped = {}) {
   gloo::rendezvous::HashStore kv;
   std::vector<status> out(dirs.size());
   std::vector<std::thread> ts;
+  for (uint32_t r : stopped) {
+    fs::create_directories(dirs[r]);
+    std::ofstream(dirs[r] / (".grace-shared-dir-i3-r" + std::to_string(r))) << "nonce\n";
+    const std::string nonce = "nonce";
+    kv.set("job/3/shared-dir/" + std::to_string(r), std::vector<char>(nonce.begin(), nonce.end()));
+  }
   for (uint32_t r = 0; r < dirs.size(); ++r)
-    ts.emplace_back([&, r] {
+    if (!stopped.count(r)) ts.emplace_back([&, r] {
       shared_dir_probe p;
       p.dir = dirs[r];
       p.rank = r;
@@ -70,6 +80,28 @@ TEST_CASE("shared directory: node-local directories stop every rank with the sam
   CHECK(m.find(fs::absolute(n0).string()) != std::string::npos);
   CHECK(m.find("grace-launch --node-local-checkpoints") != std::string::npos);
   CHECK(entries(n0) == 0);  // rank 0 cleaned its directory
+}
+
+TEST_CASE("shared directory: a rank stopped after its probe leaves no probe: its node's first rank removes it",
+          "[shared_dir]") {
+  temp_dir d;
+  auto n0 = d.path / "node0", n1 = d.path / "node1";
+  auto st = run_ranks({n0, n0, n1, n1}, 2, false, {3});
+  for (uint32_t r = 0; r < 3; ++r) {
+    REQUIRE_FALSE(st[r]);
+    CHECK(st[r].err().message.find("rank(s) 2, 3 (node 1)") != std::string::npos);
+  }
+  CHECK(entries(n0) == 0);
+  CHECK(entries(n1) == 0);  // rank 3's probe too
+}
+
+TEST_CASE("node-local directories: a rank stopped after its probe leaves no probe behind", "[shared_dir]") {
+  temp_dir d;
+  auto n0 = d.path / "node0", n1 = d.path / "node1";
+  auto st = run_ranks({n0, n0, n1, n1}, 2, true, {1});
+  for (uint32_t r : {0u, 2u, 3u}) CHECK(st[r]);
+  CHECK(entries(n0) == 0);  // rank 1's probe too
+  CHECK(entries(n1) == 0);
 }
 
 TEST_CASE("shared directory: the verdict names ranks and nodes", "[shared_dir]") {
