@@ -1,8 +1,8 @@
 #include "actors/checkpoint_writer.hpp"
 
-#include "runtime/ckpt_fetch.hpp"
-#include "runtime/control.hpp"
-#include "runtime/events.hpp"
+#include "runtime/checkpoint/checkpoint_fetch.hpp"
+#include "runtime/worker/control_block.hpp"
+#include "runtime/base/events.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/scoped_actor.hpp>

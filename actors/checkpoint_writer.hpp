@@ -15,7 +15,7 @@
 /// memory); the protocol between processes is Cap'n Proto (messages/).
 
 #include "actors/coordinator_ref.hpp"
-#include "runtime/checkpoint.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
 
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>

@@ -1,17 +1,19 @@
 #include "actors/coordinator.hpp"
+#include "actors/coordinator_parts.hpp"
 
 #include "actors/node_relay.hpp"
 #include "actors/peer_watcher.hpp"
-#include "messages/convert.hpp"
-#include "runtime/agreement.hpp"
-#include "runtime/deadline.hpp"
-#include "runtime/events.hpp"
-#include "runtime/job_token.hpp"
-#include "runtime/leadership.hpp"
-#include "runtime/membership.hpp"
-#include "runtime/net_address.hpp"
-#include "runtime/rendezvous_table.hpp"
-#include "runtime/tcp.hpp"
+#include "actors/convert.hpp"
+#include "runtime/coordination/admission.hpp"
+#include "runtime/coordination/agreement.hpp"
+#include "runtime/base/deadline.hpp"
+#include "runtime/base/events.hpp"
+#include "runtime/net/job_token.hpp"
+#include "runtime/coordination/leader_rules.hpp"
+#include "runtime/coordination/membership.hpp"
+#include "runtime/net/net_address.hpp"
+#include "runtime/coordination/rendezvous_table.hpp"
+#include "runtime/net/tcp.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
@@ -38,87 +40,14 @@
 
 namespace grace {
 
-namespace {
+namespace coord {
 
-using kv_promise = caf::typed_response_promise<msg<proto::KvReply>>;
-using barrier_promise = caf::typed_response_promise<msg<proto::BarrierReply>>;
-using plan_promise = caf::typed_response_promise<msg<proto::GroupPlan>>;
 
-struct coordinator_state {
-  static inline const char* name = "coordinator";
-  coordinator_config cfg;
-  std::unique_ptr<agreement> agree;
-  std::unique_ptr<membership> members;
-  std::map<uint32_t, peer_watcher_actor> workers;
-  std::map<caf::actor_addr, uint32_t> ranks;
-  std::map<int32_t, std::string> ckpt_servers;  ///< node -> its launcher's checkpoint server
-  /// Node relays (actors/node_relay.hpp): node -> the relay its launcher
-  /// hosts; orders for that node's ranks go to it once.
-  std::map<int32_t, node_relay_actor> relays;
-  int32_t relay_nproc = 0;       ///< workers per node, as the relays said
-  std::set<uint32_t> relayed;    ///< members that joined through their node's relay
-  uint32_t node_local = 0;       ///< node-local checkpoint directories: ranks per node (the members' Join)
-  /// Launchers on node > 0 that registered with the secret: their process
-  /// -> (node rank, workers per node).
-  std::map<caf::node_id, std::pair<int32_t, int32_t>> launchers;
-  std::set<uint32_t> left;
-  std::set<uint32_t> lost;       ///< declared lost in this incarnation
-  std::set<uint32_t> refused;    ///< refused (restartable) in this incarnation: their exit is expected
-  /// Member messages refused because they did not come from the process
-  /// that joined as their rank (from_member), and the senders already
-  /// logged (one line per sender).
-  uint64_t forged = 0;
-  std::set<std::string> forged_from;
-  int64_t rescue_armed_for = 0;  ///< the deadline (wall ns) the rescue timer is armed for
-  uint64_t rescue_gen = 0;       ///< tags the armed timers; older ones are ignored
-  int64_t rescue_cutoff_ns = 0;
-  int64_t last_saved_ns = 0;                   ///< snapshot + write of the newest agreement save reported
-  bool fenced = false;                         ///< lease lapsed (cfg.lease_holds): decides nothing more
-  bool takeover = false;                       ///< survivors of a predecessor service may rejoin
-  int64_t takeover_since_ns = 0;
-  uint64_t takeover_gen = 0;
-  rendezvous_table table;                      ///< keys and barriers (runtime/rendezvous_table)
-  std::map<uint64_t, kv_promise> get_waiters;  ///< table waiter id -> the get's promise
-  std::map<uint64_t, barrier_promise> barrier_waiters;
-  uint64_t next_waiter = 0;
-  /// Elastic jobs: who forms each incarnation's group, the launchers
-  /// waiting for a plan, and the incarnations ended by a growth.
-  std::unique_ptr<group_planner> planner;
-  struct plan_waiter {
-    int32_t node;
-    std::string host;
-    uint32_t from;
-    plan_promise promise;
-  };
-  std::vector<plan_waiter> plan_waiters;
-  std::set<uint32_t> grown;
-  std::set<int32_t> told_finished;  ///< nodes answered `finished` (a job that ended without them)
-  int64_t plan_said_ns = 0;  ///< the last "waiting for nodes" line
-  std::shared_ptr<spdlog::logger> log;
-};
-
-using coordinator_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
-
-/// The actor system's clock, not the wall clock: under the deterministic
-/// test scheduler failure verdicts follow simulated time.
 int64_t now_ns(coordinator_ptr self) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
 }
 
-msg<proto::KvReply> kv_reply(bool ok, const std::vector<uint8_t>* value, const std::string& err) {
-  return make<proto::KvReply>([&](auto b) {
-    b.setOk(ok);
-    if (value) b.setValue(as_data(*value));
-    b.setError(err);
-  });
-}
 
-msg<proto::BarrierReply> barrier_reply(bool ok, const std::string& err) {
-  return make<proto::BarrierReply>([&](auto b) {
-    b.setOk(ok);
-    b.setError(err);
-  });
-}
 
 msg<proto::Welcome> refuse(const std::string& reason, bool restartable = false) {
   return make<proto::Welcome>([&](auto b) {
@@ -148,7 +77,6 @@ msg<proto::Welcome> refuse_for_now(const std::string& reason, uint32_t current) 
   });
 }
 
-void deliver(coordinator_ptr self, const std::vector<rendezvous_table::reply>& replies);
 
 /// "; rank 2's part from its replica" for a just-in-time round from copies.
 std::string replica_ranks(const std::vector<uint32_t>& ranks) {
@@ -160,24 +88,24 @@ std::string replica_ranks(const std::vector<uint32_t>& ranks) {
 /// Elastic jobs: the current incarnation's group, if it is formed.
 const group_plan* current_plan(coordinator_ptr self) {
   auto& st = self->state;
-  if (!st.planner || !st.planner->current() || st.planner->incarnation() != st.cfg.incarnation) return nullptr;
-  return &*st.planner->current();
+  if (!st.elastic.planner || !st.elastic.planner->current() || st.elastic.planner->incarnation() != st.cfg.incarnation) return nullptr;
+  return &*st.elastic.planner->current();
 }
 
 void reset_incarnation(coordinator_ptr self, uint32_t incarnation) {
   auto& st = self->state;
   st.cfg.incarnation = incarnation;
-  if (st.planner) {
+  if (st.elastic.planner) {
     // The group of an elastic job forms once its plan is decided (no
     // member can join before: its launcher waits for the plan).
-    st.planner->enter(incarnation, now_ns(self));
-    st.plan_said_ns = now_ns(self);  // "forming the group" is said after 5 s of waiting
+    st.elastic.planner->enter(incarnation, now_ns(self));
+    st.elastic.said_ns = now_ns(self);  // "forming the group" is said after 5 s of waiting
     auto plan = current_plan(self);
     st.cfg.world_size = plan ? plan->world_size() : 0;
   }
   st.agree = std::make_unique<agreement>(st.cfg.world_size, st.cfg.first_agreement_id);
-  st.takeover = false;
-  ++st.takeover_gen;
+  st.takeover.open = false;
+  ++st.takeover.gen;
   membership_config mc;
   mc.dead_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.dead_after).count();
   mc.hung_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.hung_after).count();
@@ -187,28 +115,27 @@ void reset_incarnation(coordinator_ptr self, uint32_t incarnation) {
   mc.check_interval_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.heartbeat_check).count();
   mc.stall_after_ns = std::max(mc.dead_after_ns / 2, 3 * mc.check_interval_ns);
   st.members = std::make_unique<membership>(mc);
-  for (auto& [rank, w] : st.workers) self->demonitor(w.address());
-  st.workers.clear();
-  st.ranks.clear();
-  st.relayed.clear();
-  st.left.clear();
-  st.lost.clear();
-  st.refused.clear();
-  st.rescue_armed_for = 0;
-  ++st.rescue_gen;
-  deliver(self, st.table.reset("the group restarted (new incarnation)"));
+  for (auto& [rank, w] : st.peers.workers) self->demonitor(w.address());
+  st.peers.workers.clear();
+  st.peers.ranks.clear();
+  st.peers.relayed.clear();
+  st.gone.left.clear();
+  st.gone.lost.clear();
+  st.gone.refused.clear();
+  st.rescue.armed_for = 0;
+  ++st.rescue.gen;
+  deliver(self, st.kv.table.reset("the group restarted (new incarnation)"));
   set_event_identity(launcher_rank, incarnation);
 }
 
 void arm_rescue(coordinator_ptr self);
 std::optional<msg<proto::ClaimReply>> carry_out(coordinator_ptr self, const actions& acts);
-void advance_plan(coordinator_ptr self);
 
 /// The node `rank` runs on in this incarnation: its slot's in an elastic
-/// job (runtime/elastic.hpp), else rank / workers per node (`nproc`).
+/// job (runtime/coordination/elastic.hpp), else rank / workers per node (`nproc`).
 std::optional<int32_t> node_of_rank(coordinator_ptr self, uint32_t rank, int32_t nproc) {
   auto& st = self->state;
-  if (st.planner) {
+  if (st.elastic.planner) {
     auto plan = current_plan(self);
     return plan ? plan->node_of_rank(rank) : std::nullopt;
   }
@@ -219,9 +146,9 @@ std::optional<int32_t> node_of_rank(coordinator_ptr self, uint32_t rank, int32_t
 /// The node whose relay carries orders for `rank`, if it has one.
 std::optional<int32_t> relay_node(coordinator_ptr self, uint32_t rank) {
   auto& st = self->state;
-  if (st.relays.empty() || st.relay_nproc <= 0 || !st.relayed.count(rank)) return std::nullopt;
-  auto node = node_of_rank(self, rank, st.relay_nproc);
-  if (!node || !st.relays.count(*node)) return std::nullopt;
+  if (st.peers.relays.empty() || st.peers.relay_nproc <= 0 || !st.peers.relayed.count(rank)) return std::nullopt;
+  auto node = node_of_rank(self, rank, st.peers.relay_nproc);
+  if (!node || !st.peers.relays.count(*node)) return std::nullopt;
   return node;
 }
 
@@ -281,15 +208,15 @@ std::optional<msg<proto::ClaimReply>> carry_out(coordinator_ptr self, const acti
         nodes.insert(*n);
         continue;
       }
-      auto it = st.workers.find(r);
-      if (it != st.workers.end()) self->send(it->second, m);
+      auto it = st.peers.workers.find(r);
+      if (it != st.peers.workers.end()) self->send(it->second, m);
     }
-    for (auto n : nodes) self->send(st.relays[n], m);
+    for (auto n : nodes) self->send(st.peers.relays[n], m);
     return nodes;
   };
   auto to_one = [&](uint32_t rank, auto m) {  // directly, also to a relayed member
-    auto it = st.workers.find(rank);
-    if (it != st.workers.end()) self->send(it->second, std::move(m));
+    auto it = st.peers.workers.find(rank);
+    if (it != st.peers.workers.end()) self->send(it->second, std::move(m));
   };
   for (auto& a : acts) {
     using ty = agreement_action::type;
@@ -355,7 +282,7 @@ std::optional<msg<proto::ClaimReply>> carry_out(coordinator_ptr self, const acti
         // The lost rank's own node hears it even with no live member left
         // there (a frozen or cut-off host that comes back): its launcher
         // stops that worker at once instead of after the worker's waits.
-        if (auto n = relay_node(self, a.rank); n && !reached.count(*n)) self->send(st.relays[*n], m);
+        if (auto n = relay_node(self, a.rank); n && !reached.count(*n)) self->send(st.peers.relays[*n], m);
         break;
       }
       case ty::cluster_error:
@@ -391,22 +318,22 @@ std::optional<msg<proto::ClaimReply>> carry_out(coordinator_ptr self, const acti
 }
 
 /// Keeps a rescue timer armed while a round with a grace-period deadline is
-/// unsettled (see runtime/agreement.hpp, "A save that respects its deadline").
+/// unsettled (see runtime/coordination/agreement.hpp, "A save that respects its deadline").
 void arm_rescue(coordinator_ptr self) {
   auto& st = self->state;
   if (!st.agree->needs_rescue()) {
-    st.rescue_armed_for = 0;
+    st.rescue.armed_for = 0;
     return;
   }
   const int64_t deadline = st.agree->deadline_ns();
-  if (st.rescue_armed_for == deadline) return;
-  st.rescue_armed_for = deadline;
+  if (st.rescue.armed_for == deadline) return;
+  st.rescue.armed_for = deadline;
   auto t = rescue_margins(st.members->slowest_step_ns(), std::max(st.members->slowest_save_ns(), st.last_saved_ns));
-  st.rescue_cutoff_ns = t.cutoff_ns;
+  st.rescue.cutoff_ns = t.cutoff_ns;
   const int64_t delay = std::max<int64_t>(0, deadline - t.rescue_ns - wall_ns());
   st.log->info("deadline in {} ms: a round still open {} ms before it is rescued (cutoff {} ms later)",
                (deadline - wall_ns()) / 1000000, t.rescue_ns / 1000000, t.cutoff_ns / 1000000);
-  self->delayed_send(self, std::chrono::nanoseconds(delay), rescue_atom::value, ++st.rescue_gen);
+  self->delayed_send(self, std::chrono::nanoseconds(delay), rescue_atom::value, ++st.rescue.gen);
 }
 
 /// Tells the host (grace-launch) about a failure verdict.
@@ -420,38 +347,20 @@ void report_to_host(coordinator_ptr self, uint32_t rank, const std::string& why)
   }
 }
 
-/// Answers table waiters (gets and barriers) by their ids.
-void deliver(coordinator_ptr self, const std::vector<rendezvous_table::reply>& replies) {
-  if (!replies.empty() && fenced(self)) return;
-  auto& st = self->state;
-  for (auto& r : replies) {
-    if (auto it = st.get_waiters.find(r.waiter); it != st.get_waiters.end()) {
-      it->second.deliver(kv_reply(r.ok, r.ok ? &r.value : nullptr, r.error));
-      st.get_waiters.erase(it);
-    } else if (auto bt = st.barrier_waiters.find(r.waiter); bt != st.barrier_waiters.end()) {
-      bt->second.deliver(barrier_reply(r.ok, r.error));
-      st.barrier_waiters.erase(bt);
-    }
-  }
-}
 
-/// A lost member breaks this incarnation's group: rendezvous keys and
-/// barriers still pending can never complete, so they fail now rather than
-/// at their timeouts (the members then wait for the just-in-time round).
-void fail_pending(coordinator_ptr self, const std::string& why) { deliver(self, self->state.table.break_group(why)); }
 
 /// `completed`: the member's last completed step as heard (heartbeats).
 /// `kill_on_host`: tell the rank's launcher to kill it (not for a member
 /// refused at its join, which exits with the restart code by itself).
 void member_lost(coordinator_ptr self, uint32_t rank, loss_reason reason, const std::string& why, uint64_t completed,
-                 bool kill_on_host = true) {
+                 bool kill_on_host) {
   auto& st = self->state;
-  if (st.left.count(rank) || st.lost.count(rank)) return;
-  st.lost.insert(rank);
+  if (st.gone.left.count(rank) || st.gone.lost.count(rank)) return;
+  st.gone.lost.insert(rank);
   st.members->remove(rank);
-  auto it = st.workers.find(rank);
-  if (it != st.workers.end()) {
-    st.ranks.erase(caf::actor_cast<caf::actor_addr>(it->second));
+  auto it = st.peers.workers.find(rank);
+  if (it != st.peers.workers.end()) {
+    st.peers.ranks.erase(caf::actor_cast<caf::actor_addr>(it->second));
     self->demonitor(it->second.address());
   }
   if (kill_on_host) report_to_host(self, rank, why);
@@ -459,112 +368,80 @@ void member_lost(coordinator_ptr self, uint32_t rank, loss_reason reason, const 
   fail_pending(self, "rank " + std::to_string(rank) + " lost");
 }
 
-/// Logs a refused message or join once per sending process (an attacker or
-/// a misconfigured node may send thousands); every one is counted.
-void note_refusal(coordinator_ptr self, const std::string& what, const std::string& why) {
+
+/// What admit() reads (runtime/coordination/admission.hpp).
+admission_state admission_view(coordinator_ptr self) {
   auto& st = self->state;
-  ++st.forged;
-  auto sender = self->current_sender();
-  auto who = sender ? "node " + caf::to_string(sender->node()) : std::string("an anonymous sender");
-  if (st.forged_from.insert(who).second)
-    st.log->warn("refused {} from {}: {} (further refusals from it are counted, not logged)", what, who, why);
+  admission_state s;
+  s.protocol_version = proto::PROTOCOL_VERSION;
+  s.token = st.cfg.token;
+  s.run_id = st.cfg.run_id;
+  s.world_size = st.cfg.world_size;
+  s.incarnation = st.cfg.incarnation;
+  s.elastic = st.elastic.planner != nullptr;
+  s.group_formed = current_plan(self) != nullptr;
+  s.takeover = st.takeover.open;
+  s.has_members = !st.peers.workers.empty();
+  s.group_gone = st.agree->live().empty();
+  s.node_local = st.node_local;
+  s.sharded = st.agree->parts();
+  s.joined = [&st](uint32_t r) { return st.peers.workers.count(r) > 0; };
+  s.left = [&st](uint32_t r) { return st.gone.left.count(r) > 0; };
+  s.lost = [&st](uint32_t r) { return st.gone.lost.count(r) > 0; };
+  return s;
 }
 
-/// A survivor's rejoin after the service moved: only while this service
-/// takes over its incarnation, once per rank.
-std::optional<msg<proto::Welcome>> rejoin_refusal(coordinator_ptr self, proto::Join::Reader j) {
-  auto& st = self->state;
-  const auto inc = std::to_string(j.getIncarnation());
-  if (!st.takeover || j.getIncarnation() != st.cfg.incarnation)
-    return refuse_for_now("no takeover of incarnation " + inc + " here (current " +
-                              std::to_string(st.cfg.incarnation) + ", takeover " + (st.takeover ? "open" : "closed") +
-                              ")",
-                          st.cfg.incarnation);
-  if (st.workers.count(j.getRank()) || st.lost.count(j.getRank()))
-    return refuse_for_now("rank " + std::to_string(j.getRank()) + " already rejoined or lost in incarnation " + inc,
-                          st.cfg.incarnation);
-  return std::nullopt;
+join_request join_of(proto::Join::Reader j) {
+  join_request r;
+  r.protocol_version = j.getProtocolVersion();
+  r.token = str(j.getToken());
+  r.run_id = str(j.getRunId());
+  r.rank = j.getRank();
+  r.world_size = j.getWorldSize();
+  r.incarnation = j.getIncarnation();
+  r.rejoin = j.getRejoin();
+  r.node_local = j.getNodeLocal();
+  r.sharded = j.getSharded();
+  return r;
 }
 
-/// An elastic job's join goes only into the group of the current
-/// incarnation, once it formed, with that group's world size; anything
-/// else is refused for now (a worker of another group restarts).
-std::optional<msg<proto::Welcome>> elastic_join_refusal(coordinator_ptr self, proto::Join::Reader j) {
-  auto& st = self->state;
-  const auto inc = std::to_string(st.cfg.incarnation);
-  if (j.getIncarnation() != st.cfg.incarnation)
-    return refuse_for_now("incarnation " + std::to_string(j.getIncarnation()) + " != current " + inc,
-                          st.cfg.incarnation);
-  if (!current_plan(self)) return refuse_for_now("the group of incarnation " + inc + " is not formed yet", st.cfg.incarnation);
-  if (j.getWorldSize() != st.cfg.world_size)
-    return refuse_for_now("world size " + std::to_string(j.getWorldSize()) + " != the " +
-                              std::to_string(st.cfg.world_size) + " of incarnation " + inc + "'s group",
-                          st.cfg.incarnation);
-  return std::nullopt;
-}
-
-/// Every check a join must pass before it becomes a member; the refusal,
-/// if any. May advance the incarnation (the first join of the next group).
+/// The admission rules, then (for a first join) the agreement's level
+/// check; the refusal, if any. May advance the incarnation (the first join
+/// of the next group).
 std::optional<msg<proto::Welcome>> join_refusal(coordinator_ptr self, proto::Join::Reader j) {
   auto& st = self->state;
-  if (j.getProtocolVersion() != proto::PROTOCOL_VERSION)
-    return refuse("protocol version " + std::to_string(j.getProtocolVersion()) + " != coordinator's " +
-                  std::to_string(proto::PROTOCOL_VERSION));
-  if (!constant_time_equal(str(j.getToken()), st.cfg.token)) return refuse("wrong job token");
-  if (st.planner)
-    if (auto why = elastic_join_refusal(self, j)) return why;
-  if (j.getWorldSize() != st.cfg.world_size)
-    return refuse("world size " + std::to_string(j.getWorldSize()) + " != job's " + std::to_string(st.cfg.world_size));
-  if (j.getRank() >= st.cfg.world_size) return refuse("rank " + std::to_string(j.getRank()) + " out of range");
-  if (str(j.getRunId()) != st.cfg.run_id)
-    return refuse("run id '" + str(j.getRunId()) + "' != job's '" + st.cfg.run_id + "'");
-  if (j.getRejoin()) return rejoin_refusal(self, j);
-  // Launchers on other nodes restart their groups on their own: the first
-  // join of a newer incarnation, once the old group is gone, advances it.
-  if (j.getIncarnation() == st.cfg.incarnation + 1 && !st.workers.empty() && st.agree->live().empty()) {
-    st.log->info("advancing to incarnation {} (first join of the new group)", j.getIncarnation());
-    reset_incarnation(self, j.getIncarnation());
+  const auto req = join_of(j);
+  auto a = admit(req, admission_view(self));
+  if (a.what == admission::verdict::advance) {
+    st.log->info("advancing to incarnation {} (first join of the new group)", req.incarnation);
+    reset_incarnation(self, req.incarnation);
+    a = admit(req, admission_view(self));
   }
-  if (j.getIncarnation() != st.cfg.incarnation)
-    return refuse_for_now(
-        "incarnation " + std::to_string(j.getIncarnation()) + " != current " + std::to_string(st.cfg.incarnation),
-        st.cfg.incarnation);
-  auto rank = j.getRank();
-  if (st.workers.count(rank) || st.left.count(rank))
-    return refuse_for_now(
-        "duplicate rank " + std::to_string(rank) + " in incarnation " + std::to_string(st.cfg.incarnation),
-        st.cfg.incarnation);
-  if (!st.workers.empty() && j.getNodeLocal() != st.node_local)
-    return refuse("rank " + std::to_string(rank) + " has " +
-                  (j.getNodeLocal() ? "node-local checkpoint directories" : "a shared checkpoint directory") +
-                  ", the members joined before " + (st.node_local ? "node-local ones" : "a shared one") +
-                  ": every member of a job must see the same layout");
-  if (!st.workers.empty() && j.getSharded() != st.agree->parts())
-    return refuse(std::string("rank ") + std::to_string(rank) + (j.getSharded() ? " holds" : " does not hold") +
-                  " sharded state, the members joined before " + (j.getSharded() ? "do not" : "do") +
-                  ": every member of a job must register the same tensors");
-  if (auto why = st.agree->join_refusal(rank, j.getCompletedStep())) {
-    st.log->warn("rank {} refused: {}", rank, *why);
-    st.refused.insert(rank);
+  if (a.what == admission::verdict::refuse) return refuse(a.reason);
+  if (a.what == admission::verdict::refuse_for_now) return refuse_for_now(a.reason, st.cfg.incarnation);
+  if (req.rejoin) return std::nullopt;
+  if (auto why = st.agree->join_refusal(req.rank, j.getCompletedStep())) {
+    st.log->warn("rank {} refused: {}", req.rank, *why);
+    st.gone.refused.insert(req.rank);
     if (st.agree->refusal_ends_group(j.getCompletedStep()))
-      member_lost(self, rank, loss_reason::dead, "not level: " + *why, j.getCompletedStep(), false);
+      member_lost(self, req.rank, loss_reason::dead, "not level: " + *why, j.getCompletedStep(), false);
     return refuse_for_now(*why, st.cfg.incarnation);
   }
   return std::nullopt;
 }
 
 /// Ends the takeover: ranks that did not rejoin are lost, and the
-/// survivors' just-in-time round starts (runtime/agreement.hpp, "Takeover").
+/// survivors' just-in-time round starts (runtime/coordination/agreement.hpp, "Takeover").
 void end_takeover(coordinator_ptr self, const std::string& why) {
   auto& st = self->state;
-  st.takeover = false;
-  ++st.takeover_gen;
-  const auto waited_ms = (now_ns(self) - st.takeover_since_ns) / 1000000;
+  st.takeover.open = false;
+  ++st.takeover.gen;
+  const auto waited_ms = (now_ns(self) - st.takeover.since_ns) / 1000000;
   st.log->info("takeover of incarnation {} ends ({}): {}/{} ranks rejoined after {} ms", st.cfg.incarnation, why,
-               st.workers.size(), st.cfg.world_size, waited_ms);
-  emit_event("takeover_end", {{"rejoined", st.workers.size()}, {"why", why}, {"waited_ms", waited_ms}});
+               st.peers.workers.size(), st.cfg.world_size, waited_ms);
+  emit_event("takeover_end", {{"rejoined", st.peers.workers.size()}, {"why", why}, {"waited_ms", waited_ms}});
   for (uint32_t r = 0; r < st.cfg.world_size; ++r)
-    if (!st.workers.count(r))
+    if (!st.peers.workers.count(r))
       member_lost(self, r, loss_reason::dead,
                   "dead: did not rejoin the successor coordination service within " + std::to_string(waited_ms) +
                       " ms",
@@ -573,11 +450,11 @@ void end_takeover(coordinator_ptr self, const std::string& why) {
 }
 
 /// After each rejoin, registration and takeover timer: ends the takeover
-/// once nobody more is to be waited for (runtime/leadership.hpp,
+/// once nobody more is to be waited for (runtime/coordination/leader_rules.hpp,
 /// takeover_outcome).
 void check_takeover(coordinator_ptr self) {
   auto& st = self->state;
-  if (!st.takeover) return;
+  if (!st.takeover.open) return;
   takeover_progress p;
   p.world_size = st.cfg.world_size;
   p.nproc = static_cast<uint32_t>(std::max(st.cfg.nproc, 0));
@@ -590,13 +467,13 @@ void check_takeover(coordinator_ptr self) {
   };
   p.own_node = place(st.cfg.own_node);
   p.lost_leader = st.cfg.lost_leader_node >= 0 ? place(st.cfg.lost_leader_node) : -1;
-  for (auto& [node_id, l] : st.launchers)
+  for (auto& [node_id, l] : st.peers.launchers)
     if (auto n = place(l.first); n >= 0) p.registered.insert(n);
-  p.rejoined_count = static_cast<uint32_t>(st.workers.size());
-  p.age_ns = now_ns(self) - st.takeover_since_ns;
+  p.rejoined_count = static_cast<uint32_t>(st.peers.workers.size());
+  p.age_ns = now_ns(self) - st.takeover.since_ns;
   p.min_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.takeover_min).count();
   p.window_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.takeover_window).count();
-  const auto end = takeover_outcome(p, [&](uint32_t r) { return st.workers.count(r) > 0; });
+  const auto end = takeover_outcome(p, [&](uint32_t r) { return st.peers.workers.count(r) > 0; });
   if (end != takeover_end::wait) end_takeover(self, to_string(end));
 }
 
@@ -615,18 +492,18 @@ msg<proto::Welcome> on_join(coordinator_ptr self, msg<proto::Join>& m) {
   if (!sender) return refuse("join without a sender to reply to");
   auto rank = j.getRank();
   auto handle = caf::actor_cast<peer_watcher_actor>(sender);
-  if (st.workers.empty()) {
+  if (st.peers.workers.empty()) {
     st.agree->set_parts(j.getSharded());
     st.node_local = j.getNodeLocal();
     st.agree->set_node_local(st.node_local);
   }
-  st.workers.emplace(rank, handle);
-  st.ranks.emplace(caf::actor_cast<caf::actor_addr>(sender), rank);
-  if (j.getRelayed()) st.relayed.insert(rank);
+  st.peers.workers.emplace(rank, handle);
+  st.peers.ranks.emplace(caf::actor_cast<caf::actor_addr>(sender), rank);
+  if (j.getRelayed()) st.peers.relayed.insert(rank);
   self->monitor(handle);
   st.members->add(rank, now_ns(self), j.getCompletedStep());
   st.log->info("rank {} joined (pid {} on {}, step {}), {}/{} members", rank, j.getPid(), str(j.getHost()),
-               j.getCompletedStep(), st.workers.size(), st.cfg.world_size);
+               j.getCompletedStep(), st.peers.workers.size(), st.cfg.world_size);
   auto prefix = st.cfg.run_id + "/" + std::to_string(st.cfg.incarnation) + "/";
   auto welcome = make<proto::Welcome>([&](auto b) {
     b.setAccepted(true);
@@ -647,21 +524,6 @@ msg<proto::Welcome> on_join(coordinator_ptr self, msg<proto::Join>& m) {
   return welcome;
 }
 
-/// A message naming a member's rank is accepted only from the process (CAF
-/// node) that joined as that rank in this incarnation: a process that can
-/// reach the port without having joined, or a worker of an older
-/// incarnation, cannot speak for a member. A refusal changes nothing; it is
-/// counted, and logged once per sender.
-bool from_member(coordinator_ptr self, uint32_t rank, const char* what) {
-  auto& st = self->state;
-  auto it = st.workers.find(rank);
-  auto sender = self->current_sender();
-  if (it != st.workers.end() && sender && sender->node() == it->second.node()) return true;
-  note_refusal(self, std::string(what) + " for rank " + std::to_string(rank),
-         "not the process that joined as rank " + std::to_string(rank) + " in incarnation " +
-             std::to_string(st.cfg.incarnation));
-  return false;
-}
 
 /// The committer's fence (proto::CommitCheck): yes only to the process that
 /// joined as the rank, in this incarnation, while nobody declared it lost.
@@ -683,7 +545,7 @@ msg<proto::CommitCheckReply> on_commit_check(coordinator_ptr self, msg<proto::Co
   if (c.getIncarnation() != st.cfg.incarnation)
     return reply(false, "incarnation " + std::to_string(c.getIncarnation()) + " is over (current " +
                             std::to_string(st.cfg.incarnation) + ")");
-  if (st.lost.count(rank) || st.left.count(rank))
+  if (st.gone.lost.count(rank) || st.gone.left.count(rank))
     return reply(false, "rank " + std::to_string(rank) + " was declared lost in incarnation " +
                             std::to_string(st.cfg.incarnation));
   if (!from_member(self, rank, "a commit check")) return reply(false, "not the member that joined as this rank");
@@ -691,111 +553,13 @@ msg<proto::CommitCheckReply> on_commit_check(coordinator_ptr self, msg<proto::Co
   return reply(true, "");
 }
 
-/// Key-value and barrier requests serve the collectives' rendezvous of
-/// joined members: from a process where no member of this incarnation runs
-/// (or an anonymous sender) they are refused, so nobody outside the job can
-/// plant or read the addresses the ranks connect to.
-bool from_member_process(coordinator_ptr self, const char* what) {
-  auto& st = self->state;
-  if (auto sender = self->current_sender())
-    for (auto& [rank, w] : st.workers)
-      if (w.node() == sender->node()) return true;
-  note_refusal(self, what, "no member of incarnation " + std::to_string(st.cfg.incarnation) + " runs there");
-  return false;
-}
 
-/// Messages only a launcher sends (a forwarded notice, a worker's exit, the
-/// incarnation, the checkpoint server) are accepted from the coordinator's
-/// own process (node 0's launcher, or the chief hosting it in-process) and
-/// from a process registered as the launcher of a node; `node`, when given,
-/// must be the registered launcher's own node.
-bool from_launcher(coordinator_ptr self, const char* what, std::optional<int32_t> node = std::nullopt) {
-  auto& st = self->state;
-  auto sender = self->current_sender();
-  if (sender && sender->node() == self->node()) return true;
-  if (sender)
-    if (auto it = st.launchers.find(sender->node()); it != st.launchers.end()) {
-      if (!node || *node == it->second.first) return true;
-      note_refusal(self, what, "the launcher of node " + std::to_string(it->second.first) + " spoke for node " +
-                                   std::to_string(*node));
-      return false;
-    }
-  note_refusal(self, what, "not a launcher of the job");
-  return false;
-}
 
-/// The node a rank runs on, as the registered launcher of the sender says
-/// (nothing for the coordinator's own process, which is trusted).
-std::optional<int32_t> node_of(coordinator_ptr self, uint32_t rank) {
-  auto sender = self->current_sender();
-  if (!sender) return std::nullopt;
-  auto it = self->state.launchers.find(sender->node());
-  if (it == self->state.launchers.end() || it->second.second <= 0) return std::nullopt;
-  return node_of_rank(self, rank, it->second.second);
-}
 
-/// Timers are the actor's own delayed messages; from anyone else they are
-/// refused (a forged tick would multiply the timers, a forged rescue would
-/// start one).
-bool from_self(coordinator_ptr self, const char* what) {
-  if (self->current_sender() == self->ctrl()) return true;
-  note_refusal(self, what, "timers come from the coordination service itself");
-  return false;
-}
 
-/// A launcher or relay of `node` with `nproc` workers belongs to this job:
-/// its ranks lie inside the world, or (elastic) it is one of max_nodes
-/// nodes of the job's workers per node.
-bool node_fits(coordinator_ptr self, int32_t node, int32_t nproc) {
-  auto& st = self->state;
-  if (node < 0 || nproc <= 0) return false;
-  if (st.planner) return static_cast<uint32_t>(node) < st.cfg.max_nodes && nproc == st.cfg.nproc;
-  return static_cast<uint64_t>(node) * static_cast<uint64_t>(nproc) < st.cfg.world_size;
-}
 
-/// "3" or "2:4", as --nnodes spells it.
-std::string node_count(int64_t lo, int64_t hi) {
-  return lo == hi ? std::to_string(hi) : std::to_string(lo) + ":" + std::to_string(hi);
-}
 
-/// Why a launcher told `--nnodes lo:hi` does not belong to this job's node
-/// count, if it does not.
-std::optional<std::string> other_node_count(coordinator_ptr self, int32_t lo, int32_t hi) {
-  auto& st = self->state;
-  int64_t job_lo = st.cfg.min_nodes, job_hi = st.cfg.max_nodes;
-  if (!st.planner) job_lo = job_hi = st.cfg.nproc > 0 ? st.cfg.world_size / static_cast<uint32_t>(st.cfg.nproc) : hi;
-  if (lo == job_lo && hi == job_hi) return std::nullopt;
-  return "it was given --nnodes " + node_count(lo, hi) + ", the job's is --nnodes " + node_count(job_lo, job_hi) +
-         ": give every launcher the same --nnodes";
-}
 
-std::string on_launcher(coordinator_ptr self, int32_t node, int32_t nproc, const std::string& token, int32_t lo,
-                        int32_t hi) {
-  auto& st = self->state;
-  auto sender = self->current_sender();
-  std::string why;
-  if (!constant_time_equal(token, st.cfg.token))
-    why = "wrong job token";
-  else if (!sender)
-    why = "no sender";
-  else if (auto other = other_node_count(self, lo, hi))
-    why = *other;
-  else if (node < 0 || node == st.cfg.own_node || !node_fits(self, node, nproc))
-    why = "node " + std::to_string(node) + " with " + std::to_string(nproc) + " workers does not fit " +
-          (st.planner ? "an elastic job of at most " + std::to_string(st.cfg.max_nodes) + " nodes of " +
-                            std::to_string(st.cfg.nproc) + " workers"
-                      : "a world of " + std::to_string(st.cfg.world_size));
-  if (!why.empty()) {
-    note_refusal(self, "a launcher registration for node " + std::to_string(node), why);
-    return why;
-  }
-  for (auto it = st.launchers.begin(); it != st.launchers.end();)  // a restarted launcher replaces its old process
-    it = it->second.first == node && it->first != sender->node() ? st.launchers.erase(it) : std::next(it);
-  if (st.launchers.emplace(sender->node(), std::make_pair(node, nproc)).second)
-    st.log->info("launcher of node {} registered", node);
-  check_takeover(self);
-  return {};
-}
 
 msg<proto::ClaimReply> on_claim(coordinator_ptr self, msg<proto::Claim>& m) {
   auto& st = self->state;
@@ -828,47 +592,8 @@ msg<proto::ClaimReply> on_claim(coordinator_ptr self, msg<proto::Claim>& m) {
   return reply;
 }
 
-msg<proto::KvReply> on_kv_set(coordinator_ptr self, msg<proto::KvSet>& m) {
-  if (!from_member_process(self, "a key-value set")) return kv_reply(false, nullptr, "refused: not a member");
-  auto r = decode(m);
-  if (!r) return kv_reply(false, nullptr, r.err().message);
-  auto res = self->state.table.set(str(r->get().getKey()), bytes(r->get().getValue()));
-  deliver(self, res.woken);
-  return kv_reply(res.ok, nullptr, res.error);
-}
 
-/// Answered at once (found, or failed), or when the key is set, the group
-/// breaks or the get's own timeout passes.
-caf::result<msg<proto::KvReply>> on_kv_get(coordinator_ptr self, msg<proto::KvGet>& m) {
-  auto& st = self->state;
-  if (!from_member_process(self, "a key-value get")) return kv_reply(false, nullptr, "refused: not a member");
-  auto r = decode(m);
-  if (!r) return kv_reply(false, nullptr, r.err().message);
-  auto timeout = r->get().getTimeoutMs();
-  auto id = st.next_waiter++;
-  auto res = st.table.get(str(r->get().getKey()), id, timeout > 0);
-  using ty = rendezvous_table::get_result::type;
-  if (res.what == ty::found) return kv_reply(true, &res.value, "");
-  if (res.what == ty::failed) return kv_reply(false, nullptr, res.error);
-  auto rp = self->make_response_promise<msg<proto::KvReply>>();
-  st.get_waiters.emplace(id, rp);
-  self->delayed_send(self, std::chrono::milliseconds(timeout), kv_timeout_atom::value, id);
-  return rp;
-}
 
-caf::result<msg<proto::BarrierReply>> on_barrier(coordinator_ptr self, msg<proto::Barrier>& m) {
-  auto& st = self->state;
-  auto r = decode(m);
-  if (!r) return barrier_reply(false, r.err().message);
-  if (!from_member(self, r->get().getRank(), "a barrier")) return barrier_reply(false, "refused: not that member");
-  auto id = st.next_waiter++;
-  auto res = st.table.arrive(str(r->get().getName()), r->get().getRank(), r->get().getCount(), id);
-  if (!res.pending) return barrier_reply(res.ok, res.error);
-  auto rp = self->make_response_promise<msg<proto::BarrierReply>>();
-  st.barrier_waiters.emplace(id, rp);
-  deliver(self, res.released);  // may include this arrival (the last one)
-  return rp;
-}
 
 void on_saved(coordinator_ptr self, msg<proto::CheckpointSaved>& m) {
   auto r = decode(m);
@@ -905,8 +630,8 @@ bool on_leave(coordinator_ptr self, msg<proto::Leave>& m) {
   auto r = decode(m);
   if (!r) return false;
   auto rank = r->get().getRank();
-  if (!st.workers.count(rank) || !from_member(self, rank, "a leave")) return false;
-  st.left.insert(rank);
+  if (!st.peers.workers.count(rank) || !from_member(self, rank, "a leave")) return false;
+  st.gone.left.insert(rank);
   st.members->remove(rank);
   dispatch(self, st.agree->on_leave(rank, r->get().getExitCode()));
   if (r->get().getExitCode() != 0) fail_pending(self, "rank " + std::to_string(rank) + " left");
@@ -922,7 +647,7 @@ void on_exited(coordinator_ptr self, uint32_t rank, uint32_t incarnation, int32_
   // may be another node's now).
   if (incarnation != st.cfg.incarnation || rank >= st.cfg.world_size) return;
   if (!from_launcher(self, "a worker-exit report", node_of(self, rank))) return;
-  if (st.refused.count(rank) && !st.workers.count(rank)) return;  // told to restart: its exit is expected
+  if (st.gone.refused.count(rank) && !st.peers.workers.count(rank)) return;  // told to restart: its exit is expected
   member_lost(self, rank, loss_reason::dead,
               code > 128 ? "dead: killed by signal " + std::to_string(code - 128)
                          : "dead: exited with code " + std::to_string(code) + " without leaving",
@@ -931,7 +656,7 @@ void on_exited(coordinator_ptr self, uint32_t rank, uint32_t incarnation, int32_
 
 void on_rescue(coordinator_ptr self, uint64_t gen) {
   auto& st = self->state;
-  if (gen != st.rescue_gen) return;
+  if (gen != st.rescue.gen) return;
   // Members silent for a third of dead-after are most likely frozen: the
   // rescue does not wait for them (the cutoff would, briefly).
   st.members->observe(now_ns(self));  // a timer fired late by a freeze of this process
@@ -943,12 +668,12 @@ void on_rescue(coordinator_ptr self, uint64_t gen) {
     emit_event("rescue", {{"deadline_ns", st.agree->deadline_ns()}});
   }
   dispatch(self, acts);
-  self->delayed_send(self, std::chrono::nanoseconds(st.rescue_cutoff_ns), cutoff_atom::value, gen);
+  self->delayed_send(self, std::chrono::nanoseconds(st.rescue.cutoff_ns), cutoff_atom::value, gen);
 }
 
 void on_cutoff(coordinator_ptr self, uint64_t gen) {
   auto& st = self->state;
-  if (gen != st.rescue_gen) return;
+  if (gen != st.rescue.gen) return;
   auto acts = st.agree->on_cutoff();
   if (!acts.empty()) st.log->warn("rescue cutoff: agreeing among the acknowledgements received");
   dispatch(self, acts);
@@ -981,7 +706,7 @@ uint32_t on_incarnation(coordinator_ptr self, uint32_t incarnation) {
     note_refusal(self, "an incarnation change", "only node 0's launcher moves the incarnation");
     return self->state.cfg.incarnation;
   }
-  if (incarnation == self->state.cfg.incarnation && !self->state.workers.empty())
+  if (incarnation == self->state.cfg.incarnation && !self->state.peers.workers.empty())
     return incarnation;  // already advanced by an early join
   self->state.log->info("new incarnation {}", incarnation);
   reset_incarnation(self, incarnation);
@@ -1007,55 +732,23 @@ std::string on_ckpt_peer(coordinator_ptr self, int32_t node, const std::string& 
 
 void on_down(coordinator_ptr self, caf::down_msg& dm) {
   auto& st = self->state;
-  for (auto r = st.relays.begin(); r != st.relays.end(); ++r)
+  for (auto r = st.peers.relays.begin(); r != st.peers.relays.end(); ++r)
     if (r->second.address() == dm.source) {
       st.log->warn("node {}'s relay is gone: its workers' orders go to them directly", r->first);
-      if (st.planner) st.planner->forget(r->first);  // its launcher with it: not counted for a group
-      st.relays.erase(r);
+      if (st.elastic.planner) st.elastic.planner->forget(r->first);  // its launcher with it: not counted for a group
+      st.peers.relays.erase(r);
       return;
     }
-  auto it = st.ranks.find(dm.source);
-  if (it == st.ranks.end()) return;
+  auto it = st.peers.ranks.find(dm.source);
+  if (it == st.peers.ranks.end()) return;
   auto rank = it->second;
-  st.ranks.erase(it);
+  st.peers.ranks.erase(it);
   member_lost(self, rank, loss_reason::dead, "dead: connection lost (" + self->system().render(dm.reason) + ")",
               st.members->completed(rank));
 }
 
-/// A node relay registers, from its launcher's process (registered for
-/// that node, or this service's own).
-void on_relay(coordinator_ptr self, int32_t node, int32_t nproc) {
-  auto& st = self->state;
-  auto sender = self->current_sender();
-  if (!sender || !from_launcher(self, "a relay registration", node)) return;
-  if ((st.relay_nproc > 0 && nproc != st.relay_nproc) || !node_fits(self, node, nproc)) {
-    note_refusal(self, "a relay registration for node " + std::to_string(node), "it does not fit the job");
-    return;
-  }
-  auto relay = caf::actor_cast<node_relay_actor>(sender);
-  st.relay_nproc = nproc;
-  if (auto old = st.relays.find(node); old != st.relays.end()) self->demonitor(old->second.address());
-  st.relays[node] = relay;
-  self->monitor(relay);
-  st.log->info("node {}'s relay registered: its {} workers' orders, heartbeats and acknowledgements go through it",
-               node, nproc);
-}
 
-/// A batch is accepted only from the relay registered for its node, and
-/// only for that node's ranks.
-bool from_relay(coordinator_ptr self, int32_t node, const char* what) {
-  auto& st = self->state;
-  auto sender = self->current_sender();
-  auto it = st.relays.find(node);
-  if (sender && it != st.relays.end() && sender == it->second.address()) return true;
-  note_refusal(self, what, "not the relay registered for node " + std::to_string(node));
-  return false;
-}
 
-bool rank_of_node(coordinator_ptr self, uint32_t rank, int32_t node) {
-  auto& st = self->state;
-  return node_of_rank(self, rank, st.relay_nproc) == node && st.workers.count(rank);
-}
 
 void accept_heartbeat(coordinator_ptr self, proto::Heartbeat::Reader h) {
   auto& st = self->state;
@@ -1083,144 +776,18 @@ void on_ack_batch(coordinator_ptr self, msg<proto::AckBatch>& m) {
   dispatch(self, acts);
 }
 
-// ------------------------------------------------- elastic groups (runtime/elastic.hpp)
 
-msg<proto::GroupPlan> plan_message(proto::PlanStatus status, uint32_t incarnation, const group_plan* p,
-                                   const std::string& reason = "") {
-  return make<proto::GroupPlan>([&](auto b) {
-    b.setStatus(status);
-    b.setIncarnation(incarnation);
-    b.setReason(reason);
-    if (!p) return;
-    auto nodes = b.initNodes(static_cast<unsigned>(p->nodes.size()));
-    auto hosts = b.initHosts(static_cast<unsigned>(p->hosts.size()));
-    for (unsigned i = 0; i < p->nodes.size(); ++i) nodes.set(i, p->nodes[i]);
-    for (unsigned i = 0; i < p->hosts.size(); ++i) hosts.set(i, p->hosts[i]);
-    b.setWorkersPerNode(p->nproc);
-  });
-}
 
-/// The answer to the launcher of `node` asking for a group from incarnation
-/// `from` on, on the wire; nothing while the planner says wait.
-std::optional<msg<proto::GroupPlan>> plan_reply(coordinator_ptr self, int32_t node, const std::string& host, uint32_t from) {
-  using reply = group_planner::reply;
-  auto& st = self->state;
-  auto plan = current_plan(self);
-  if (st.agree->phase() == agreement_phase::finishing && !(plan && plan->has(node))) {
-    st.told_finished.insert(node);
-    return plan_message(proto::PlanStatus::FINISHED, st.cfg.incarnation, nullptr,
-                        "the job finished without this node (its last group's workers left with exit code 0)");
-  }
-  auto a = st.planner->ask(node, host, from);
-  if (a.what == reply::plan) return plan_message(proto::PlanStatus::PLAN, a.incarnation, &a.plan);
-  if (a.what == reply::wait) return std::nullopt;
-  self->state.log->info("node {} asked to take part after the group of incarnation {} formed without it: it joins "
-                        "the next group",
-                        node, a.incarnation);
-  return plan_message(proto::PlanStatus::EXCLUDED, a.incarnation, nullptr,
-                      "the group of incarnation " + std::to_string(a.incarnation) + " formed without node " +
-                          std::to_string(node));
-}
 
-/// A newcomer waits while the group is smaller than MAX: this service
-/// claims an agreed save as a notice would (every worker then exits for a
-/// restart, and the next plan has the newcomer). A claim that does not win
-/// (a round is on) is tried again at the next check; that round may end
-/// the group first, which serves as well.
-void grow_if_due(coordinator_ptr self) {
-  auto& st = self->state;
-  if (!st.planner || !st.planner->growth_due() || st.grown.count(st.cfg.incarnation) || fenced(self)) return;
-  auto acts = st.agree->on_claim(launcher_rank, 0, 0);
-  const bool won = std::any_of(acts.begin(), acts.end(), [](const agreement_action& a) {
-    return a.what == agreement_action::type::claim_reply && a.won;
-  });
-  if (!won) return;
-  st.grown.insert(st.cfg.incarnation);
-  std::string waiting;
-  for (auto& [node, host] : st.planner->waiting())
-    if (!st.planner->current()->has(node)) waiting += (waiting.empty() ? "" : ", ") + std::to_string(node);
-  st.log->info("node(s) {} wait to join the group of {}: it saves at an agreed step and restarts with them", waiting,
-               st.planner->current()->describe());
-  emit_event("grow", {{"incarnation", st.cfg.incarnation}, {"waiting", waiting}});
-  dispatch(self, acts);
-}
 
-/// Decides the current plan when a rule is met, answers the launchers it
-/// settles, and claims a growth when one is due.
-void advance_plan(coordinator_ptr self) {
-  auto& st = self->state;
-  if (!st.planner) return;
-  if (auto p = st.planner->decide(now_ns(self))) {
-    st.cfg.world_size = p->world_size();
-    st.agree = std::make_unique<agreement>(st.cfg.world_size, st.cfg.first_agreement_id);
-    st.log->info("the group of incarnation {}: {}", p->incarnation, p->describe());
-    nlohmann::json nodes = p->nodes;
-    emit_event("group_formed", {{"incarnation", p->incarnation}, {"nodes", nodes}, {"world_size", p->world_size()}});
-  } else if (!st.planner->current() && now_ns(self) - st.plan_said_ns > 5'000'000'000) {
-    st.plan_said_ns = now_ns(self);
-    st.log->info("forming the group of incarnation {}: {}", st.cfg.incarnation, st.planner->progress());
-  }
-  for (auto it = st.plan_waiters.begin(); it != st.plan_waiters.end();) {
-    auto reply = plan_reply(self, it->node, it->host, it->from);
-    if (!reply) {
-      ++it;
-      continue;
-    }
-    it->promise.deliver(std::move(*reply));
-    it = st.plan_waiters.erase(it);
-  }
-  grow_if_due(self);
-}
 
-caf::result<msg<proto::GroupPlan>> on_plan_request(coordinator_ptr self, msg<proto::GroupPlanRequest>& m) {
-  auto& st = self->state;
-  auto refused = [&](const std::string& why) {
-    return plan_message(proto::PlanStatus::REFUSED, st.cfg.incarnation, nullptr, why);
-  };
-  auto r = decode(m);
-  if (!r) return refused(r.err().message);
-  auto q = r->get();
-  const int32_t node = q.getNode();
-  if (!st.planner) return refused("this job is not elastic: give every launcher the same --nnodes MIN:MAX");
-  if (!from_launcher(self, "a group plan request", node)) return refused("not the launcher of node " + std::to_string(node));
-  if (node < 0 || static_cast<uint32_t>(node) >= st.cfg.max_nodes)
-    return refused("node " + std::to_string(node) + " does not fit a job of at most " +
-                   std::to_string(st.cfg.max_nodes) + " nodes");
-  const auto host = str(q.getHost());
-  auto reply = plan_reply(self, node, host, q.getFromIncarnation());
-  if (!reply) {
-    advance_plan(self);  // this request may complete the group
-    reply = plan_reply(self, node, host, q.getFromIncarnation());
-  }
-  grow_if_due(self);
-  if (reply) return std::move(*reply);
-  // A launcher asks again when its request timed out: only its newest waits.
-  st.plan_waiters.erase(std::remove_if(st.plan_waiters.begin(), st.plan_waiters.end(),
-                                       [&](const auto& w) { return w.node == node; }),
-                        st.plan_waiters.end());
-  auto rp = self->make_response_promise<msg<proto::GroupPlan>>();
-  st.plan_waiters.push_back({node, host, q.getFromIncarnation(), rp});
-  return rp;
-}
 
-/// Elastic jobs, once they finished: the registered nodes not in the last
-/// group that have not heard it ("1,3").
-std::string owed_finish(coordinator_ptr self) {
-  auto& st = self->state;
-  auto plan = current_plan(self);
-  std::set<int32_t> owed;
-  for (auto& [id, l] : st.launchers)
-    if (!(plan && plan->has(l.first)) && !st.told_finished.count(l.first)) owed.insert(l.first);
-  std::string out;
-  for (auto n : owed) out += (out.empty() ? "" : ",") + std::to_string(n);
-  return out;
-}
 
 void start_takeover(coordinator_ptr self) {
   auto& st = self->state;
-  st.takeover = true;
-  st.takeover_since_ns = now_ns(self);
-  const auto gen = ++st.takeover_gen;
+  st.takeover.open = true;
+  st.takeover.since_ns = now_ns(self);
+  const auto gen = ++st.takeover.gen;
   st.log->info("taking over incarnation {} (agreement ids from {}): waiting up to {} ms for its survivors to rejoin",
                st.cfg.incarnation, st.cfg.first_agreement_id, st.cfg.takeover_window.count());
   emit_event("takeover", {{"first_id", st.cfg.first_agreement_id}, {"window_ms", st.cfg.takeover_window.count()}});
@@ -1239,16 +806,16 @@ coordinator_actor::behavior_type coordinator(coordinator_ptr self, coordinator_c
     pc.max_nodes = cfg.max_nodes;
     pc.nproc = static_cast<uint32_t>(std::max(cfg.nproc, 1));
     pc.wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(cfg.elastic_wait).count();
-    st.planner = std::make_unique<group_planner>(pc);
+    st.elastic.planner = std::make_unique<group_planner>(pc);
     if (cfg.plan) {
-      st.planner->adopt(*cfg.plan);
+      st.elastic.planner->adopt(*cfg.plan);
       st.cfg.world_size = cfg.plan->world_size();
     }
   }
   rendezvous_table::limits lim;
   // A barrier waiting for more members could never complete.
-  lim.barrier_count = st.planner ? st.cfg.max_nodes * static_cast<uint32_t>(std::max(cfg.nproc, 1)) : cfg.world_size;
-  st.table = rendezvous_table(lim);
+  lim.barrier_count = st.elastic.planner ? st.cfg.max_nodes * static_cast<uint32_t>(std::max(cfg.nproc, 1)) : cfg.world_size;
+  st.kv.table = rendezvous_table(lim);
   reset_incarnation(self, cfg.incarnation);
   if (cfg.takeover) start_takeover(self);
   self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
@@ -1260,7 +827,7 @@ coordinator_actor::behavior_type coordinator(coordinator_ptr self, coordinator_c
       [self](msg<proto::KvGet>& m) { return on_kv_get(self, m); },
       [self](kv_timeout_atom, uint64_t id) {
         if (!from_self(self, "a key-value timeout")) return;
-        if (auto r = self->state.table.expire(id)) deliver(self, {*r});
+        if (auto r = self->state.kv.table.expire(id)) deliver(self, {*r});
       },
       [self](msg<proto::Barrier>& m) { return on_barrier(self, m); },
       [self](msg<proto::Ack>& m) {
@@ -1298,7 +865,7 @@ coordinator_actor::behavior_type coordinator(coordinator_ptr self, coordinator_c
       [self](status_atom) {
         auto& st = self->state;
         return fmt::format("incarnation {}, {} members, phase {}, {} forged messages refused", st.cfg.incarnation,
-                           st.workers.size(), to_string(st.agree->phase()), st.forged);
+                           st.peers.workers.size(), to_string(st.agree->phase()), st.refusals.count);
       },
       [self](tick_atom) {
         if (from_self(self, "a heartbeat-check timer")) on_tick(self);
@@ -1310,18 +877,18 @@ coordinator_actor::behavior_type coordinator(coordinator_ptr self, coordinator_c
       [self](msg<proto::GroupPlanRequest>& m) { return on_plan_request(self, m); },
       [self](owed_atom) { return from_launcher(self, "a question about nodes owed an answer") ? owed_finish(self) : ""; },
       [self](resize_atom, uint32_t inc) {
-        return from_launcher(self, "a membership-change question") && self->state.grown.count(inc) > 0;
+        return from_launcher(self, "a membership-change question") && self->state.elastic.grown.count(inc) > 0;
       },
       [self](takeover_atom, uint64_t gen) {
-        if (from_self(self, "a takeover timer") && gen == self->state.takeover_gen) check_takeover(self);
+        if (from_self(self, "a takeover timer") && gen == self->state.takeover.gen) check_takeover(self);
       },
   };
 }
 
-}  // namespace
+}  // namespace coord
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg) {
-  return sys.spawn(coordinator, std::move(cfg));
+  return sys.spawn(coord::coordinator, std::move(cfg));
 }
 
 namespace {

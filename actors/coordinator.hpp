@@ -4,9 +4,9 @@
 /// One per job; reachable across nodes through CAF's io middleman.
 /// The logic lives in runtime/agreement and runtime/membership.
 
-#include "messages/caf_types.hpp"
-#include "runtime/elastic.hpp"
-#include "runtime/error.hpp"
+#include "actors/caf_types.hpp"
+#include "runtime/coordination/elastic.hpp"
+#include "runtime/base/error.hpp"
 
 #include <caf/fwd.hpp>
 #include <caf/replies_to.hpp>
@@ -56,17 +56,17 @@ struct coordinator_config {
   /// and heartbeat_check it makes the verdict wait announced in Welcome.
   std::chrono::milliseconds connection_timeout{5000};
   std::shared_ptr<spdlog::logger> log;
-  /// A successor service (etcd failover, runtime/leadership.hpp): its
+  /// A successor service (etcd failover, runtime/coordination/leader_rules.hpp): its
   /// agreement ids start here, above every id of its predecessors.
   uint64_t first_agreement_id = 0;
   /// Take over the running group of `incarnation`: its survivors rejoin,
-  /// then one just-in-time round saves them (runtime/agreement.hpp,
+  /// then one just-in-time round saves them (runtime/coordination/agreement.hpp,
   /// "Takeover"). The takeover ends when every rank rejoined, or every rank
   /// but those of `lost_leader_node` rejoined, or once every rank of this
   /// node and of each launcher registered here rejoined (not before
   /// `takeover_min`, so the other launchers can register), and at the
   /// latest after `takeover_window`; ranks not back by then are lost
-  /// (runtime/leadership.hpp, takeover_outcome).
+  /// (runtime/coordination/leader_rules.hpp, takeover_outcome).
   bool takeover = false;
   std::chrono::milliseconds takeover_window{1500};
   std::chrono::milliseconds takeover_min{200};
@@ -89,13 +89,13 @@ struct coordinator_config {
   /// duration of that step. grace-launch's metrics and goodput account use
   /// it. Must not block.
   std::function<void(uint32_t rank, uint64_t completed, int64_t last_step_ns)> on_progress;
-  /// The etcd backend's fence (runtime/leader_elector.hpp, lease_holds):
+  /// The etcd backend's fence (runtime/coordination/leader_campaign.hpp, lease_holds):
   /// asked before each decision; once it says no, the service decides
   /// nothing more (a claim is answered "not won") and stops, so a host
   /// thawed after its lease ran out cannot agree a save with its own ranks
   /// in the moment before its elector deposes it. May block briefly.
   std::function<bool()> lease_holds;
-  /// Elastic jobs (`grace-launch --nnodes MIN:MAX`, runtime/elastic.hpp):
+  /// Elastic jobs (`grace-launch --nnodes MIN:MAX`, runtime/coordination/elastic.hpp):
   /// the service decides each incarnation's group from the launchers that
   /// ask for it (GroupPlanRequest); `world_size` is then the current
   /// plan's, and a rank's node is its slot's. Off while max_nodes is 0.
@@ -109,7 +109,7 @@ struct coordinator_config {
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg);
 
 /// Publishes the coordination service on ip:port: over TLS when the system
-/// was started with certificates (runtime/tls.hpp), plain TCP otherwise.
+/// was started with certificates (runtime/net/tls.hpp), plain TCP otherwise.
 /// Returns the bound port.
 result<uint16_t> publish_coordinator(caf::actor_system& sys, const coordinator_actor& coord, uint16_t port,
                                      const std::string& ip);

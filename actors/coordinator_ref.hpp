@@ -6,26 +6,10 @@
 /// message, so nothing keeps talking to the old one.
 
 #include "actors/coordinator.hpp"
-
-#include <mutex>
+#include "runtime/base/guarded.hpp"
 
 namespace grace {
 
-class coordinator_ref {
-public:
-  explicit coordinator_ref(coordinator_actor h = {}) : h_(std::move(h)) {}
-  coordinator_actor get() const {
-    std::lock_guard<std::mutex> g(m_);
-    return h_;
-  }
-  void set(coordinator_actor h) {
-    std::lock_guard<std::mutex> g(m_);
-    h_ = std::move(h);
-  }
-
-private:
-  mutable std::mutex m_;
-  coordinator_actor h_;
-};
+using coordinator_ref = guarded<coordinator_actor>;
 
 }  // namespace grace

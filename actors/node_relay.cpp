@@ -1,9 +1,9 @@
 #include "actors/node_relay.hpp"
 
 #include "actors/peer_watcher.hpp"
-#include "messages/convert.hpp"
-#include "runtime/cluster_config.hpp"
-#include "runtime/relay_batches.hpp"
+#include "actors/convert.hpp"
+#include "runtime/coordination/cluster_config.hpp"
+#include "runtime/coordination/relay_batches.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>

@@ -1,10 +1,10 @@
 #include "actors/peer_watcher.hpp"
 
-#include "messages/convert.hpp"
-#include "runtime/cluster_config.hpp"
-#include "runtime/control.hpp"
-#include "runtime/events.hpp"
-#include "runtime/leadership.hpp"
+#include "actors/convert.hpp"
+#include "runtime/coordination/cluster_config.hpp"
+#include "runtime/worker/control_block.hpp"
+#include "runtime/base/events.hpp"
+#include "runtime/coordination/leader_rules.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -77,7 +77,7 @@ void send_ack(watcher_ptr self, uint64_t id, uint64_t earliest, const replica_re
 }
 
 /// A checkpoint order: hand it to the trainer, then acknowledge what can be
-/// acknowledged without it (see the protocol in runtime/agreement.hpp).
+/// acknowledged without it (see the protocol in runtime/coordination/agreement.hpp).
 void on_order(watcher_ptr self, const checkpoint_order& o) {
   auto& st = self->state;
   auto progress = st.ctl->post_order(o);
@@ -226,7 +226,7 @@ void start_connect(watcher_ptr self, const coordinator_location& loc) {
 }
 
 /// Rejoins the successor as a survivor of this incarnation, with the step
-/// the trainer completed (runtime/agreement.hpp, "Takeover").
+/// the trainer completed (runtime/coordination/agreement.hpp, "Takeover").
 void rejoin(watcher_ptr self) {
   auto& st = self->state;
   auto m = with_relay_flag(*st.join, static_cast<bool>(st.cfg.relay), true, st.ctl->completed.load());

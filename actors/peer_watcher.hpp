@@ -6,7 +6,7 @@
 
 #include "actors/coordinator_ref.hpp"
 #include "actors/node_relay.hpp"
-#include "runtime/agreement.hpp"
+#include "runtime/coordination/agreement.hpp"
 
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
@@ -32,7 +32,7 @@ struct peer_watcher_config {
   std::chrono::milliseconds heartbeat{200};
   std::chrono::milliseconds request_timeout{10000};
   std::shared_ptr<spdlog::logger> log;
-  /// etcd failover (runtime/leadership.hpp): the file in which this node's
+  /// etcd failover (runtime/coordination/leader_rules.hpp): the file in which this node's
   /// launcher keeps the service's location ("address:port epoch node"), the
   /// epoch of the service joined, and how long to look for a successor
   /// after losing it. Without a file a lost service is final.
@@ -46,7 +46,7 @@ struct peer_watcher_config {
   std::function<void(uint64_t, uint64_t, std::vector<std::string>)> on_commit_parts;
   /// Sharded state with replicas: the kept copies and the replica this
   /// worker reports in a just-in-time acknowledgement, frozen from then on
-  /// (runtime/replica.hpp). Unset: nothing to report.
+  /// (runtime/checkpoint/replica.hpp). Unset: nothing to report.
   std::function<replica_report()> freeze_copies;
   /// This node's relay (multi-node jobs, GRACE_RELAY): heartbeats and
   /// acknowledgements go through it, and orders come from it. None: the

@@ -1,6 +1,6 @@
 #include "actors/signal_watcher.hpp"
 
-#include "runtime/events.hpp"
+#include "runtime/base/events.hpp"
 
 #include <spdlog/spdlog.h>
 

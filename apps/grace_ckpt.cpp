@@ -21,9 +21,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "runtime/checkpoint.hpp"
-#include "runtime/manifest.hpp"
-#include "runtime/safetensors.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/checkpoint/manifest.hpp"
+#include "runtime/checkpoint/safetensors.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;

@@ -1,9 +1,9 @@
 // grace-launch: the launcher and coordination service.
 #include "actors/signal_watcher.hpp"
-#include "runtime/elastic.hpp"
-#include "runtime/exit_codes.hpp"
-#include "runtime/launch_env.hpp"
-#include "runtime/launcher.hpp"
+#include "runtime/coordination/elastic.hpp"
+#include "runtime/base/exit_codes.hpp"
+#include "runtime/launch/launch_env.hpp"
+#include "actors/launcher.hpp"
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -13,7 +13,7 @@
 namespace {
 
 /// Fills the settings whose flags were not given from a torchrun-style or
-/// SLURM environment (runtime/launch_env.hpp) and says which it used.
+/// SLURM environment (runtime/launch/launch_env.hpp) and says which it used.
 /// False (after a one-line error) when a variable is malformed.
 bool apply_scheduler_environment(const CLI::App& app, grace::launch_options& o) {
   auto s = grace::launch_settings_from_environment([](const char* n) -> const char* { return std::getenv(n); });

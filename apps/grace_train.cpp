@@ -1,18 +1,18 @@
 // grace-train: the reference synchronous data-parallel trainer. Built only
-// on Grace's public API (runtime/grace.hpp) plus a compute backend and its
+// on Grace's public API (actors/session.hpp) plus a compute backend and its
 // collective (the MLP and Gloo on CPU; in a CUDA build also mlp_cuda and
 // NCCL), so it doubles as the example a research trainer copies.
-#include "runtime/cancel_token.hpp"
-#include "runtime/device_copy.hpp"
-#include "runtime/device_probe.hpp"
-#include "runtime/gloo_comm.hpp"
-#include "runtime/grace.hpp"
-#include "runtime/mlp.hpp"
+#include "runtime/base/cancel_token.hpp"
+#include "runtime/checkpoint/device_copy.hpp"
+#include "runtime/worker/device_probe.hpp"
+#include "runtime/train/gloo_comm.hpp"
+#include "actors/session.hpp"
+#include "runtime/train/mlp.hpp"
 #ifdef GRACE_HAVE_CUDA
-#include "runtime/cuda/device.hpp"
-#include "runtime/cuda/device_snapshot.hpp"
-#include "runtime/cuda/mlp_cuda.hpp"
-#include "runtime/cuda/nccl_comm.hpp"
+#include "runtime/train/cuda/device.hpp"
+#include "runtime/train/cuda/device_snapshot.hpp"
+#include "runtime/train/cuda/mlp_cuda.hpp"
+#include "runtime/train/cuda/nccl_comm.hpp"
 #endif
 
 #include <CLI/CLI.hpp>
@@ -351,7 +351,7 @@ grace::result<trainer_backend> make_backend(const train_args& a, const std::stri
   return cpu_backend(a.mc, a.shard_optimizer, rank, world);
 }
 
-/// The exit code for a failed attach() (runtime/exit_codes.hpp).
+/// The exit code for a failed attach() (runtime/base/exit_codes.hpp).
 int attach_failure_code(const grace::error& e, int restart_code) {
   spdlog::error("{}", e.message);
   return grace::attach_failure_exit(e.code, restart_code);

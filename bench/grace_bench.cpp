@@ -12,10 +12,10 @@
 //
 // Linked against grace_core only (no CAF): see grace_bench_actors.cpp for
 // the parts that need the actor system.
-#include "runtime/agreement.hpp"
-#include "runtime/checkpoint.hpp"
-#include "runtime/gloo_comm.hpp"
-#include "runtime/snapshot.hpp"
+#include "runtime/coordination/agreement.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/train/gloo_comm.hpp"
+#include "runtime/checkpoint/snapshot.hpp"
 
 #include <gloo/rendezvous/file_store.h>
 #include <spdlog/spdlog.h>

@@ -10,9 +10,9 @@
 //
 // One JSON object per line on stdout, as grace-bench.
 #include "actors/coordinator.hpp"
-#include "messages/caf_types.hpp"
-#include "runtime/grace.hpp"
-#include "runtime/system.hpp"
+#include "actors/caf_types.hpp"
+#include "actors/session.hpp"
+#include "actors/actor_runtime.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/after.hpp>

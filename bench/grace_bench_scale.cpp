@@ -29,9 +29,9 @@
 // CLOCK_MONOTONIC, which every process on the machine shares.
 #include "actors/coordinator.hpp"
 #include "actors/node_relay.hpp"
-#include "messages/caf_types.hpp"
-#include "runtime/events.hpp"
-#include "runtime/system.hpp"
+#include "actors/caf_types.hpp"
+#include "runtime/base/events.hpp"
+#include "actors/actor_runtime.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>

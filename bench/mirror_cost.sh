@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the memory mirrors of replicas cost (runtime/replica.hpp, grace-launch
+# What the memory mirrors of replicas cost (runtime/checkpoint/replica.hpp, grace-launch
 # --memory-dir): the same sharded job on node-local disks, two launchers of
 # two workers on loopback, with the mirrors on and off (the baseline),
 # interleaved, REPS times each. Prints one table: the training time (rank

@@ -1,7 +1,7 @@
 # `cmake --install`: the programs, the libraries with their headers, a CMake
 # package (find_package(Grace) -> Grace::grace) and a pkg-config file.
 # Headers keep their folders under include/grace/, so an embedding program
-# writes the same `#include "runtime/grace.hpp"` as Grace's own sources.
+# writes the same `#include "actors/session.hpp"` as Grace's own sources.
 include(CMakePackageConfigHelpers)
 
 set(GRACE_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/Grace)
@@ -9,7 +9,7 @@ install(TARGETS grace-launch grace-train grace-ckpt grace-chaos RUNTIME DESTINAT
 if(TARGET grace-train-cuda)
   install(TARGETS grace-train-cuda RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
-install(TARGETS grace grace_core grace_messages grace_ops EXPORT GraceTargets
+install(TARGETS grace grace_messages ${GRACE_RUNTIME_LIBRARIES} grace_core EXPORT GraceTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/grace)
 foreach(dir runtime actors messages)

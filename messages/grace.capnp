@@ -25,7 +25,7 @@ struct Join {
                               # with rejoin: the step this worker completed
   rejoin @9 :Bool;            # the service moved (etcd failover): a survivor of
                               # this incarnation rejoins the successor, which saves
-                              # the survivors just in time (runtime/agreement.hpp)
+                              # the survivors just in time (runtime/coordination/agreement.hpp)
   relayed @10 :Bool;          # registered with its node's relay: the service sends
                               # this member's orders through the relay (actors/node_relay.hpp)
   sharded @11 :Bool;          # holds sharded state: every member writes its part of
@@ -133,7 +133,7 @@ struct CheckpointAt {
   allSave @7 :Bool;           # sharded state: every member writes its part; `saver`
                               # commits them when told (CommitParts)
   fromKept @8 :Bool;          # sharded, just in time: each member writes its kept copy
-                              # of `step` (runtime/replica.hpp), not its live state
+                              # of `step` (runtime/checkpoint/replica.hpp), not its live state
   fromReplica @9 :List(UInt32);  # ...and the holders of these members' replicas write theirs
 }
 
@@ -142,7 +142,7 @@ struct Ack {
   rank @1 :UInt32;
   earliestStep @2 :UInt64;    # earliest step at which this worker can stop
   keptSteps @3 :List(UInt64); # sharded state, just in time: steps of its own part it
-                              # keeps a copy of (runtime/replica.hpp)
+                              # keeps a copy of (runtime/checkpoint/replica.hpp)
   holdsReplica @4 :Bool;      # it holds a replica of member `replicaOf`'s part,
   replicaOf @5 :UInt32;
   replicaSteps @6 :List(UInt64);  # whole at these steps
@@ -293,7 +293,7 @@ struct AckBatch {             # node relay -> coordinator, once the node's worke
   acks @1 :List(Ack);
 }
 
-# ---- elastic groups (grace-launch --nnodes MIN:MAX, runtime/elastic.hpp) ------
+# ---- elastic groups (grace-launch --nnodes MIN:MAX, runtime/coordination/elastic.hpp) ------
 
 # Launcher -> coordinator before each group: the first group this node may
 # take part in, in incarnation `fromIncarnation` or later. Answered once the

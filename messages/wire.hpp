@@ -12,7 +12,7 @@
 ///   "GRCE" | protocol version (u32 LE) | schema type id (u64 LE) | words...
 
 #include "messages/grace.capnp.h"
-#include "runtime/error.hpp"
+#include "runtime/base/error.hpp"
 
 #include <capnp/message.h>
 #include <capnp/schema.h>

@@ -1,4 +1,4 @@
-// grace._grace: Grace's embedding API (runtime/grace.hpp) for Python. Thin:
+// grace._grace: Grace's embedding API (actors/session.hpp) for Python. Thin:
 // the state lives in grace::session; the torch and numpy conveniences are
 // Python (python/grace/).
 //
@@ -13,11 +13,11 @@
 // whose handler replaces Python's. While attached, Ctrl-C is a notice (save,
 // exit with the restart code), never a KeyboardInterrupt. close() puts back
 // the handlers and the signal mask found at construction.
-#include "runtime/checkpoint.hpp"
-#include "runtime/cancel_token.hpp"
-#include "runtime/gloo_comm.hpp"
-#include "runtime/grace.hpp"
-#include "runtime/standby.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/base/cancel_token.hpp"
+#include "runtime/train/gloo_comm.hpp"
+#include "actors/session.hpp"
+#include "runtime/worker/standby.hpp"
 
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
@@ -92,7 +92,7 @@ struct signal_state {
 struct abort_targets {
   std::mutex m;
   std::shared_ptr<grace::gloo_comm> comm;
-  std::shared_ptr<grace::cancel_token> rendezvous;  ///< a connect in progress (runtime/cancel_token.hpp)
+  std::shared_ptr<grace::cancel_token> rendezvous;  ///< a connect in progress (runtime/base/cancel_token.hpp)
   std::vector<int> fds;
   void abort() {
     std::lock_guard<std::mutex> g(m);

@@ -59,7 +59,7 @@ if ! grep -q 'grace-train-cuda' <<<"$targets"; then
   echo "gpu-check: $BUILD has no CUDA backend (grace-train-cuda); reconfigure with -DGRACE_CUDA=ON (docs/GPU.md, Building)" >&2
   exit 1
 fi
-GPU_TESTS=$BUILD/runtime/cuda/grace_gpu_tests
+GPU_TESTS=$BUILD/runtime/train/cuda/grace_gpu_tests
 export GRACE_LAUNCH=$BUILD/grace-launch GRACE_TRAIN=$BUILD/grace-train GRACE_CKPT=$BUILD/grace-ckpt
 
 # lib.sh: WORK, track_pid/kill_tree and the EXIT trap that kills every

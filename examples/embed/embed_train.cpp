@@ -6,7 +6,7 @@
 //
 //   embed-train STEPS [STEP_DELAY_MS]
 // Prints "finished STEPS steps; checksum HEX" from the chief at the end.
-#include "runtime/grace.hpp"
+#include "actors/session.hpp"
 
 #include <chrono>
 #include <cinttypes>

@@ -1,4 +1,4 @@
-"""grace.Session: the embedding API (runtime/grace.hpp) with Python idioms.
+"""grace.Session: the embedding API (actors/session.hpp) with Python idioms.
 
 Signals: a Session blocks SIGTERM and SIGINT in the thread that creates it
 (create it in the main thread, before starting threads of your own), and

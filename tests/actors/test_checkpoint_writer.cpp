@@ -3,8 +3,8 @@
 // and durations; the buffers are the writer's until it answered; a failed
 // save is an answer too, never a lost one.
 #include "actors/checkpoint_writer.hpp"
-#include "runtime/events.hpp"
-#include "runtime/system.hpp"
+#include "runtime/base/events.hpp"
+#include "actors/actor_runtime.hpp"
 #include "../temp_dir.hpp"
 
 #include <catch2/catch.hpp>

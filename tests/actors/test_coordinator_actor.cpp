@@ -3,7 +3,7 @@
 // Workers are played by scoped actors.
 #include "actors/coordinator.hpp"
 #include "actors/node_relay.hpp"
-#include "runtime/agreement.hpp"
+#include "runtime/coordination/agreement.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>

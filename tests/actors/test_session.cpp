@@ -2,8 +2,8 @@
 // the coordinator in-process): after a step error the ClusterError makes the
 // peer watcher call the abort handler from an actor thread; run() must not
 // return stop while that call is in flight, and never call it afterwards.
-#include "runtime/checkpoint.hpp"
-#include "runtime/grace.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "actors/session.hpp"
 #include "../temp_dir.hpp"
 
 #include <catch2/catch.hpp>

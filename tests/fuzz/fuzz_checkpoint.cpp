@@ -4,7 +4,7 @@
 // Checksums are not checked (xxh3 is no MAC: an attacker can make them
 // match), so the fuzzer reaches every parser and the reads behind them.
 // Nothing outside the fuzzer's own temporary directory may be touched.
-#include "runtime/checkpoint.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -2,11 +2,11 @@
 // byte picks the parser: TF_CONFIG, host:port, --workers, a SLURM node list,
 // the torchrun/SLURM environment (KEY=VALUE lines), the job's secret,
 // checkpoint directory names and kinds.
-#include "runtime/checkpoint_kind.hpp"
-#include "runtime/cluster_config.hpp"
-#include "runtime/job_token.hpp"
-#include "runtime/launch_env.hpp"
-#include "runtime/manifest.hpp"
+#include "runtime/checkpoint/checkpoint_kind.hpp"
+#include "runtime/coordination/cluster_config.hpp"
+#include "runtime/net/job_token.hpp"
+#include "runtime/launch/launch_env.hpp"
+#include "runtime/checkpoint/manifest.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -10,8 +10,8 @@
 // Fails (abort) when a handler crashes, trips ASan/UBSan, or kills the
 // service: after the program the service must still answer.
 #include "actors/coordinator.hpp"
-#include "messages/caf_types.hpp"
-#include "runtime/agreement.hpp"
+#include "actors/caf_types.hpp"
+#include "runtime/coordination/agreement.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>

@@ -1,5 +1,5 @@
-// libFuzzer: a checkpoint's grace-manifest.json (runtime/manifest.hpp).
-#include "runtime/manifest.hpp"
+// libFuzzer: a checkpoint's grace-manifest.json (runtime/checkpoint/manifest.hpp).
+#include "runtime/checkpoint/manifest.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
-// libFuzzer: a safetensors file's header (runtime/safetensors.hpp), the
+// libFuzzer: a safetensors file's header (runtime/checkpoint/safetensors.hpp), the
 // input being the whole file: 8-byte little-endian length, JSON, data.
-#include "runtime/safetensors.hpp"
+#include "runtime/checkpoint/safetensors.hpp"
 
 #include <cstddef>
 #include <cstdint>

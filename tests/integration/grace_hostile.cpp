@@ -30,9 +30,9 @@
 // Exit 0 when every attempt was refused as it must be, 1 otherwise (the
 // line printed says which one got through), 2 on a usage or connect error.
 #include "actors/coordinator.hpp"
-#include "messages/caf_types.hpp"
-#include "runtime/agreement.hpp"
-#include "runtime/system.hpp"
+#include "actors/caf_types.hpp"
+#include "runtime/coordination/agreement.hpp"
+#include "actors/actor_runtime.hpp"
 
 #include <caf/scoped_actor.hpp>
 

@@ -10,8 +10,8 @@ BUILD=$(dirname "$GRACE_LAUNCH")
 ROOT=$WORK/root   # DESTDIR: nothing is written outside the test's folder
 DESTDIR=$ROOT cmake --install "$BUILD" > "$WORK/install.log" 2>&1 || { tail -20 "$WORK/install.log"; fail "cmake --install failed"; }
 P=$ROOT$(sed -n 's/^CMAKE_INSTALL_PREFIX:PATH=//p' "$BUILD/CMakeCache.txt")
-for f in bin/grace-launch bin/grace-train bin/grace-ckpt bin/grace-chaos lib/libgrace.a lib/libgrace_core.a \
-         lib/libgrace_messages.a include/grace/runtime/grace.hpp include/grace/messages/grace.capnp.h \
+for f in bin/grace-launch bin/grace-train bin/grace-ckpt bin/grace-chaos lib/libgrace.a lib/libgrace_base.a lib/libgrace_checkpoint.a lib/libgrace_ops.a \
+         lib/libgrace_messages.a include/grace/actors/session.hpp include/grace/runtime/checkpoint/checkpoint.hpp include/grace/messages/grace.capnp.h \
          lib/cmake/Grace/GraceConfig.cmake lib/cmake/Grace/GraceTargets.cmake lib/pkgconfig/grace.pc; do
   [ -e "$P/$f" ] || fail "cmake --install did not install $f"
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Elastic jobs (grace-launch --nnodes 2:3, runtime/elastic.hpp): three hosts x
+# Elastic jobs (grace-launch --nnodes 2:3, runtime/coordination/elastic.hpp): three hosts x
 # 2 workers (tests/netns/testbed.sh), one grace-launch per host. Host 2 is lost
 # for good (every process SIGKILLed, link down): the survivors save just in
 # time, and once the service waited --elastic-wait-ms for it, the group goes

@@ -1,7 +1,7 @@
 // The agreement state machine, exhaustively over event orders for a
 // 3-member cluster: two notices, every member's acknowledgement, the save
 // report and at most one death, in every interleaving; plus targeted cases.
-#include "runtime/agreement.hpp"
+#include "runtime/coordination/agreement.hpp"
 
 #include <catch2/catch.hpp>
 

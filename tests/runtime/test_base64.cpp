@@ -1,4 +1,4 @@
-#include "runtime/base64.hpp"
+#include "runtime/base/base64.hpp"
 
 #include <catch2/catch.hpp>
 

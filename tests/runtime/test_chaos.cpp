@@ -1,7 +1,9 @@
 // grace-chaos's pure parts: host faults in schedules (parsing, generation), the
 // verdicts that depend on hosts, and work_lost's bound after a full disk.
-#include "runtime/chaos/invariants.hpp"
-#include "runtime/chaos/schedule.hpp"
+#include "apps/chaos/invariants.hpp"
+#include "apps/chaos/schedule.hpp"
+
+#include "../event_fixtures.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -10,20 +12,10 @@
 #include <set>
 
 using namespace grace::chaos;
+using grace::testing::ev;
+using grace::testing::sec;
 
 namespace {
-
-constexpr int64_t sec = 1000000000;
-
-grace::event ev(const char* name, double t, int64_t rank, int64_t inc, nlohmann::json fields = nlohmann::json::object()) {
-  grace::event e;
-  e.name = name;
-  e.t_ns = static_cast<int64_t>(t * sec);
-  e.rank = rank;
-  e.incarnation = inc;
-  e.j = std::move(fields);
-  return e;
-}
 
 launch_record launch(int index, int host, int code, int sig = 0) {
   launch_record l;

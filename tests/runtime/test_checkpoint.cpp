@@ -23,10 +23,10 @@
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
-#include "runtime/checkpoint.hpp"
-#include "runtime/events.hpp"
-#include "runtime/safetensors.hpp"
-#include "runtime/snapshot.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/base/events.hpp"
+#include "runtime/checkpoint/safetensors.hpp"
+#include "runtime/checkpoint/snapshot.hpp"
 #include "../skip.hpp"
 #include "../temp_dir.hpp"
 

@@ -1,4 +1,4 @@
-// Sharded checkpoints (runtime/checkpoint_parts.cpp): every rank's part,
+// Sharded checkpoints (runtime/checkpoint/checkpoint_parts.cpp): every rank's part,
 // the commit of all parts, and restores that reslice N parts onto M ranks.
 #include <catch2/catch.hpp>
 
@@ -13,9 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/checkpoint.hpp"
-#include "runtime/manifest.hpp"
-#include "runtime/snapshot.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/checkpoint/manifest.hpp"
+#include "runtime/checkpoint/snapshot.hpp"
 #include "../temp_dir.hpp"
 
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-#include "runtime/cluster_config.hpp"
+#include "runtime/coordination/cluster_config.hpp"
 #include "../temp_dir.hpp"
 
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-#include "runtime/deadline.hpp"
+#include "runtime/base/deadline.hpp"
 
 #include <catch2/catch.hpp>
 

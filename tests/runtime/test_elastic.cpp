@@ -1,4 +1,4 @@
-#include "runtime/elastic.hpp"
+#include "runtime/coordination/elastic.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -1,7 +1,7 @@
-// leader_elector against a real one-member etcd on loopback (Debian
+// leader_campaign against a real one-member etcd on loopback (Debian
 // etcd-server), started by the fixture with its own data directory and
 // ports: the job key's marks as launchers see them. Skipped without etcd.
-#include "runtime/leader_elector.hpp"
+#include "runtime/coordination/leader_campaign.hpp"
 #include "../skip.hpp"
 #include "../temp_dir.hpp"
 
@@ -80,7 +80,7 @@ elector_config config(const std::string& endpoints, uint32_t node) {
 }
 
 /// The next event of `e`, at most `limit` away.
-std::optional<leadership_event> next_event(leader_elector& e, std::chrono::milliseconds limit) {
+std::optional<leadership_event> next_event(leader_campaign& e, std::chrono::milliseconds limit) {
   static thread_local std::vector<leadership_event> queued;
   const auto until = std::chrono::steady_clock::now() + limit;
   while (queued.empty()) {
@@ -95,8 +95,8 @@ std::optional<leadership_event> next_event(leader_elector& e, std::chrono::milli
   return ev;
 }
 
-std::unique_ptr<leader_elector> started(const elector_config& c) {
-  auto e = leader_elector::create(c, {});
+std::unique_ptr<leader_campaign> started(const elector_config& c) {
+  auto e = leader_campaign::create(c, {});
   REQUIRE(e);
   (*e)->start();
   return std::move(*e);
@@ -104,7 +104,7 @@ std::unique_ptr<leader_elector> started(const elector_config& c) {
 
 /// Node 0 elected, node 1 following it; the leader's epoch.
 struct two_launchers {
-  std::unique_ptr<leader_elector> leader, follower;
+  std::unique_ptr<leader_campaign> leader, follower;
   uint64_t epoch = 0;
 };
 two_launchers leader_and_follower(const std::string& endpoint) {

@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "../bounded_call.hpp"
-#include "runtime/cancel_token.hpp"
-#include "runtime/gloo_comm.hpp"
-#include "runtime/kernels.hpp"
-#include "runtime/mlp.hpp"
+#include "runtime/base/cancel_token.hpp"
+#include "runtime/train/gloo_comm.hpp"
+#include "runtime/train/kernels.hpp"
+#include "runtime/train/mlp.hpp"
 #include "../skip.hpp"
 
 using namespace grace;

@@ -1,28 +1,17 @@
-#include "runtime/goodput.hpp"
-#include "runtime/job_monitor.hpp"
-#include "runtime/metrics.hpp"
+#include "runtime/ops/goodput.hpp"
+#include "runtime/ops/job_monitor.hpp"
+#include "runtime/ops/metrics.hpp"
+
+#include "../event_fixtures.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 using namespace grace;
+using grace::testing::at_s;
+using grace::testing::ev;
 
 namespace {
-
-constexpr int64_t sec = 1000000000;
-int64_t at_s(double seconds) { return static_cast<int64_t>(seconds * sec); }
-
-/// An event as the events file holds it: rank -1 is the launcher or the
-/// coordination service.
-event ev(const char* name, double t, int64_t rank, int64_t inc, nlohmann::json fields = nlohmann::json::object()) {
-  event e;
-  e.name = name;
-  e.t_ns = at_s(t);
-  e.rank = rank;
-  e.incarnation = inc;
-  e.j = std::move(fields);
-  return e;
-}
 
 /// Two groups: rank 1 is SIGKILLed at 10 s, the survivor saves just in
 /// time, the group restarts from step 95 (6 steps behind the newest known

@@ -1,5 +1,5 @@
-#include "runtime/group_policy.hpp"
-#include "runtime/exit_codes.hpp"
+#include "runtime/launch/group_policy.hpp"
+#include "runtime/base/exit_codes.hpp"
 
 #include <csignal>
 

@@ -1,4 +1,4 @@
-#include "runtime/job_token.hpp"
+#include "runtime/net/job_token.hpp"
 
 #include <catch2/catch.hpp>
 

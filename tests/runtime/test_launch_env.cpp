@@ -1,4 +1,4 @@
-#include "runtime/launch_env.hpp"
+#include "runtime/launch/launch_env.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-#include "runtime/membership.hpp"
+#include "runtime/coordination/membership.hpp"
 
 #include <catch2/catch.hpp>
 

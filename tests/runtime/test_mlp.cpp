@@ -1,4 +1,4 @@
-// Tests for runtime/kernels.hpp and runtime/mlp.{hpp,cpp}.
+// Tests for runtime/train/kernels.hpp and runtime/mlp.{hpp,cpp}.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/kernels.hpp"
-#include "runtime/mlp.hpp"
+#include "runtime/train/kernels.hpp"
+#include "runtime/train/mlp.hpp"
 
 using namespace grace;
 

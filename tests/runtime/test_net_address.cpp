@@ -1,4 +1,4 @@
-#include "runtime/net_address.hpp"
+#include "runtime/net/net_address.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -1,12 +1,12 @@
 // Node-local sharded checkpoints brought level between nodes before a group
-// starts (runtime/node_local_sync.hpp): real checkpoint servers on loopback,
+// starts (runtime/checkpoint/node_local_sync.hpp): real checkpoint servers on loopback,
 // one directory per node.
-#include "runtime/node_local_sync.hpp"
+#include "runtime/checkpoint/node_local_sync.hpp"
 
-#include "runtime/ckpt_fetch.hpp"
-#include "runtime/manifest.hpp"
-#include "runtime/snapshot.hpp"
-#include "runtime/tcp.hpp"
+#include "runtime/checkpoint/checkpoint_fetch.hpp"
+#include "runtime/checkpoint/manifest.hpp"
+#include "runtime/checkpoint/snapshot.hpp"
+#include "runtime/net/tcp.hpp"
 #include "../temp_dir.hpp"
 
 #include <catch2/catch.hpp>

@@ -20,8 +20,8 @@
 // the most advanced survivor; exit codes are the restart code (or 3 after a
 // failed save); never a protocol violation; at most one claim wins; an
 // agreed step is at most the largest started step + 1.
-#include "runtime/agreement.hpp"
-#include "runtime/worker_policy.hpp"
+#include "runtime/coordination/agreement.hpp"
+#include "runtime/worker/worker_policy.hpp"
 
 #include <catch2/catch.hpp>
 #include <xxhash.h>
@@ -104,7 +104,7 @@ struct world {
   int wins = 0;
   bool fault = false, save_failed = false;
   bool parts = false;              ///< sharded state: every member writes its part
-  bool replicas = false;           ///< ...and keeps copies (runtime/replica.hpp)
+  bool replicas = false;           ///< ...and keeps copies (runtime/checkpoint/replica.hpp)
   std::set<uint64_t> parts_done;  ///< (agreement id << 8 | rank) of every durable part
   std::set<uint64_t> part_steps;  ///< (step << 8 | rank) of every durable part, of any round
   /// Node-local directories: members per node (0: one shared directory),

@@ -1,5 +1,5 @@
-// What a node relay batches and when (runtime/relay_batches.hpp).
-#include "runtime/relay_batches.hpp"
+// What a node relay batches and when (runtime/coordination/relay_batches.hpp).
+#include "runtime/coordination/relay_batches.hpp"
 
 #include <catch2/catch.hpp>
 

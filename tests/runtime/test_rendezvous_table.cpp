@@ -1,6 +1,6 @@
 // The coordination service's keys and barriers (runtime/rendezvous_table):
 // set-once keys, waiting gets, timeouts, barriers, a broken group, a reset.
-#include "runtime/rendezvous_table.hpp"
+#include "runtime/coordination/rendezvous_table.hpp"
 
 #include <catch2/catch.hpp>
 

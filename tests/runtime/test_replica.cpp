@@ -1,10 +1,10 @@
-// In-memory replicas of sharded state (runtime/replica.hpp): placement,
+// In-memory replicas of sharded state (runtime/checkpoint/replica.hpp): placement,
 // kept copies, transfers between two keepers over loopback, refusals.
 // A check that a transfer changed nothing runs once the transfer is known
 // to have ended: keep() of the next step waits for the previous transfer
-// (runtime/replica.hpp), and its kept copy shows it did not give up.
-#include "runtime/replica.hpp"
-#include "runtime/tcp.hpp"
+// (runtime/checkpoint/replica.hpp), and its kept copy shows it did not give up.
+#include "runtime/checkpoint/replica.hpp"
+#include "runtime/net/tcp.hpp"
 #include "../temp_dir.hpp"
 
 #include <catch2/catch.hpp>
@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <iterator>
 #include <thread>
 

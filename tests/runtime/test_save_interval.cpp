@@ -1,4 +1,4 @@
-#include "runtime/save_interval.hpp"
+#include "runtime/checkpoint/save_interval.hpp"
 
 #include <catch2/catch.hpp>
 

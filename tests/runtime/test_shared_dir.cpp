@@ -1,6 +1,6 @@
-// The checkpoint directory check for sharded state (runtime/shared_dir.hpp):
+// The checkpoint directory check for sharded state (runtime/checkpoint/shared_dir.hpp):
 // ranks in threads, Gloo's in-process HashStore as the rendezvous store.
-#include "runtime/shared_dir.hpp"
+#include "runtime/checkpoint/shared_dir.hpp"
 
 #include "../temp_dir.hpp"
 

@@ -3,9 +3,9 @@
 // fails the save that was writing it, and nothing is committed.
 // Whether the writer already waits when the copy starts is decided by an
 // event (snapshot_buffers::waiters), never by a sleep.
-#include "runtime/checkpoint.hpp"
-#include "runtime/device_copy.hpp"
-#include "runtime/snapshot.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/checkpoint/device_copy.hpp"
+#include "runtime/checkpoint/snapshot.hpp"
 #include "../bounded_call.hpp"
 #include "../temp_dir.hpp"
 

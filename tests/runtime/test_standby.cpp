@@ -1,9 +1,9 @@
-// Warm spares (runtime/standby.hpp): the release message, and the pool
+// Warm spares (runtime/worker/standby.hpp): the release message, and the pool
 // driving real spare processes (bash speaking the protocol: "R" on the
 // socket, then the release read to EOF). The spare side in a real program
 // (await_standby_release in a forked child) is tested here too; grace-launch
 // with grace-train and with the PyTorch trainer in tests/integration/standby.sh.
-#include "runtime/standby.hpp"
+#include "runtime/worker/standby.hpp"
 
 #include "../temp_dir.hpp"
 

@@ -1,7 +1,7 @@
-// The TLS option rules (runtime/tls.hpp). The file checks against real
+// The TLS option rules (runtime/net/tls.hpp). The file checks against real
 // certificates (chain, key match, key mode, encrypted key, purpose) are in
 // tests/integration/tls.sh, which makes them with the openssl command.
-#include "runtime/tls.hpp"
+#include "runtime/net/tls.hpp"
 
 #include <catch2/catch.hpp>
 

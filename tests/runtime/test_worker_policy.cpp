@@ -1,7 +1,7 @@
 // The worker's step-boundary decisions (runtime/worker_policy): every row of
 // its priority table, the waits and their deadlines, and the sequences the
 // trainer walks through (ack -> agreed -> save -> commit -> stop).
-#include "runtime/worker_policy.hpp"
+#include "runtime/worker/worker_policy.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -1,0 +1,402 @@
+#pragma once
+/// The coordinator's agreement protocol as a pure state machine: events in,
+/// actions out, no clock, no I/O, no CAF. The coordinator actor feeds it and
+/// carries out the actions; tests drive it exhaustively over event orders.
+///
+/// ## Protocol
+/// A notice becomes a *claim*; the first claim wins (set-once). The winner's
+/// claim starts an *agreement*: the coordinator proposes a lower bound `N`
+/// (the claimant's step in progress) to every live member. Each member
+/// acknowledges with the earliest step at which it can still stop:
+/// `max(N, step it has started)` (read with a Dekker-style pair of seq_cst
+/// atomics, so the trainer never starts a step past it). The agreed step is
+/// the maximum of the acknowledgements; it is sent to everyone, each trainer
+/// stops after completing it, and the `saver` writes the checkpoint.
+///
+/// Why the maximum is safe: synchronous workers differ by at most one step,
+/// a member stops no earlier than the step it acknowledged, and no member
+/// saves before the agreed step is known; a member that reached the lower
+/// bound first waits at its step boundary (never inside a step) until the
+/// agreed step arrives, then runs on to it if needed.
+///
+/// ## States and transitions
+/// | phase        | event                         | next          | actions                                   |
+/// |--------------|-------------------------------|---------------|-------------------------------------------|
+/// | idle         | claim, all joined             | proposing     | claim_reply(won), propose(initial)        |
+/// | idle         | claim, not all joined         | waiting       | claim_reply(won)                          |
+/// | waiting      | join completes membership     | proposing     | propose(initial)                          |
+/// | not idle     | claim                         | (same)        | claim_reply(lost); earlier deadline ->    |
+/// |              |                               |               |   deadline_update to the chief            |
+/// | proposing    | ack (current id)              | proposing     | -                                         |
+/// | proposing    | last live ack                 | saving        | agreed(max ack, saver = chief)            |
+/// | any          | ack/saved with an old id      | (same)        | - (late: ignored)                         |
+/// | saving       | saved ok, no deadline / final | stopping      | committed(exit_after)                     |
+/// | saving       | saved ok, initial w/ deadline | countdown     | committed(continue)                       |
+/// | saving       | saved failed                  | failed        | cluster_error                             |
+/// | countdown    | propose_final                 | proposing     | propose(final)                            |
+/// | idle, waiting| member lost (joined or not),  | jit_collect   | peer_lost, propose(jit) to survivors      |
+/// | proposing,   | member gone (leave, code != 0)|               |                                           |
+/// | saving,      |                               |               |                                           |
+/// | countdown    |                               |               |                                           |
+/// | jit_collect  | last survivor ack, best step  | saving        | agreed(max completed, saver = its owner,  |
+/// |              |   not yet durable             |               |   ties: lowest rank)                      |
+/// | jit_collect  | last survivor ack, best step  | stopping      | committed(exit) - no save: the state is   |
+/// |              |   already durable             |               |   on disk already                         |
+/// | jit_collect  | member lost                   | jit_collect   | peer_lost (and agree if all others acked) |
+/// | any live     | error report                  | failed        | cluster_error (names origin, step)        |
+/// | stopping,    | member lost / leave           | (same)        | - (expected exits)                        |
+/// | failed,      |                               |               |                                           |
+/// | finishing    |                               |               |                                           |
+/// | not failed/  | leave with exit code 0        | finishing     | - (claims are answered lost from now on)  |
+/// |   stopping   |                               |               |                                           |
+/// | any          | no survivor left              | stopping      | -                                         |
+/// | unsettled,   | rescue (deadline near, the    | jit_collect   | propose(jit): abort stuck collectives     |
+/// | deadline set |   round not committed)        |               |                                           |
+/// | jit_collect  | cutoff (deadline nearer)      | saving /      | agree among the acks received (a member   |
+/// |              |                               | stopping      |   frozen but not yet declared dead cannot |
+/// |              |                               |               |   hold the save past the deadline)        |
+///
+/// A join is refused (restartable, `join_refusal`) once a member of the
+/// incarnation was lost or left: the group can no longer train together,
+/// so a late joiner restarts with the next incarnation.
+///
+/// ## Takeover (the coordination service moved: etcd failover)
+/// A service elected after its predecessor's host was lost starts in the
+/// group's incarnation with nobody joined. The survivors *rejoin*
+/// (`on_rejoin`) with the step they completed - which is not known to be on
+/// disk, so it never counts as restored. When the takeover ends
+/// (`end_takeover`: every rank rejoined, or the window closed and the
+/// service declared the rest lost), one just-in-time round among the
+/// rejoined members saves the most advanced state and everyone exits for a
+/// restart: the old group's collectives were torn with the old service, so
+/// it cannot train on. Agreement ids start at `first_id` (derived from the
+/// service's epoch), above any id a predecessor handed out, so a survivor
+/// never mistakes an old order for a new one.
+///
+/// ## Faults on top of faults
+/// Every loss while anything is unsettled (a claim waiting for members, a
+/// proposal out, an agreed step not yet reached, a save in flight by the
+/// saver or by anyone, a grace-period countdown, a restart still joining)
+/// becomes one just-in-time round among the survivors: each acknowledges its
+/// completed step (a survivor still inside a step first has its collective
+/// aborted), the most advanced one saves, so the committed checkpoint is at
+/// most one step behind the most advanced survivor. A survivor that is not
+/// inside a step (waiting at a boundary, restoring, in its rendezvous) is
+/// acknowledged for by its peer watcher at once. When the best completed
+/// step is already durable - every member restored it, or an agreement of
+/// this incarnation committed it - nothing is written and the round commits
+/// at once. A loss once a commit with exit is out (stopping) changes nothing.
+/// A second notice during any of this defers to the holder; a cluster error
+/// fails the job (exit 3) whatever the phase.
+///
+/// ## Sharded state: two-phase commit of parts
+/// With `set_parts(true)` (members hold sharded state, runtime/checkpoint/checkpoint.hpp)
+/// no member can save for everyone: every agreed step is saved by every
+/// member (`all_save`), each writing its own part and reporting it
+/// (`on_saved` with `part`). Once every live member's part is durable, the
+/// saver (the committer) is told to commit them (`commit_parts`); its report
+/// then commits the round as above. A part that failed fails the round like
+/// a failed save. A member lost before the commit takes its part with it:
+/// the round becomes a just-in-time round whose agreement writes nothing
+/// (committed at the durable step, everyone exits for a restart from the
+/// newest complete checkpoint) - unless the members keep copies.
+///
+/// ### Replicas
+/// With in-memory replicas (runtime/checkpoint/replica.hpp) every member keeps copies
+/// of its own part of its last few completed steps, and a copy (replica) of
+/// one other member's part. Its just-in-time acknowledgement reports both
+/// (`replica_report`). The round then agrees on the newest step T above the
+/// durable one for which every member's part exists: an acknowledging
+/// member's kept copy, or, for a member that did not acknowledge (lost,
+/// silent), a replica held by one that did. Every acknowledging member
+/// writes its kept copy of T (not its live state: a step aborted in a
+/// collective may have left it half updated), the holders write the
+/// missing members' parts from their replicas, and the lowest acknowledging
+/// rank commits. No such T: committed at the durable step, as above.
+/// Periodic saves (agreement id 0) are tracked
+/// per step: when every live member reported its part of step N durable
+/// (a failed part is not counted: the rank may write it again), the chief
+/// commits it; its report makes N durable.
+///
+/// | phase        | event                         | next          | actions                                   |
+/// |--------------|-------------------------------|---------------|-------------------------------------------|
+/// | saving       | part ok (current id), the     | saving        | commit_parts(saver)                       |
+/// |              |   last live member's (or last |               |                                           |
+/// |              |   part writer's, from copies) |               |                                           |
+/// | saving       | part failed                   | failed        | cluster_error                             |
+/// | jit_collect  | last survivor ack (parts),    | saving        | agreed(T, from_kept, from_replica,        |
+/// |              |   copies cover a step T >     |               |   saver = lowest acked rank)              |
+/// |              |   the durable one             |               |                                           |
+/// | jit_collect  | last survivor ack (parts),    | stopping      | committed(exit) at the durable step       |
+/// |              |   no such step                |               |                                           |
+/// | saving (from | a part writer lost before its | stopping      | committed(exit) at the durable step       |
+/// |   copies)    |   part, or the saver lost     |               |                                           |
+/// | any          | periodic part ok, the last    | (same)        | commit_parts(chief, id 0)                 |
+/// |              |   live member's of its step   |               |                                           |
+/// | any          | periodic commit ok            | (same)        | - (the step is durable)                   |
+///
+/// ### Node-local directories
+/// With `set_node_local(k)` a node's parts are in its own directory, so no
+/// single rank can commit them all: once every part is durable,
+/// `commit_parts` goes to one committer per node that holds parts (its
+/// lowest live rank; a part written from a replica is held on its
+/// writer's node), and the round, or the periodic step, is committed only
+/// when every committer reported its commit. A committer lost before its
+/// report counts as a lost saver.
+///
+/// ## A save that respects its deadline
+/// With a grace period the platform kills the job at the deadline, whether
+/// or not the agreement finished: a member frozen after the notice holds the
+/// agreed step's collectives and is declared dead only after dead-after,
+/// which may be later. So the coordinator acts on the deadline itself: if
+/// nothing with exit is committed by `deadline - rescue margin` (a step and
+/// a save, from the members' heartbeats), it starts a just-in-time round
+/// (`on_rescue`), and at the cutoff a little later agrees among the
+/// acknowledgements it has (`on_cutoff`). The chief's own final-save margin
+/// is larger, so the rescue only acts when the normal path is stuck.
+///
+#include "runtime/checkpoint/checkpoint_kind.hpp"
+#include "runtime/checkpoint/replica_report.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace grace {
+
+enum class agreement_phase : uint8_t {
+  idle,
+  waiting,
+  proposing,
+  saving,
+  countdown,
+  jit_collect,
+  stopping,
+  failed,
+  finishing,
+};
+const char* to_string(agreement_phase p) noexcept;
+
+/// Rank used by the launcher when it claims on behalf of a signal it received.
+constexpr uint32_t launcher_rank = 0xffffffffu;
+
+/// Why a member was lost (the wire's LossReason): a typed value, never text.
+enum class loss_reason : uint8_t {
+  dead,  ///< connection lost, heartbeats silent, or the process exited
+  hung,  ///< alive but no progress for longer than the hang timeout
+  left,  ///< left on purpose with a non-zero exit code while others trained
+};
+const char* to_string(loss_reason r) noexcept;
+
+struct agreement_action {
+  enum class type : uint8_t {
+    claim_reply,      ///< to `rank`: won, holder, id
+    propose,          ///< to every live member: lower bound `step`, `kind`
+    agreed,           ///< to every live member: `step`, `kind`, `saver`, `exit_after`
+    committed,        ///< to every live member: `step`, `exit_after`
+    peer_lost,        ///< to every live member: `rank` was lost (`reason`, `message` says why)
+    cluster_error,    ///< to every live member: origin `rank`, `step`, `message`
+    deadline_update,  ///< to the chief: `deadline_ns`
+    commit_parts,     ///< to `rank`: every part of `step` (agreement `id`, 0: periodic) is durable
+  };
+  agreement_action() = default;
+  explicit agreement_action(type t) : what(t) {}
+  type what = type::claim_reply;
+  uint32_t rank = 0;
+  uint64_t id = 0;
+  uint64_t step = 0;
+  checkpoint_kind kind = checkpoint_kind::initial;
+  bool won = false;
+  uint32_t holder = 0;
+  uint32_t saver = 0;
+  bool exit_after = false;
+  bool all_save = false;  ///< agreed: every member writes its part (sharded state)
+  /// agreed (sharded state, just in time): every member writes its kept
+  /// copy of `step`; the holders of these members' replicas write theirs.
+  bool from_kept = false;
+  std::vector<uint32_t> from_replica;
+  int64_t deadline_ns = 0;
+  loss_reason reason = loss_reason::dead;
+  std::string message;
+};
+const char* to_string(agreement_action::type t) noexcept;
+
+using actions = std::vector<agreement_action>;
+
+class agreement {
+public:
+  /// `first_id`: ids handed out are above it (a successor service's ids
+  /// above every id of its predecessor, see "Takeover").
+  explicit agreement(uint32_t world_size, uint64_t first_id = 0);
+
+  /// Why `rank` may not join now (nullopt: it may). A refusal here is
+  /// restartable: the member should exit with the restart code.
+  /// `completed`: the step the member restored. Members that restored
+  /// different steps hold different states and must never train together
+  /// (node-local checkpoint directories that were not brought level).
+  std::optional<std::string> join_refusal(uint32_t rank, uint64_t completed) const;
+  /// Whether refusing a member that restored `completed` ends this
+  /// incarnation: a step other than the group's means the directories were
+  /// not level, so that member can never join it and the group would wait
+  /// for it until its collectives time out. The caller then declares the
+  /// member lost (on_member_lost): everyone restarts, and every node brings
+  /// its directory level again first. Any other refusal is for now only.
+  bool refusal_ends_group(uint64_t completed) const;
+  /// A member joined with `completed` steps restored (call only when
+  /// join_refusal() said yes).
+  actions on_join(uint32_t rank, uint64_t completed);
+  /// Takeover: a survivor of this incarnation rejoins a successor service
+  /// with the step it completed (not restored: nothing is known durable).
+  /// Refused (nothing happens) for a rank out of range, lost or joined.
+  actions on_rejoin(uint32_t rank, uint64_t completed);
+  /// Takeover over (the ranks that did not rejoin were declared lost
+  /// before): the just-in-time round among the rejoined, unless a loss
+  /// already started it or nobody rejoined.
+  actions end_takeover();
+  /// A termination notice claimed by `rank` (or launcher_rank), whose step in
+  /// progress is `started`; `deadline_ns` is 0 without a grace period.
+  actions on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns);
+  /// A member's acknowledgement of agreement `id`; `copies`: its kept
+  /// copies and the replica it holds (sharded state, "Replicas").
+  actions on_ack(uint32_t rank, uint64_t id, uint64_t earliest, replica_report copies = {});
+  /// The saver's report for agreement `id`; with `part`, a member's part of
+  /// a sharded save (`id` 0: a periodic save of `step`).
+  actions on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error, bool part = false);
+  /// Members hold sharded state: every member saves its part, the saver
+  /// commits them (see "Sharded state").
+  void set_parts(bool on) noexcept { parts_ = on; }
+  bool parts() const noexcept { return parts_; }
+  /// Sharded state in node-local directories: a node's `local_world`
+  /// ranks share one directory (the node of rank r is r / local_world) and
+  /// every node holding parts of a step commits them in its own (see
+  /// "Node-local directories"). 0: one directory every rank shares.
+  void set_node_local(uint32_t local_world) noexcept { local_world_ = local_world; }
+  /// The chief says the grace period's margin is reached.
+  actions on_propose_final(uint32_t rank, uint64_t started);
+  /// A member (joined or not yet joined) was declared lost with its last
+  /// completed step.
+  actions on_member_lost(uint32_t rank, uint64_t completed, loss_reason why, const std::string& detail);
+  /// A member reported an error in its step.
+  actions on_error(uint32_t rank, uint64_t step, const std::string& message);
+  /// A member left on purpose: exit code 0 (finished) or another code
+  /// (stopping after a commit, or giving up on its own).
+  actions on_leave(uint32_t rank, int exit_code);
+  /// The deadline is near and the round is not committed: start a
+  /// just-in-time round (no-op without a deadline, when settled, or when a
+  /// just-in-time round is already collecting or saving).
+  /// `silent`: members whose heartbeats stopped a while ago (frozen, most
+  /// likely): the round does not wait for their acknowledgements.
+  actions on_rescue(const std::set<uint32_t>& silent = {});
+  /// The rescue's cutoff: agree among the acknowledgements received so far
+  /// (no-op unless collecting; nothing to agree without any).
+  actions on_cutoff();
+  /// True while a round with a deadline is unsettled: the coordinator keeps
+  /// a rescue timer armed.
+  bool needs_rescue() const noexcept;
+
+  agreement_phase phase() const noexcept { return phase_; }
+  uint64_t current_id() const noexcept { return id_; }
+  std::optional<uint32_t> holder() const noexcept { return holder_; }
+  int64_t deadline_ns() const noexcept { return deadline_ns_; }
+  uint64_t agreed_step() const noexcept { return agreed_step_; }
+  /// The newest step known to be on disk for everyone: the lowest step the
+  /// members restored, or a step an agreement of this incarnation committed.
+  uint64_t durable_step() const noexcept { return std::max(restored_min_.value_or(0), committed_step_); }
+  const std::set<uint32_t>& live() const noexcept { return live_; }
+  uint32_t world_size() const noexcept { return world_size_; }
+  bool all_joined() const noexcept { return joined_.size() == world_size_ && lost_.empty() && gone_.empty(); }
+  /// Every field, readable: a debug aid.
+  std::string state_key() const;
+  /// Calls `put(v)` for every field (sets and the acks as their size, then
+  /// their elements): the protocol model's de-duplication key.
+  template <class Put>
+  void visit_state(Put&& put) const {
+    for (auto* s : {&joined_, &live_, &lost_, &gone_, &not_awaited_}) {
+      put(s->size());
+      for (auto r : *s) put(r);
+    }
+    put(acks_.size());
+    for (auto& [r, step] : acks_) {
+      put(r);
+      put(step);
+    }
+    put(copies_.size());
+    for (auto& [r, c] : copies_) {
+      put(r), put(c.of.value_or(UINT32_MAX)), put(c.kept.size()), put(c.replica.size());
+      for (auto s : c.kept) put(s);
+      for (auto s : c.replica) put(s);
+    }
+    put(part_writers_.size());
+    for (auto r : part_writers_) put(r);
+    put(phase_), put(holder_.value_or(UINT32_MAX)), put(id_), put(kind_), put(lower_bound_), put(deadline_ns_);
+    put(claim_started_), put(agreed_step_), put(saver_), put(exit_after_), put(restored_min_.value_or(UINT64_MAX));
+    put(committed_step_);
+    put(parts_), put(parts_in_.size());
+    for (auto r : parts_in_) put(r);
+    for (auto* m : {&periodic_parts_, &periodic_commits_}) {
+      put(m->size());
+      for (auto& [step, ranks] : *m) {
+        put(step), put(ranks.size());
+        for (auto r : ranks) put(r);
+      }
+    }
+    put(local_world_), put(commits_pending_.size());
+    for (auto r : commits_pending_) put(r);
+  }
+
+private:
+  actions propose(checkpoint_kind kind, uint64_t lower_bound);
+  actions maybe_agree();
+  actions agree_jit();
+  actions agree_from_copies();
+  std::optional<std::vector<uint32_t>> copies_cover(uint64_t step, const std::set<uint32_t>& writers) const;
+  actions stop_at_durable();
+  actions member_gone(uint32_t rank);
+  actions on_part(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error);
+  actions on_periodic(uint32_t rank, uint64_t step, bool ok, bool part);
+  bool all_live_in(const std::set<uint32_t>& s) const;
+  /// A member that restored `completed` holds another state than the group.
+  bool restored_differs(uint64_t completed) const;
+  uint32_t chief() const;
+  std::set<uint32_t> committers(const std::set<uint32_t>& writers, uint32_t single) const;
+  static actions order_commits(uint64_t id, uint64_t step, const std::set<uint32_t>& committers);
+
+  uint32_t world_size_;
+  agreement_phase phase_ = agreement_phase::idle;
+  std::set<uint32_t> joined_;
+  std::set<uint32_t> live_;
+  std::set<uint32_t> lost_;  ///< declared lost (dead or hung)
+  std::set<uint32_t> gone_;  ///< left on purpose
+  std::optional<uint32_t> holder_;
+  uint64_t id_;
+  checkpoint_kind kind_ = checkpoint_kind::initial;
+  uint64_t lower_bound_ = 0;
+  int64_t deadline_ns_ = 0;
+  uint64_t claim_started_ = 0;
+  std::map<uint32_t, uint64_t> acks_;
+  uint64_t agreed_step_ = 0;
+  uint32_t saver_ = 0;
+  bool exit_after_ = false;
+  std::set<uint32_t> not_awaited_;        ///< live members a rescue round does not wait for
+  std::optional<uint64_t> restored_min_;  ///< lowest step restored by a member that joined
+  std::optional<uint64_t> restored_max_;  ///< highest (equal to the lowest while the group is sound)
+  uint64_t committed_step_ = 0;           ///< newest step an agreement committed
+  bool parts_ = false;                    ///< sharded state: every member saves its part
+  std::set<uint32_t> parts_in_;           ///< members whose part of the agreed step is durable
+  std::map<uint32_t, replica_report> copies_;  ///< the just-in-time acks' kept copies and replicas
+  /// A round that writes kept copies: the members that write a part (the
+  /// commit waits for these, not for every live member).
+  std::set<uint32_t> part_writers_;
+  /// Periodic sharded saves: the members whose part of each step is durable.
+  std::map<uint64_t, std::set<uint32_t>> periodic_parts_;
+  uint32_t local_world_ = 0;              ///< node-local directories: ranks per node (0: shared)
+  std::set<uint32_t> commits_pending_;    ///< committers of the agreed step yet to report
+  /// Node-local periodic saves: the committers of each step yet to report.
+  std::map<uint64_t, std::set<uint32_t>> periodic_commits_;
+};
+
+}  // namespace grace
