@@ -95,6 +95,20 @@ std::optional<leadership_event> next_event(leader_campaign& e, std::chrono::mill
   return ev;
 }
 
+/// Whether the job mark comes to read `want` within 5 s (a leader puts its
+/// running mark in its first loop, after its elected event).
+bool mark_becomes(const std::string& endpoint, const std::string& want) {
+  auto c = etcd_client::create(endpoint);
+  REQUIRE(c);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  for (;;) {
+    auto m = c->get("/grace/t/job");
+    if (m && *m && (*m)->value == want) return true;
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+}
+
 std::unique_ptr<leader_campaign> started(const elector_config& c) {
   auto e = leader_campaign::create(c, {});
   REQUIRE(e);
@@ -118,7 +132,7 @@ two_launchers leader_and_follower(const std::string& endpoint) {
   auto f = next_event(*t.follower, 5s);
   REQUIRE(f);
   REQUIRE(f->what == leadership_event::type::following);
-  std::this_thread::sleep_for(100ms);  // the leader's first loop puts its running mark
+  REQUIRE(mark_becomes(endpoint, job_key_value(job_mark::state::running, t.epoch)));
   return t;
 }
 
@@ -166,7 +180,7 @@ TEST_CASE("etcd elector: a new job of the same run id starts over a finished mar
   auto ev = next_event(*leader, 5s);
   REQUIRE(ev);
   REQUIRE(ev->what == leadership_event::type::elected);
-  std::this_thread::sleep_for(100ms);
+  REQUIRE(mark_becomes(etcd.endpoint, job_key_value(job_mark::state::running, ev->where.epoch)));
   auto mark = client->get("/grace/t/job");
   REQUIRE(mark);
   REQUIRE(*mark);
