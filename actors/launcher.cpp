@@ -162,12 +162,14 @@ std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_
 
 /// Registers this node's checkpoint server with the coordinator (empty
 /// `endpoint`: only asks) and returns the other nodes' servers.
-std::vector<std::string> checkpoint_peers(caf::actor_system& sys, coordinator_actor& coord, const launch_options& o,
-                                          const std::string& endpoint) {
+std::optional<std::vector<std::string>> checkpoint_peers(caf::actor_system& sys, coordinator_actor& coord,
+                                                         const launch_options& o, const std::string& endpoint) {
   std::string lines;
+  bool answered = false;
   caf::scoped_actor self{sys};
   self->request(coord, std::chrono::seconds(2), ckpt_peer_atom::value, static_cast<int32_t>(o.node_rank), endpoint)
-      .receive([&](std::string& r) { lines = std::move(r); }, [&](caf::error&) {});
+      .receive([&](std::string& r) { lines = std::move(r); answered = true; }, [&](caf::error&) {});
+  if (!answered) return std::nullopt;
   std::vector<std::string> out;
   for (size_t start = 0, nl; (nl = lines.find('\n', start)) != std::string::npos; start = nl + 1)
     out.push_back(lines.substr(start, nl - start));
@@ -184,7 +186,7 @@ void fetch_newer_checkpoint(caf::actor_system& sys, coordinator_actor& coord, co
                             const std::string& token, const std::string& own,
                             const std::function<void(const std::string&)>& say) {
   std::vector<peer_checkpoints> peers;
-  for (auto& ep : checkpoint_peers(sys, coord, o, own))
+  for (auto& ep : checkpoint_peers(sys, coord, o, own).value_or(std::vector<std::string>{}))
     if (auto steps = list_remote(ep, token, std::chrono::seconds(2))) peers.push_back({ep, *steps});
   const uint64_t local = checkpoint_store(o.checkpoint_dir).newest_valid_step();
   auto plan = plan_fetch(local, peers);
@@ -847,14 +849,17 @@ void launcher::level_checkpoints() {
   level_config c;
   c.dir = o_.checkpoint_dir;
   c.token = token_;
-  c.peers = checkpoint_peers(rt_->sys(), coord_, o_, ckpt_server_ ? ckpt_server_->endpoint() : std::string());
+  // Without the service's answer the peers are unknown: nothing heard from
+  // them clears a problem found earlier (an empty list would, vacuously).
+  auto peers = checkpoint_peers(rt_->sys(), coord_, o_, ckpt_server_ ? ckpt_server_->endpoint() : std::string());
+  c.peers = peers.value_or(std::vector<std::string>{});
   for (int i = 0; i < o_.nproc; ++i) c.ranks.push_back(static_cast<uint32_t>(rank_of(i)));
   c.world = world_;
   c.memory_dir = memory_dir_;
   auto t0 = mono_ns();
   auto r = level_node_local(c, [this](const std::string& l) { say(l); });
   level_problem_ = level_problem_after(level_problem_, !r, r ? std::string() : r.err().message,
-                                       r && r->heard_every_peer);
+                                       r && r->heard_every_peer && peers);
   if (!r) {
     say("node-local checkpoints not brought level: " + r.err().message);
     return;
