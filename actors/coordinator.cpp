@@ -4,6 +4,7 @@
 #include "actors/node_relay.hpp"
 #include "actors/peer_watcher.hpp"
 #include "actors/convert.hpp"
+#include "runtime/base/posix_file.hpp"
 #include "runtime/coordination/admission.hpp"
 #include "runtime/coordination/agreement.hpp"
 #include "runtime/base/deadline.hpp"
@@ -900,7 +901,7 @@ status probe_port(const std::string& host, uint16_t port, std::chrono::milliseco
   if (!ip) return ip.err();
   auto fd = tcp::connect_to(*ip + ":" + std::to_string(port), t);
   if (!fd) return fd.err();
-  ::close(*fd);
+  fd_guard answered(*fd);  // closed at once: the port answered
   return {};
 }
 }  // namespace

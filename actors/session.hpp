@@ -34,15 +34,6 @@ class logger;
 
 namespace grace {
 
-/// Deliberate bugs, each off by default, that prove the failure harness's
-/// invariants can fail (tests/chaos/mutants.sh, docs/RELIABILITY.md).
-/// BROKEN ON PURPOSE: never set one in a real job.
-struct broken_on_purpose {
-  bool restore_without_checksums = false;  ///< a damaged checkpoint is restored (no_corrupt_restore)
-  bool keep_stale_temporaries = false;     ///< leftover .tmp-* directories are never removed (no_temp_left)
-  bool no_just_in_time_save = false;       ///< a lost peer stops everyone without a save (work_lost)
-};
-
 struct options {
   std::string checkpoint_dir = "grace-checkpoints";
   int keep_last = 3;  ///< checkpoints kept (older deleted after a newer commit)
@@ -101,7 +92,6 @@ struct options {
   std::chrono::milliseconds dead_after{3000};  ///< coordinator's failure verdict (local/--workers modes)
   std::optional<cluster_config> cluster;       ///< default: from the environment
   std::shared_ptr<spdlog::logger> log;
-  broken_on_purpose broken;  ///< mutants for the harness's own tests; all off
 };
 
 enum class step_result { ok, stop };

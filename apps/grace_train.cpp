@@ -3,6 +3,7 @@
 // collective (the MLP and Gloo on CPU; in a CUDA build also mlp_cuda and
 // NCCL), so it doubles as the example a research trainer copies.
 #include "runtime/base/cancel_token.hpp"
+#include "runtime/base/mutants.hpp"
 #include "runtime/checkpoint/device_copy.hpp"
 #include "runtime/worker/device_probe.hpp"
 #include "runtime/train/gloo_comm.hpp"
@@ -148,12 +149,6 @@ grace::status zero_tensor(const grace::tensor_ref& t) {
 
 /// Deliberate bugs for the failure harness's own tests (tests/chaos/mutants.sh):
 /// each must be caught by the invariant it names. Never use them for training.
-struct mutants {
-  bool skip_optimizer_restore = false;  ///< momentum zeroed after a restore (bit_identical)
-  bool repeat_step = false;             ///< the first step after a restore runs twice (exactly_once)
-  bool exit_zero = false;               ///< non-chief ranks exit 0 instead of the restart code (exit_codes)
-};
-
 /// Everything the command line sets.
 struct train_args {
   grace::mlp_config mc;
@@ -170,8 +165,7 @@ struct train_args {
   bool no_replicas = false;
   int save_retry_max_ms = 300000;
   int collective_timeout_ms = 30000;
-  mutants broken;
-  grace::broken_on_purpose broken_runtime;
+  grace::mutants::switches broken;  ///< the test seam's --broken-* flags (runtime/base/mutants.hpp)
 };
 
 void add_training_options(CLI::App& app, train_args& a) {
@@ -246,7 +240,9 @@ void add_grace_options(CLI::App& app, train_args& a) {
   app.add_option("--index", a.index, "this worker's index in --workers");
 }
 
+/// Only in a build with the test seam (GRACE_MUTANTS).
 void add_mutant_options(CLI::App& app, train_args& a) {
+  if (!grace::mutants::compiled_in) return;
   const std::string b = "BROKEN ON PURPOSE (proves the failure harness catches it): ";
   app.add_flag("--broken-skip-optimizer-restore", a.broken.skip_optimizer_restore,
                b + "zero the optimizer state after a restore (bit_identical)");
@@ -254,11 +250,11 @@ void add_mutant_options(CLI::App& app, train_args& a) {
                b + "run the first step after a restore twice (exactly_once)");
   app.add_flag("--broken-exit-zero", a.broken.exit_zero,
                b + "ranks other than 0 exit 0 instead of the restart code (exit_codes)");
-  app.add_flag("--broken-restore-without-checksums", a.broken_runtime.restore_without_checksums,
+  app.add_flag("--broken-restore-without-checksums", a.broken.restore_without_checksums,
                b + "restore a damaged checkpoint (no_corrupt_restore)");
-  app.add_flag("--broken-keep-stale-temporaries", a.broken_runtime.keep_stale_temporaries,
+  app.add_flag("--broken-keep-stale-temporaries", a.broken.keep_stale_temporaries,
                b + "never remove leftover temporary directories (no_temp_left)");
-  app.add_flag("--broken-no-jit-save", a.broken_runtime.no_just_in_time_save,
+  app.add_flag("--broken-no-jit-save", a.broken.no_just_in_time_save,
                b + "stop without the just-in-time save when a peer is lost (work_lost)");
 }
 
@@ -313,7 +309,6 @@ grace::result<grace::options> make_options(const train_args& a) {
   opts.notice_file = a.notice_file;
   opts.notice_command = a.notice_command;
   opts.grace_period = std::chrono::milliseconds(a.grace_ms);
-  opts.broken = a.broken_runtime;
   if (!a.workers.empty()) {
     auto c = grace::cluster_from_workers(a.workers, a.index);
     if (!c) return c.err();
@@ -483,6 +478,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : grace::exit_code::usage;
   }
   collective_timeout = std::chrono::milliseconds(a.collective_timeout_ms);
+  if constexpr (grace::mutants::compiled_in) grace::mutants::active() = a.broken;
   std::string cpu_reason;
 #ifndef GRACE_HAVE_CUDA
   if (auto code = maybe_exec_cuda_trainer(a, argv, cpu_reason)) return *code;

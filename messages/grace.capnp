@@ -321,3 +321,68 @@ struct GroupPlan {
   workersPerNode @4 :UInt32;
   reason @5 :Text;
 }
+
+# ---- launchers and node relays <-> the coordination service -----------------
+# (grace-launch, actors/launcher*.cpp and actors/node_relay.cpp; the service
+# accepts these only from a launcher's process: coordinator_senders.cpp)
+
+struct LauncherRegister {      # a launcher on node > 0 registers its process as the node's launcher
+  node @0 :Int32;              # --node-rank
+  workersPerNode @1 :Int32;    # --nproc
+  token @2 :Text;              # the job's secret
+  minNodes @3 :Int32;          # --nnodes MIN:MAX (MIN = MAX when not elastic)
+  maxNodes @4 :Int32;
+}
+
+struct LauncherRegisterReply {
+  refused @0 :Text;            # empty: registered; else why not
+}
+
+struct WorkerExited {          # a launcher's worker process exited before it left on purpose
+  rank @0 :UInt32;
+  incarnation @1 :UInt32;
+  code @2 :Int32;              # its exit code, 128 + signal when killed
+}
+
+struct CheckpointPeers {       # registers this node's checkpoint server and asks for the others'
+  node @0 :Int32;
+  endpoint @1 :Text;           # "address:port"; empty: only asks
+}
+
+struct CheckpointPeersReply {
+  endpoints @0 :List(Text);    # the other nodes' checkpoint servers
+}
+
+struct RelayRegister {         # a node relay speaks for the ranks of its node from now on
+  node @0 :Int32;
+  workersPerNode @1 :Int32;
+}
+
+struct IncarnationQuery {      # the service's current incarnation; the host launcher (node 0) also sets it
+  set @0 :Bool;
+  incarnation @1 :UInt32;      # with `set`: the incarnation the next group starts in
+}
+
+struct IncarnationReply {
+  incarnation @0 :UInt32;
+}
+
+struct ResizeQuery {           # elastic: did incarnation N end to take in a waiting node?
+  incarnation @0 :UInt32;
+}
+
+struct ResizeReply {
+  grew @0 :Bool;
+}
+
+struct OwedQuery { }           # elastic, once finished: nodes not yet told the job finished
+
+struct OwedReply {
+  nodes @0 :Text;              # "1,3"; empty: none
+}
+
+struct StatusQuery { }         # one line about the service, for an operator
+
+struct StatusReply {
+  text @0 :Text;
+}

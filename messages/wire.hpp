@@ -36,7 +36,10 @@ constexpr size_t frame_header_bytes = 16;
   X(Welcome) X(Heartbeat) X(PeerLost) X(Leave) X(Notice) X(Claim) X(ClaimReply) X(CheckpointAt) X(Ack)             \
       X(CheckpointSaved) X(ProposeFinal) X(DeadlineUpdate) X(Committed) X(ErrorReport) X(ClusterError) X(Shutdown) \
           X(KvSet) X(KvGet) X(KvReply) X(Barrier) X(BarrierReply) X(HeartbeatBatch) X(AckBatch) X(CommitParts) \
-              X(CommitCheck) X(CommitCheckReply) X(GroupPlanRequest) X(GroupPlan)
+              X(CommitCheck) X(CommitCheckReply) X(GroupPlanRequest) X(GroupPlan) X(LauncherRegister)          \
+                  X(LauncherRegisterReply) X(WorkerExited) X(CheckpointPeers) X(CheckpointPeersReply)          \
+                      X(RelayRegister) X(IncarnationQuery) X(IncarnationReply) X(ResizeQuery) X(ResizeReply)   \
+                          X(OwedQuery) X(OwedReply) X(StatusQuery) X(StatusReply)
 
 /// A Cap'n Proto message of schema `S`, framed, as bytes.
 template <class S>

@@ -1,4 +1,6 @@
 #include "runtime/checkpoint/checkpoint.hpp"
+
+#include "runtime/base/mutants.hpp"
 #include "runtime/checkpoint/checkpoint_io.hpp"
 
 #include <dirent.h>
@@ -831,6 +833,10 @@ result<restored_checkpoint> copy_out(const fs::path& step_dir, step_contents& c,
   return out;
 }
 
+/// Restores compare every file's checksum; only the failure harness's
+/// mutant turns that off (runtime/base/mutants.hpp).
+bool verify_checksums() { return !mutants::active().restore_without_checksums; }
+
 }  // namespace
 
 result<rank_state> checkpoint_store::read_rank_state(const fs::path& step_dir, const checkpoint_manifest& m,
@@ -844,7 +850,7 @@ result<rank_state> checkpoint_store::read_rank_state(const fs::path& step_dir, c
   if (entry->size > (64u << 20)) return invalid_file(step_dir / entry->name, "a rank state file over 64 MiB");
   std::string text;
   auto keep = [&text](uint64_t, const unsigned char* p, size_t n) { text.append(reinterpret_cast<const char*>(p), n); };
-  if (auto st = check_file(step_dir, *entry, *staging_, keep, restore_checksums_); !st) return st.err();
+  if (auto st = check_file(step_dir, *entry, *staging_, keep, verify_checksums()); !st) return st.err();
   auto j = json::parse(text, nullptr, false);
   rank_state out;
   if (j.is_discarded()) return invalid_file(step_dir / entry->name, "not JSON");
@@ -873,12 +879,12 @@ result<restored_checkpoint> checkpoint_store::load(const fs::path& step_dir, con
 result<restored_checkpoint> checkpoint_store::load_tensors(const fs::path& step_dir, step_contents& c,
                                                            const std::vector<tensor_ref>& into,
                                                            const std::vector<void*>& staging, bool& corrupt) const {
-  if (needs_reslice(step_dir, into)) return load_resliced(step_dir, c, into, staging, restore_checksums_, *staging_, corrupt);
+  if (needs_reslice(step_dir, into)) return load_resliced(step_dir, c, into, staging, verify_checksums(), *staging_, corrupt);
   const tensor_index by_name = index_tensors(c);
   if (auto st = check_request(step_dir, c, by_name, into, staging, *staging_, corrupt); !st) return st.err();
   // Only when every checksum matched do the bytes move on to the caller's tensors.
   const read_plan plan = plan_reads(c, by_name, into, staging);
-  if (auto st = read_and_scatter(step_dir, c, plan, restore_checksums_, *staging_); !st) return st.err();
+  if (auto st = read_and_scatter(step_dir, c, plan, verify_checksums(), *staging_); !st) return st.err();
   corrupt = false;
   return copy_out(step_dir, c, by_name, into, plan);
 }
@@ -949,7 +955,7 @@ std::vector<fs::path> checkpoint_store::stale_temporaries() const {
 }
 
 void checkpoint_store::remove_stale_temporaries() {
-  if (!clean_temporaries_) return;
+  if (mutants::active().keep_stale_temporaries) return;  // BROKEN ON PURPOSE (a mutant)
   for (auto& p : stale_temporaries()) {
     std::error_code ec;
     fs::remove_all(p, ec);

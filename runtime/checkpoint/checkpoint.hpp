@@ -199,13 +199,6 @@ public:
   /// byte-identical either way; this exists for tests and comparisons.
   void set_direct_io(bool on) noexcept { direct_io_ = on; }
   bool direct_io() const noexcept { return direct_io_; }
-  /// BROKEN ON PURPOSE (a mutant for the failure harness, never for real
-  /// use): restores stop comparing file checksums, so a damaged checkpoint
-  /// is restored instead of skipped. `grace-ckpt verify` still checks them.
-  void break_restore_checksums_on_purpose() noexcept { restore_checksums_ = false; }
-  /// BROKEN ON PURPOSE (a mutant): leftover `.tmp-*` directories are never
-  /// removed.
-  void break_temporary_cleanup_on_purpose() noexcept { clean_temporaries_ = false; }
   /// A checkpoint that fails verification on restore_latest is moved aside
   /// (`step-N.corrupt-<t>`) once a full verification confirms the damage.
   /// A session's store does this: with sharded state each rank reads and
@@ -384,8 +377,6 @@ private:
   int keep_last_;
   uint64_t shard_bytes_ = default_shard_bytes;
   bool direct_io_ = true;
-  bool restore_checksums_ = true;
-  bool clean_temporaries_ = true;
   bool set_aside_damaged_ = false;
   std::optional<std::pair<uint32_t, int>> restoring_;  ///< set_restoring_rank
   std::shared_ptr<io_staging> staging_;  ///< O_DIRECT staging for saves and restores

@@ -1,5 +1,6 @@
 #include "runtime/checkpoint/checkpoint_fetch.hpp"
 
+#include "runtime/net/bulk_channel.hpp"
 #include "runtime/net/tcp.hpp"
 
 #include "runtime/checkpoint/checkpoint.hpp"
@@ -30,14 +31,10 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr size_t max_line = 512;
-constexpr const char* magic = "GRACE-CKPT";
 
 error failed(std::string m) { return error{errc::failed, std::move(m)}; }
 
-using tcp::connect_to;
 using tcp::send_all;
-using tcp::listen_on;
-using tcp::set_io_timeout;
 
 bool send_str(int fd, const std::string& s) { return send_all(fd, s.data(), s.size()); }
 
@@ -85,13 +82,10 @@ std::optional<uint64_t> to_step(const std::string& s) {
 /// Opens a connection and sends one request line.
 result<int> request(const std::string& ep, const std::string& token, const std::string& what,
                     std::chrono::milliseconds timeout) {
-  auto fd = connect_to(ep, timeout);
-  if (!fd) return fd;
-  if (!send_str(*fd, std::string(magic) + " " + token + " " + what + "\n")) {
-    ::close(*fd);
-    return error{errc::disconnected, "send to " + ep + " failed"};
-  }
-  return fd;
+  auto conn = bulk_connect(ep, bulk_kind::checkpoint, token, timeout);
+  if (!conn) return conn.err();
+  if (!send_str(conn->fd, what + "\n")) return error{errc::disconnected, "send to " + ep + " failed"};
+  return conn->release();
 }
 
 }  // namespace
@@ -105,29 +99,15 @@ result<std::unique_ptr<checkpoint_server>> checkpoint_server::start(fs::path dir
   std::unique_ptr<checkpoint_server> s(new checkpoint_server());
   s->dir_ = std::move(dir);
   s->memory_dir_ = std::move(memory_dir);
-  s->address_ = std::move(address);
-  s->token_ = std::move(token);
-  s->io_timeout_ = io_timeout;
-  auto l = listen_on(s->address_);
-  if (!l) return failed("checkpoint server: " + l.err().message);
-  s->listen_fd_ = l->first;
-  s->port_ = l->second;
-  if (!s->stop_.ok()) return failed(std::string("pipe: ") + std::strerror(s->stop_.error_number()));
-  s->thread_ = std::thread([p = s.get()] { p->serve(); });
+  bulk_config c;
+  c.kind = bulk_kind::checkpoint;
+  c.address = std::move(address);
+  c.token = std::move(token);
+  c.io_timeout = io_timeout;
+  auto server = bulk_server::start(std::move(c), [p = s.get()](int fd, int) { p->answer(fd); });
+  if (!server) return failed("checkpoint server: " + server.err().message);
+  s->server_ = std::move(*server);
   return s;
-}
-
-checkpoint_server::~checkpoint_server() {
-  stop_.wake();
-  if (thread_.joinable()) thread_.join();
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-}
-
-void checkpoint_server::serve() {
-  tcp::serve_until_stopped(listen_fd_, stop_.fd(), [this](int fd) {
-    set_io_timeout(fd, io_timeout_);
-    answer(fd);
-  });
 }
 
 void checkpoint_server::answer(int fd) {
@@ -135,10 +115,9 @@ void checkpoint_server::answer(int fd) {
   if (!line) return;
   auto w = words(*line);
   auto err = [&](const std::string& m) { send_str(fd, "ERR " + m + "\n"); };
-  if (w.size() < 3 || w[0] != magic) return err("not a checkpoint request");
-  if (!constant_time_equal(w[1], token_)) return err("wrong job token");
+  if (w.empty()) return err("not a checkpoint request");
   checkpoint_store store(dir_);
-  if (w[2] == "LIST" && w.size() == 3) {
+  if (w[0] == "LIST" && w.size() == 1) {
     std::string body;
     size_t n = 0;
     for (auto& c : store.list())
@@ -146,22 +125,22 @@ void checkpoint_server::answer(int fd) {
     send_str(fd, "OK " + std::to_string(n) + "\n" + body);
     return;
   }
-  if ((w[2] == "PREPARED" || w[2] == "MIRRORED") && w.size() == 3) {
+  if ((w[0] == "PREPARED" || w[0] == "MIRRORED") && w.size() == 1) {
     std::vector<checkpoint_store::prepared_part> parts;
-    if (w[2] == "PREPARED")
+    if (w[0] == "PREPARED")
       parts = store.prepared_parts();
     else if (!memory_dir_.empty())
       parts = checkpoint_store(memory_dir_, 0).prepared_parts();
     std::string body;
     for (auto& p : parts)
-      body += std::to_string(p.step) + " " + p.file + (w[2] == "MIRRORED" ? " " + p.xxh3 : std::string()) + "\n";
+      body += std::to_string(p.step) + " " + p.file + (w[0] == "MIRRORED" ? " " + p.xxh3 : std::string()) + "\n";
     send_str(fd, "OK " + std::to_string(parts.size()) + "\n" + body);
     return;
   }
-  auto step = w.size() >= 4 ? to_step(w[3]) : std::nullopt;
+  auto step = w.size() >= 2 ? to_step(w[1]) : std::nullopt;
   if (!step) return err("bad request '" + *line + "'");
   auto sdir = store.step_path(*step);
-  if (w[2] == "FILES" && w.size() == 4) {
+  if (w[0] == "FILES" && w.size() == 2) {
     std::string body;
     size_t n = 0;
     std::error_code ec;
@@ -174,21 +153,21 @@ void checkpoint_server::answer(int fd) {
     send_str(fd, "OK " + std::to_string(n) + "\n" + body);
     return;
   }
-  if (w[2] == "PARTS" && w.size() == 5) {
-    auto descs = store.part_descriptions(*step, w[4]);
+  if (w[0] == "PARTS" && w.size() == 3) {
+    auto descs = store.part_descriptions(*step, w[2]);
     if (!descs) return err(descs.err().message);
     std::string body = "OK " + std::to_string(descs->size()) + "\n";
     for (auto& d : *descs) body += std::to_string(d.size()) + "\n" + d;
     send_str(fd, body);
     return;
   }
-  if (w[2] == "GET" && w.size() == 5 && plain_name(w[4])) {
-    int f = open_no_follow(sdir / w[4], O_RDONLY);
-    if (f < 0) return err("cannot open " + w[4] + " of step " + std::to_string(*step) + ": " + std::strerror(errno));
+  if (w[0] == "GET" && w.size() == 3 && plain_name(w[2])) {
+    int f = open_no_follow(sdir / w[2], O_RDONLY);
+    if (f < 0) return err("cannot open " + w[2] + " of step " + std::to_string(*step) + ": " + std::strerror(errno));
     fd_guard g{f};
     struct stat st {};
     ::fstat(f, &st);
-    if (!S_ISREG(st.st_mode)) return err(w[4] + " is not a file");
+    if (!S_ISREG(st.st_mode)) return err(w[2] + " is not a file");
     if (!send_str(fd, "OK " + std::to_string(st.st_size) + "\n")) return;
     off_t off = 0;
     while (off < st.st_size)
@@ -330,11 +309,8 @@ result<uint64_t> get_file(const std::string& ep, const std::string& token, uint6
 }
 
 void fsync_dir(const fs::path& d) {
-  int f = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (f >= 0) {
-    ::fsync(f);
-    ::close(f);
-  }
+  fd_guard f(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (f.fd >= 0) ::fsync(f.fd);
 }
 
 /// FILES: the peer's step's files with their sizes.

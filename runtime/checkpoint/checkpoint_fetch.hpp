@@ -10,15 +10,16 @@
 /// renamed to `step-<N>`: a truncated or damaged transfer is never restored
 /// (and a crashed fetch's temporary is cleaned like a crashed save's).
 ///
-/// Protocol (plain TCP, one request per connection, no CAF: bulk bytes):
-///   request   "GRACE-CKPT <token> LIST\n"             -> "OK <n>\n" then n lines "<step>"
-///             "GRACE-CKPT <token> FILES <step>\n"     -> "OK <n>\n" then n lines "<size> <name>"
-///             "GRACE-CKPT <token> GET <step> <name>\n" -> "OK <size>\n" then the bytes
-///             "GRACE-CKPT <token> PREPARED\n"         -> "OK <n>\n" then n lines "<step> <name>": parts
+/// Protocol: the bulk channel's checkpoint kind (runtime/net/bulk_channel.hpp:
+/// a hello proving the job's secret, then one request per connection):
+///   request   "LIST\n"             -> "OK <n>\n" then n lines "<step>"
+///             "FILES <step>\n"     -> "OK <n>\n" then n lines "<size> <name>"
+///             "GET <step> <name>\n" -> "OK <size>\n" then the bytes
+///             "PREPARED\n"         -> "OK <n>\n" then n lines "<step> <name>": parts
 ///               durable in parts directories, not committed here
-///             "GRACE-CKPT <token> MIRRORED\n"            -> "OK <n>\n" then n lines "<step> <name> <xxh3>": parts
+///             "MIRRORED\n"         -> "OK <n>\n" then n lines "<step> <name> <xxh3>": parts
 ///               mirrored in the node's memory directory by replica holders (runtime/checkpoint/replica.hpp)
-///             "GRACE-CKPT <token> PARTS <step> <tag>\n" -> "OK <n>\n" then n times "<size>\n" and
+///             "PARTS <step> <tag>\n" -> "OK <n>\n" then n times "<size>\n" and
 ///               that many bytes: the part descriptions durable in `.parts-step-<N>-<tag>`
 ///               (node-local sharded state: a node's committer gathers every node's)
 ///   any error -> "ERR <one line>\n". Requests are at most 512 bytes; a peer
@@ -26,7 +27,7 @@
 ///   the step directory (no '/', no "..").
 
 #include "runtime/base/error.hpp"
-#include "runtime/base/wake_pipe.hpp"
+#include "runtime/net/bulk_channel.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -35,7 +36,7 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
+#include <memory>
 #include <vector>
 
 namespace grace {
@@ -49,26 +50,19 @@ public:
   static result<std::unique_ptr<checkpoint_server>> start(
       std::filesystem::path dir, std::string address, std::string token,
       std::chrono::milliseconds io_timeout = std::chrono::seconds(10), std::filesystem::path memory_dir = {});
-  ~checkpoint_server();
+  ~checkpoint_server() = default;
   checkpoint_server(const checkpoint_server&) = delete;
   checkpoint_server& operator=(const checkpoint_server&) = delete;
-  uint16_t port() const noexcept { return port_; }
+  uint16_t port() const noexcept { return server_->port(); }
   /// "address:port"
-  std::string endpoint() const { return address_ + ":" + std::to_string(port_); }
+  std::string endpoint() const { return server_->endpoint(); }
 
 private:
   checkpoint_server() = default;
-  void serve();
   void answer(int fd);
   std::filesystem::path dir_;
   std::filesystem::path memory_dir_;
-  std::string address_;
-  std::string token_;
-  std::chrono::milliseconds io_timeout_{10000};
-  uint16_t port_ = 0;
-  int listen_fd_ = -1;
-  wake_pipe stop_;  ///< woken to end serve()
-  std::thread thread_;
+  std::unique_ptr<bulk_server> server_;  ///< the bulk channel (runtime/net/bulk_channel.hpp); last: stops first
 };
 
 /// One peer's answer to LIST.

@@ -37,9 +37,7 @@ uint32_t replica_source(uint32_t rank, uint32_t world, uint32_t local_world) noe
 
 namespace {
 
-constexpr char replica_magic[4] = {'G', 'R', 'P', 'L'};
-constexpr uint32_t version = 2;
-constexpr uint32_t max_token = 4096;
+constexpr uint32_t version = 3;
 constexpr uint32_t max_layout = 16u << 20;
 constexpr uint32_t max_state = 64u << 20;  ///< counters and blobs (each blob at most 1 MiB)
 
@@ -125,18 +123,25 @@ result<std::unique_ptr<replica_keeper>> replica_keeper::start(config cfg, const 
     return error{errc::failed, "replicas: cannot allocate " + std::to_string(kept_slots) + " kept copies"};
   }
   k->replicas_.resize(replica_slots + (k->cfg_.mirror ? 1 : 0));
-  auto l = tcp::listen_on(k->cfg_.host, 4);
-  if (!l) return error{errc::failed, "replicas: " + l.err().message};
-  k->listen_fd_ = l->first;
-  if (!k->stop_pipe_.ok())
-    return error{errc::failed, std::string("replicas: pipe: ") + std::strerror(k->stop_pipe_.error_number())};
-  auto ep = k->cfg_.host + ":" + std::to_string(l->second);
+  bulk_config bc;
+  bc.kind = bulk_kind::replica;
+  bc.address = k->cfg_.host;
+  bc.token = k->cfg_.token;
+  bc.io_timeout = k->cfg_.io_timeout;
+  bc.backlog = 4;
+  bc.on_refused = [log = k->cfg_.log](const std::string& why) { log->warn("replicas: a transfer was refused: {}", why); };
+  auto server = bulk_server::start(std::move(bc), [p = k.get()](int fd, int stop_fd) {
+    no_delay(fd);
+    p->receive_from(fd, stop_fd);
+  });
+  if (!server) return error{errc::failed, "replicas: " + server.err().message};
+  k->server_ = std::move(*server);
+  auto ep = k->server_->endpoint();
   try {
     k->cfg_.kv->set(k->cfg_.prefix + "/replica/" + std::to_string(k->cfg_.rank), std::vector<char>(ep.begin(), ep.end()));
   } catch (const std::exception& e) {
     return error{errc::failed, std::string("replicas: cannot publish this rank's address: ") + e.what()};
   }
-  k->receiver_ = std::thread([p = k.get()] { p->receive_loop(); });
   k->sender_ = std::thread([p = k.get()] { p->send_loop(); });
   if (k->cfg_.mirror) k->mirrorer_ = std::thread([p = k.get()] { p->mirror_loop(); });
   return k;
@@ -148,12 +153,9 @@ replica_keeper::~replica_keeper() {
     stop_ = true;
   }
   cv_.notify_all();
-  stop_pipe_.wake();
+  server_.reset();  // the receiver: woken, its transfer cut, joined
   if (sender_.joinable()) sender_.join();
-  if (receiver_.joinable()) receiver_.join();
   if (mirrorer_.joinable()) mirrorer_.join();
-  for (int fd : {listen_fd_, holder_fd_})
-    if (fd >= 0) ::close(fd);
 }
 
 // ------------------------------------------------------------ own copies
@@ -257,7 +259,7 @@ void replica_keeper::send_loop() {
 }
 
 bool replica_keeper::connect_holder() {
-  if (holder_fd_ >= 0) return true;
+  if (holder_.fd >= 0) return true;
   std::string ep;
   try {
     // Bounded by the I/O timeout, not the store's own (a minute): the
@@ -270,22 +272,20 @@ bool replica_keeper::connect_holder() {
     cfg_.log->warn("replicas: no address for rank {}: {}", holder(), e.what());
     return false;
   }
-  auto fd = tcp::connect_to(ep, cfg_.io_timeout);
-  if (!fd) {
-    cfg_.log->warn("replicas: rank {} at {}: {}", holder(), ep, fd.err().message);
+  auto conn = bulk_connect(ep, bulk_kind::replica, cfg_.token, cfg_.io_timeout);
+  if (!conn) {
+    cfg_.log->warn("replicas: rank {}: {}", holder(), conn.err().message);
     return false;
   }
-  holder_fd_ = *fd;
-  no_delay(holder_fd_);
+  holder_ = std::move(*conn);
+  no_delay(holder_.fd);
   return true;
 }
 
 bool replica_keeper::push(const kept_slot& s) {
   if (!connect_holder()) return false;
-  std::string head(replica_magic, sizeof replica_magic);
+  std::string head;
   put(head, version);
-  put(head, static_cast<uint32_t>(cfg_.token.size()));
-  head += cfg_.token;
   put(head, cfg_.rank);
   put(head, s.copy.step);
   put(head, static_cast<uint32_t>(layout_text_.size()));
@@ -294,34 +294,25 @@ bool replica_keeper::push(const kept_slot& s) {
   put(head, static_cast<uint32_t>(state.size()));
   head += state;
   put(head, static_cast<uint64_t>(s.copy.buffers->total_bytes()));
-  bool ok = tcp::send_all(holder_fd_, head);
+  bool ok = tcp::send_all(holder_.fd, head);
   for (auto& t : s.copy.buffers->view())
-    ok = ok && tcp::send_all(holder_fd_, static_cast<const char*>(t.data), t.bytes);
+    ok = ok && tcp::send_all(holder_.fd, static_cast<const char*>(t.data), t.bytes);
   char ack = 0;
-  ok = ok && tcp::recv_all(holder_fd_, &ack, 1) && ack == 'A';
+  ok = ok && tcp::recv_all(holder_.fd, &ack, 1) && ack == 'A';
   if (!ok) {
     cfg_.log->warn("replicas: the copy of step {} did not reach rank {}", s.copy.step, holder());
-    ::close(holder_fd_);
-    holder_fd_ = -1;
+    holder_.reset();
   }
   return ok;
 }
 
 // -------------------------------------------------------------- receiver
 
-void replica_keeper::receive_loop() {
-  tcp::serve_until_stopped(listen_fd_, stop_pipe_.fd(), [this](int fd) {
-    tcp::set_io_timeout(fd, cfg_.io_timeout);
-    no_delay(fd);
-    receive_from(fd);
-  });
-}
-
 /// Transfers on one connection until it closes, fails, or this keeper
 /// stops; a read waits at most the I/O timeout, then checks for a stop.
-void replica_keeper::receive_from(int fd) {
+void replica_keeper::receive_from(int fd, int stop_fd) {
   for (;;) {
-    pollfd p[2] = {{fd, POLLIN, 0}, {stop_pipe_.fd(), POLLIN, 0}};
+    pollfd p[2] = {{fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
     int n = ::poll(p, 2, -1);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 || p[1].revents) return;
@@ -348,18 +339,9 @@ std::optional<size_t> replica_keeper::begin_receive() {
 }
 
 bool replica_keeper::receive_one(int fd) {
-  char m[4];
-  uint32_t ver = 0, token_len = 0, rank = 0, layout_len = 0;
+  uint32_t ver = 0, rank = 0, layout_len = 0;
   uint64_t step = 0, bytes = 0;
-  if (!tcp::recv_all(fd, m, 4) || std::memcmp(m, replica_magic, 4) != 0 || !get(fd, ver) || ver != version ||
-      !get(fd, token_len) || token_len > max_token)
-    return false;
-  std::string token(token_len, '\0');
-  if (!tcp::recv_all(fd, token.data(), token_len)) return false;
-  if (!constant_time_equal(token, cfg_.token)) {
-    cfg_.log->warn("replicas: a transfer with a wrong job token was refused");
-    return false;
-  }
+  if (!get(fd, ver) || ver != version) return false;
   if (!get(fd, rank) || !get(fd, step) || !get(fd, layout_len) || layout_len > max_layout) return false;
   if (rank != source()) {
     cfg_.log->warn("replicas: a transfer from rank {} was refused (this rank keeps rank {}'s)", rank, source());

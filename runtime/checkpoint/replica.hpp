@@ -44,7 +44,8 @@
 #include "runtime/checkpoint/replica_report.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/base/error.hpp"
-#include "runtime/base/wake_pipe.hpp"
+#include "runtime/base/posix_file.hpp"
+#include "runtime/net/bulk_channel.hpp"
 #include "runtime/checkpoint/snapshot.hpp"
 #include "runtime/base/tensor.hpp"
 
@@ -156,8 +157,7 @@ private:
   void send_loop();
   bool push(const kept_slot& s);
   bool connect_holder();
-  void receive_loop();
-  void receive_from(int fd);
+  void receive_from(int fd, int stop_fd);
   bool receive_one(int fd);
   std::optional<size_t> begin_receive();
   void mirror_loop();
@@ -177,15 +177,15 @@ private:
   uint64_t pushed_ = 0;
   uint64_t pushed_step_ = 0;
   bool warned_slow_ = false;
-  int listen_fd_ = -1;
-  wake_pipe stop_pipe_;  ///< woken to end the threads' polls
-  int holder_fd_ = -1;  ///< sender thread only
+  fd_guard holder_;  ///< the bulk channel to the holder of this rank's replica; sender thread only
   std::optional<mirror_request> mirror_req_;
   uint64_t mirrored_ = 0;       ///< the newest step mirrored
   uint64_t mirrored_prev_ = 0;  ///< the one before (kept too)
   std::thread sender_;
-  std::thread receiver_;
   std::thread mirrorer_;
+  /// The bulk channel (runtime/net/bulk_channel.hpp) whose thread receives
+  /// the replica this rank keeps.
+  std::unique_ptr<bulk_server> server_;
 };
 
 }  // namespace grace

@@ -1,5 +1,7 @@
 #include "runtime/net/etcd_client.hpp"
 
+#include "runtime/base/posix_file.hpp"
+
 #include "runtime/base/base64.hpp"
 #include "runtime/net/tcp.hpp"
 
@@ -84,9 +86,10 @@ result<std::string> etcd_client::post(const std::string& path, const std::string
     std::string req = "POST " + path + " HTTP/1.0\r\nHost: " + ep +
                       "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
                       "\r\n\r\n" + body;
+    fd_guard conn(*fd);
     result<std::string> reply = error{errc::disconnected, "send failed"};
     if (tcp::send_all(*fd, req)) reply = tcp::read_to_end(*fd, max_reply);
-    ::close(*fd);
+    conn.reset();
     if (!reply) {
       last = ep + ": " + reply.err().message;
       continue;

@@ -1,5 +1,7 @@
 #include "runtime/net/net_address.hpp"
 
+#include "runtime/base/posix_file.hpp"
+
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -152,18 +154,14 @@ result<std::string> kernel_route_source(const std::string& dest) {
   to.sin_family = AF_INET;
   to.sin_port = htons(9);  // any port: no datagram leaves
   if (::inet_pton(AF_INET, dest.c_str(), &to.sin_addr) != 1) return invalid_input("'" + dest + "' is not an IPv4 address");
-  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return error{errc::failed, std::string("socket: ") + std::strerror(errno)};
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
-    int e = errno;
-    ::close(fd);
-    return error{errc::disconnected, std::strerror(e)};
-  }
+  fd_guard fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (fd.fd < 0) return error{errc::failed, std::string("socket: ") + std::strerror(errno)};
+  if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0)
+    return error{errc::disconnected, std::strerror(errno)};
   sockaddr_in me{};
   socklen_t len = sizeof me;
-  int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len);
-  ::close(fd);
-  if (rc != 0) return error{errc::failed, std::string("getsockname: ") + std::strerror(errno)};
+  if (::getsockname(fd.fd, reinterpret_cast<sockaddr*>(&me), &len) != 0)
+    return error{errc::failed, std::string("getsockname: ") + std::strerror(errno)};
   char buf[INET_ADDRSTRLEN] = {};
   ::inet_ntop(AF_INET, &me.sin_addr, buf, sizeof buf);
   return std::string(buf);

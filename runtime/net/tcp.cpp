@@ -1,5 +1,7 @@
 #include "runtime/net/tcp.hpp"
 
+#include "runtime/base/posix_file.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -36,10 +38,10 @@ void set_io_timeout(int fd, std::chrono::milliseconds t) {
 result<int> connect_to(const std::string& ep, std::chrono::milliseconds timeout) {
   sockaddr_in to{};
   if (!parse_endpoint(ep, to)) return error{errc::invalid_input, "not an IPv4 address:port: '" + ep + "'"};
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  fd_guard owned(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  const int fd = owned.fd;
   if (fd < 0) return error{errc::failed, std::string("socket: ") + std::strerror(errno)};
   auto fail = [&](const std::string& why) -> result<int> {
-    ::close(fd);
     return error{errc::disconnected, "connect " + ep + ": " + why};
   };
   if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0 && errno != EINPROGRESS)
@@ -53,7 +55,7 @@ result<int> connect_to(const std::string& ep, std::chrono::milliseconds timeout)
   if (err) return fail(std::strerror(err));
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   set_io_timeout(fd, timeout);
-  return fd;
+  return owned.release();
 }
 
 bool send_all(int fd, const std::string& s) { return send_all(fd, s.data(), s.size()); }
@@ -83,18 +85,17 @@ result<std::pair<int, uint16_t>> listen_on(const std::string& address, int backl
   sockaddr_in at{};
   if (!parse_endpoint(address + ":1", at)) return error{errc::invalid_input, "'" + address + "' is not an IPv4 address"};
   at.sin_port = 0;
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  fd_guard owned(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int fd = owned.fd;
   if (fd < 0) return error{errc::failed, std::string("socket: ") + std::strerror(errno)};
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   socklen_t len = sizeof at;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) != 0 || ::listen(fd, backlog) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&at), &len) != 0) {
-    auto why = std::string(std::strerror(errno));
-    ::close(fd);
-    return error{errc::failed, "cannot listen on " + address + ": " + why};
+    return error{errc::failed, "cannot listen on " + address + ": " + std::strerror(errno)};
   }
-  return std::make_pair(fd, ntohs(at.sin_port));
+  return std::make_pair(owned.release(), ntohs(at.sin_port));
 }
 
 void serve_until_stopped(int listen_fd, int stop_fd, const std::function<void(int)>& handle) {
@@ -105,10 +106,9 @@ void serve_until_stopped(int listen_fd, int stop_fd, const std::function<void(in
       return;
     }
     if (p[1].revents) return;
-    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    handle(fd);
-    ::close(fd);
+    fd_guard conn(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC));
+    if (conn.fd < 0) continue;
+    handle(conn.fd);
   }
 }
 

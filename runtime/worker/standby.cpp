@@ -1,5 +1,7 @@
 #include "runtime/worker/standby.hpp"
 
+#include "runtime/base/posix_file.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -90,9 +92,11 @@ result<std::optional<env_map>> await_standby_release() {
                                           " is not a stream socket from grace-launch (a variable inherited by mistake?)"};
   const int s = static_cast<int>(fd);
   ::fcntl(s, F_SETFD, FD_CLOEXEC);
-  if (!write_all(s, "R")) ::_exit(0);  // the launcher is gone: nothing to stand by for
-  auto bytes = read_release(s);
-  ::close(s);
+  auto bytes = [s] {
+    fd_guard owned(s);
+    if (!write_all(s, "R")) ::_exit(0);  // the launcher is gone: nothing to stand by for
+    return read_release(s);
+  }();
   if (!bytes) ::_exit(0);  // not needed (the job ended or the spare was discarded)
   auto env = decode_release(*bytes);
   if (!env) return env.err();
@@ -164,13 +168,13 @@ result<pid_t> standby_pool::start(int local_rank, const env_map& env) {
     return error{errc::failed, std::string("socketpair for a spare: ") + std::strerror(errno)};
   env_map with = env;
   with[standby_fd_variable] = std::to_string(sv[1]);
-  pid_t pid = spawn_process(command_, with, sv[1]);
-  ::close(sv[1]);
-  if (pid < 0) {
-    ::close(sv[0]);
-    return error{errc::failed, std::string("fork for a spare: ") + std::strerror(errno)};
-  }
-  spares_[local_rank] = spare{pid, sv[0], false};
+  fd_guard ours(sv[0]);
+  pid_t pid = [&] {
+    fd_guard theirs(sv[1]);  // the child's end, closed here once it has it
+    return spawn_process(command_, with, sv[1]);
+  }();
+  if (pid < 0) return error{errc::failed, std::string("fork for a spare: ") + std::strerror(errno)};
+  spares_[local_rank] = spare{pid, ours.release(), false};
   return pid;
 }
 

@@ -6,6 +6,7 @@
 #include "runtime/checkpoint/checkpoint_fetch.hpp"
 #include "runtime/checkpoint/manifest.hpp"
 #include "runtime/checkpoint/snapshot.hpp"
+#include "runtime/net/bulk_channel.hpp"
 #include "runtime/net/tcp.hpp"
 #include "../temp_dir.hpp"
 
@@ -103,45 +104,37 @@ auto say = [](const std::string& l) { said.push_back(l); };
 class flaky_files_proxy {
 public:
   flaky_files_proxy(std::string upstream, uint64_t step, int fail)
-      : upstream_(std::move(upstream)), files_(" FILES " + std::to_string(step)), fail_(fail) {
-    auto l = tcp::listen_on("127.0.0.1");
-    REQUIRE(l);
-    listen_ = l->first;
-    port_ = l->second;
-    REQUIRE(::pipe(stop_) == 0);
-    thread_ = std::thread([this] { tcp::serve_until_stopped(listen_, stop_[0], [this](int fd) { pass_on(fd); }); });
+      : upstream_(std::move(upstream)), files_("FILES " + std::to_string(step)), fail_(fail) {
+    bulk_config c;
+    c.address = "127.0.0.1";
+    c.token = "tok";
+    c.io_timeout = 2000ms;
+    auto s = bulk_server::start(c, [this](int fd, int) { pass_on(fd); });
+    REQUIRE(s);
+    server_ = std::move(*s);
   }
-  ~flaky_files_proxy() {
-    (void)!::write(stop_[1], "x", 1);
-    thread_.join();
-    for (int fd : {listen_, stop_[0], stop_[1]}) ::close(fd);
-  }
-  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string endpoint() const { return server_->endpoint(); }
   int refused() const { return refused_; }
 
 private:
   void pass_on(int fd) {
-    tcp::set_io_timeout(fd, 2000ms);
     std::string line;
     char ch = 0;
     while (line.size() < 4096 && tcp::recv_all(fd, &ch, 1) && ch != '\n') line += ch;
-    if (line.find(files_) != std::string::npos && refused_ < fail_) {
+    if (line == files_ && refused_ < fail_) {
       ++refused_;
       tcp::send_all(fd, "ERR busy\n");
       return;
     }
-    auto up = tcp::connect_to(upstream_, 2000ms);
+    auto up = bulk_connect(upstream_, bulk_kind::checkpoint, "tok", 2000ms);
     if (!up) return;
-    if (tcp::send_all(*up, line + "\n"))
-      if (auto answer = tcp::read_to_end(*up, 64 << 20)) tcp::send_all(fd, *answer);
-    ::close(*up);
+    if (tcp::send_all(up->fd, line + "\n"))
+      if (auto answer = tcp::read_to_end(up->fd, 64 << 20)) tcp::send_all(fd, *answer);
   }
   std::string upstream_, files_;
   int fail_;
   std::atomic<int> refused_{0};
-  int listen_ = -1, stop_[2] = {-1, -1};
-  uint16_t port_ = 0;
-  std::thread thread_;
+  std::unique_ptr<bulk_server> server_;  ///< last: stops first
 };
 
 }  // namespace
