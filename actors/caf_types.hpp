@@ -30,18 +30,8 @@ typename Inspector::result_type inspect(Inspector& f, msg<S>& x) {
 using join_atom = caf::atom_constant<caf::atom("g_join")>;
 using tick_atom = caf::atom_constant<caf::atom("g_tick")>;
 using kv_timeout_atom = caf::atom_constant<caf::atom("g_kvto")>;
+/// Launcher -> its node relay (same process): the group's incarnation and first rank.
 using incarnation_atom = caf::atom_constant<caf::atom("g_incarn")>;
-using status_atom = caf::atom_constant<caf::atom("g_status")>;
-using current_atom = caf::atom_constant<caf::atom("g_current")>;
-/// Launcher -> coordinator: (node, "address:port" of its checkpoint server,
-/// empty to only ask) -> the other nodes' servers, one per line. Kept for the
-/// whole job (the key-value store starts empty in every incarnation).
-using ckpt_peer_atom = caf::atom_constant<caf::atom("g_ckpeer")>;
-/// Launcher -> coordinator: a worker process of (rank, incarnation) exited
-/// with a code (128 + signal when killed) before leaving on purpose.
-using exited_atom = caf::atom_constant<caf::atom("g_exited")>;
-/// A launcher on node > 0 registers as one: (node rank, workers per node, secret).
-using launcher_atom = caf::atom_constant<caf::atom("g_launch")>;
 /// Coordinator -> itself: the deadline is near (rescue) / nearer (cutoff),
 /// tagged with the arming's generation.
 using rescue_atom = caf::atom_constant<caf::atom("g_rescue")>;
@@ -54,17 +44,11 @@ using follow_atom = caf::atom_constant<caf::atom("g_follow")>;
 /// reached, with why), its epoch.
 using moved_atom = caf::atom_constant<caf::atom("g_moved")>;
 /// Node relay (actors/node_relay.hpp): a local worker registers (rank,
-/// incarnation); a relay registers with the coordinator (node, workers per node).
+/// incarnation). Every message between processes of different hosts is a
+/// Cap'n Proto one (messages/grace.capnp); atoms stay within a host.
 using relay_atom = caf::atom_constant<caf::atom("g_relay")>;
 /// Launcher -> node relay: the coordination service to talk to.
 using coord_atom = caf::atom_constant<caf::atom("g_coord")>;
-/// Launcher -> coordinator (elastic jobs): did incarnation N end to change
-/// its membership (a growth), so its restart is not a failure?
-using resize_atom = caf::atom_constant<caf::atom("g_resize")>;
-/// Host launcher -> its coordinator (elastic jobs, once the job finished):
-/// the registered nodes not in the final group that were not yet told it
-/// finished ("1,3"; empty: none).
-using owed_atom = caf::atom_constant<caf::atom("g_owed")>;
 /// Node relay -> itself: send the acknowledgements gathered (generation).
 using flush_atom = caf::atom_constant<caf::atom("g_flush")>;
 

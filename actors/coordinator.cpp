@@ -715,20 +715,33 @@ uint32_t on_incarnation(coordinator_ptr self, uint32_t incarnation) {
   return incarnation;
 }
 
+/// The current incarnation, moved first when the host launcher asks to.
+msg<proto::IncarnationReply> on_incarnation_query(coordinator_ptr self, const msg<proto::IncarnationQuery>& m) {
+  uint32_t inc = self->state.cfg.incarnation;
+  if (auto r = decode(m); r && r->get().getSet()) inc = on_incarnation(self, r->get().getIncarnation());
+  return make<proto::IncarnationReply>([&](auto b) { b.setIncarnation(inc); });
+}
+
 /// Registers a node's checkpoint server and answers the others'. In an
 /// elastic job only the current group's: a node left out of it (its host
 /// lost) holds nothing the group needs (its parts were written from
 /// replicas by the survivors), and asking a gone host costs a timeout
 /// before every group.
-std::string on_ckpt_peer(coordinator_ptr self, int32_t node, const std::string& endpoint) {
+msg<proto::CheckpointPeersReply> on_checkpoint_peers(coordinator_ptr self, const msg<proto::CheckpointPeers>& m) {
   auto& servers = self->state.ckpt_servers;
-  if (!from_launcher(self, "a checkpoint server registration", node)) return {};
-  if (!endpoint.empty()) servers[node] = endpoint;
-  auto plan = current_plan(self);
-  std::string others;
-  for (auto& [n, ep] : servers)
-    if (n != node && (!plan || plan->has(n))) others += ep + "\n";
-  return others;
+  std::vector<std::string> others;
+  auto r = decode(m);
+  const int32_t node = r ? r->get().getNode() : -1;
+  if (r && from_launcher(self, "a checkpoint server registration", node)) {
+    if (auto ep = str(r->get().getEndpoint()); !ep.empty()) servers[node] = ep;
+    auto plan = current_plan(self);
+    for (auto& [n, ep] : servers)
+      if (n != node && (!plan || plan->has(n))) others.push_back(ep);
+  }
+  return make<proto::CheckpointPeersReply>([&](auto b) {
+    auto l = b.initEndpoints(static_cast<unsigned>(others.size()));
+    for (unsigned i = 0; i < others.size(); ++i) l.set(i, others[i]);
+  });
 }
 
 void on_down(coordinator_ptr self, caf::down_msg& dm) {
@@ -850,35 +863,44 @@ coordinator_actor::behavior_type coordinator(coordinator_ptr self, coordinator_c
       },
       [self](msg<proto::ErrorReport>& m) { on_error_report(self, m); },
       [self](msg<proto::Leave>& m) { return on_leave(self, m); },
-      [self](exited_atom, uint32_t rank, uint32_t inc, int32_t code) { on_exited(self, rank, inc, code); },
+      [self](msg<proto::WorkerExited>& m) {
+        if (auto r = decode(m)) on_exited(self, r->get().getRank(), r->get().getIncarnation(), r->get().getCode());
+      },
       [self](rescue_atom, uint64_t gen) {
         if (from_self(self, "a rescue timer")) on_rescue(self, gen);
       },
       [self](cutoff_atom, uint64_t gen) {
         if (from_self(self, "a cutoff timer")) on_cutoff(self, gen);
       },
-      [self](launcher_atom, int32_t node, int32_t nproc, const std::string& token, int32_t lo, int32_t hi) {
-        return on_launcher(self, node, nproc, token, lo, hi);
-      },
-      [self](incarnation_atom, uint32_t inc) { return on_incarnation(self, inc); },
-      [self](current_atom) { return self->state.cfg.incarnation; },
-      [self](ckpt_peer_atom, int32_t node, const std::string& ep) { return on_ckpt_peer(self, node, ep); },
-      [self](status_atom) {
+      [self](msg<proto::LauncherRegister>& m) { return on_launcher_register(self, m); },
+      [self](msg<proto::IncarnationQuery>& m) { return on_incarnation_query(self, m); },
+      [self](msg<proto::CheckpointPeers>& m) { return on_checkpoint_peers(self, m); },
+      [self](msg<proto::StatusQuery>&) {
         auto& st = self->state;
-        return fmt::format("incarnation {}, {} members, phase {}, {} forged messages refused", st.cfg.incarnation,
-                           st.peers.workers.size(), to_string(st.agree->phase()), st.refusals.count);
+        auto text = fmt::format("incarnation {}, {} members, phase {}, {} forged messages refused",
+                                st.cfg.incarnation, st.peers.workers.size(), to_string(st.agree->phase()),
+                                st.refusals.count);
+        return make<proto::StatusReply>([&](auto b) { b.setText(text); });
       },
       [self](tick_atom) {
         if (from_self(self, "a heartbeat-check timer")) on_tick(self);
       },
-      [self](relay_atom, int32_t node, int32_t nproc) { on_relay(self, node, nproc); },
+      [self](msg<proto::RelayRegister>& m) {
+        if (auto r = decode(m)) on_relay(self, r->get().getNode(), r->get().getWorkersPerNode());
+      },
       [self](msg<proto::HeartbeatBatch>& m) { on_heartbeat_batch(self, m); },
       [self](msg<proto::AckBatch>& m) { on_ack_batch(self, m); },
       [self](msg<proto::CommitCheck>& m) { return on_commit_check(self, m); },
       [self](msg<proto::GroupPlanRequest>& m) { return on_plan_request(self, m); },
-      [self](owed_atom) { return from_launcher(self, "a question about nodes owed an answer") ? owed_finish(self) : ""; },
-      [self](resize_atom, uint32_t inc) {
-        return from_launcher(self, "a membership-change question") && self->state.elastic.grown.count(inc) > 0;
+      [self](msg<proto::OwedQuery>&) {
+        auto nodes = from_launcher(self, "a question about nodes owed an answer") ? owed_finish(self) : "";
+        return make<proto::OwedReply>([&](auto b) { b.setNodes(nodes); });
+      },
+      [self](msg<proto::ResizeQuery>& m) {
+        auto r = decode(m);
+        const bool grew = r && from_launcher(self, "a membership-change question") &&
+                          self->state.elastic.grown.count(r->get().getIncarnation()) > 0;
+        return make<proto::ResizeReply>([&](auto b) { b.setGrew(grew); });
       },
       [self](takeover_atom, uint64_t gen) {
         if (from_self(self, "a takeover timer") && gen == self->state.takeover.gen) check_takeover(self);
@@ -929,14 +951,99 @@ void unpublish_coordinator(caf::actor_system& sys, const coordinator_actor& coor
   if (!r) spdlog::debug("unpublish the coordination service: {}", sys.render(r.error()));
 }
 
-status register_launcher(caf::actor_system& sys, const coordinator_actor& coord, int32_t node_rank, int32_t nproc,
+status register_launcher(caf::actor_system& sys, const coordinator_launcher& coord, int32_t node_rank, int32_t nproc,
                          const std::string& token, int32_t min_nodes, int32_t max_nodes) {
   std::string why = "no answer within 10 s";
   caf::scoped_actor self{sys};
-  self->request(coord, std::chrono::seconds(10), launcher_atom::value, node_rank, nproc, token, min_nodes, max_nodes)
-      .receive([&](std::string& r) { why = std::move(r); }, [&](caf::error& e) { why = sys.render(e); });
+  auto m = make<proto::LauncherRegister>([&](auto b) {
+    b.setNode(node_rank);
+    b.setWorkersPerNode(nproc);
+    b.setToken(token);
+    b.setMinNodes(min_nodes);
+    b.setMaxNodes(max_nodes);
+  });
+  self->request(coord, std::chrono::seconds(10), std::move(m))
+      .receive(
+          [&](msg<proto::LauncherRegisterReply>& r) {
+            auto d = decode(r);
+            why = d ? str(d->get().getRefused()) : d.err().message;
+          },
+          [&](caf::error& e) { why = sys.render(e); });
   if (why.empty()) return {};
   return error{errc::invalid_input, "the coordination service refused this launcher: " + why};
+}
+
+namespace {
+/// One blocking request of `request` to `coord`; `take` reads the decoded
+/// reply. False when no (decodable) answer came within `timeout`.
+template <class Reply, class Request, class Take>
+bool ask(caf::actor_system& sys, const coordinator_launcher& coord, msg<Request> request,
+         std::chrono::milliseconds timeout, Take take) {
+  bool answered = false;
+  caf::scoped_actor self{sys};
+  self->request(coord, timeout, std::move(request))
+      .receive(
+          [&](msg<Reply>& m) {
+            if (auto r = decode(m)) {
+              take(r->get());
+              answered = true;
+            }
+          },
+          [&](caf::error& e) { spdlog::debug("coordination service: {}", sys.render(e)); });
+  return answered;
+}
+}  // namespace
+
+std::optional<uint32_t> ask_incarnation(caf::actor_system& sys, const coordinator_launcher& coord,
+                                        std::optional<uint32_t> set, std::chrono::milliseconds timeout) {
+  std::optional<uint32_t> out;
+  ask<proto::IncarnationReply>(sys, coord, make<proto::IncarnationQuery>([&](auto b) {
+                                 b.setSet(set.has_value());
+                                 b.setIncarnation(set.value_or(0));
+                               }),
+                               timeout, [&](auto r) { out = r.getIncarnation(); });
+  return out;
+}
+
+std::optional<std::vector<std::string>> ask_checkpoint_peers(caf::actor_system& sys, const coordinator_launcher& coord,
+                                                             int32_t node, const std::string& endpoint,
+                                                             std::chrono::milliseconds timeout) {
+  std::optional<std::vector<std::string>> out;
+  ask<proto::CheckpointPeersReply>(sys, coord, make<proto::CheckpointPeers>([&](auto b) {
+                                     b.setNode(node);
+                                     b.setEndpoint(endpoint);
+                                   }),
+                                   timeout, [&](auto r) {
+                                     out.emplace();
+                                     for (auto ep : r.getEndpoints()) out->push_back(str(ep));
+                                   });
+  return out;
+}
+
+std::optional<bool> ask_resized(caf::actor_system& sys, const coordinator_launcher& coord, uint32_t incarnation,
+                                std::chrono::milliseconds timeout) {
+  std::optional<bool> out;
+  ask<proto::ResizeReply>(sys, coord, make<proto::ResizeQuery>([&](auto b) { b.setIncarnation(incarnation); }),
+                          timeout, [&](auto r) { out = r.getGrew(); });
+  return out;
+}
+
+std::optional<std::string> ask_owed(caf::actor_system& sys, const coordinator_launcher& coord,
+                                    std::chrono::milliseconds timeout) {
+  std::optional<std::string> out;
+  ask<proto::OwedReply>(sys, coord, make<proto::OwedQuery>([](auto) {}), timeout,
+                        [&](auto r) { out = str(r.getNodes()); });
+  return out;
+}
+
+void tell_worker_exited(caf::actor_system& sys, const coordinator_launcher& coord, uint32_t rank,
+                        uint32_t incarnation, int32_t code) {
+  caf::scoped_actor self{sys};  // a sender: exits are accepted from a launcher's process only
+  self->send(coord, make<proto::WorkerExited>([&](auto b) {
+               b.setRank(rank);
+               b.setIncarnation(incarnation);
+               b.setCode(code);
+             }));
 }
 
 result<coordinator_actor> connect_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,

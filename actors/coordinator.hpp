@@ -15,7 +15,9 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace spdlog {
 class logger;
@@ -23,26 +25,53 @@ class logger;
 
 namespace grace {
 
-using coordinator_actor = caf::typed_actor<
+/// The coordination service's interface, by kind of sender. The service
+/// still checks every sender at run time (coordinator_senders.cpp: a remote
+/// process may send anything); these handles make our own code say who it
+/// is: a worker holds a coordinator_member and cannot send a launcher's
+/// message, a launcher or relay holds a coordinator_launcher.
+///
+/// Anyone: a notice (Claim) and an operator's status question.
+using coordinator_common =
+    caf::typed_actor<caf::replies_to<msg<proto::Claim>>::with<msg<proto::ClaimReply>>,
+                     caf::replies_to<msg<proto::StatusQuery>>::with<msg<proto::StatusReply>>>;
+
+/// A worker (its peer watcher and session).
+using coordinator_member = coordinator_common::extend<
     caf::replies_to<msg<proto::Join>>::with<msg<proto::Welcome>>,
-    caf::replies_to<msg<proto::Claim>>::with<msg<proto::ClaimReply>>,
     caf::replies_to<msg<proto::KvSet>>::with<msg<proto::KvReply>>,
     caf::replies_to<msg<proto::KvGet>>::with<msg<proto::KvReply>>,
     caf::replies_to<msg<proto::Barrier>>::with<msg<proto::BarrierReply>>, caf::reacts_to<msg<proto::Ack>>,
     caf::reacts_to<msg<proto::Heartbeat>>, caf::reacts_to<msg<proto::CheckpointSaved>>,
     caf::reacts_to<msg<proto::ProposeFinal>>, caf::reacts_to<msg<proto::ErrorReport>>,
-    caf::replies_to<msg<proto::Leave>>::with<bool>, caf::replies_to<incarnation_atom, uint32_t>::with<uint32_t>,
-    caf::replies_to<status_atom>::with<std::string>, caf::replies_to<current_atom>::with<uint32_t>,
-    caf::replies_to<ckpt_peer_atom, int32_t, std::string>::with<std::string>,
-    caf::reacts_to<exited_atom, uint32_t, uint32_t, int32_t>, caf::reacts_to<rescue_atom, uint64_t>,
-    caf::replies_to<launcher_atom, int32_t, int32_t, std::string, int32_t, int32_t>::with<std::string>,
-    caf::reacts_to<cutoff_atom, uint64_t>, caf::reacts_to<tick_atom>, caf::reacts_to<kv_timeout_atom, uint64_t>,
-    caf::reacts_to<takeover_atom, uint64_t>, caf::reacts_to<relay_atom, int32_t, int32_t>,
-    caf::reacts_to<msg<proto::HeartbeatBatch>>, caf::reacts_to<msg<proto::AckBatch>>,
-    caf::replies_to<msg<proto::CommitCheck>>::with<msg<proto::CommitCheckReply>>,
-    caf::replies_to<msg<proto::GroupPlanRequest>>::with<msg<proto::GroupPlan>>,
-    caf::replies_to<resize_atom, uint32_t>::with<bool>, caf::replies_to<owed_atom>::with<std::string>>;
+    caf::replies_to<msg<proto::Leave>>::with<bool>,
+    caf::replies_to<msg<proto::CommitCheck>>::with<msg<proto::CommitCheckReply>>>;
 
+/// Only a launcher's messages (and its node relay's, in the same process).
+using coordinator_launcher_only = caf::typed_actor<
+    caf::replies_to<msg<proto::LauncherRegister>>::with<msg<proto::LauncherRegisterReply>>,
+    caf::reacts_to<msg<proto::WorkerExited>>,
+    caf::replies_to<msg<proto::CheckpointPeers>>::with<msg<proto::CheckpointPeersReply>>,
+    caf::replies_to<msg<proto::IncarnationQuery>>::with<msg<proto::IncarnationReply>>,
+    caf::replies_to<msg<proto::GroupPlanRequest>>::with<msg<proto::GroupPlan>>,
+    caf::replies_to<msg<proto::ResizeQuery>>::with<msg<proto::ResizeReply>>,
+    caf::replies_to<msg<proto::OwedQuery>>::with<msg<proto::OwedReply>>, caf::reacts_to<msg<proto::RelayRegister>>,
+    caf::reacts_to<msg<proto::HeartbeatBatch>>, caf::reacts_to<msg<proto::AckBatch>>>;
+
+/// A launcher or a node relay.
+using coordinator_launcher = coordinator_common::extend_with<coordinator_launcher_only>;
+
+/// The service's own timers (from_self).
+using coordinator_timers =
+    caf::typed_actor<caf::reacts_to<rescue_atom, uint64_t>, caf::reacts_to<cutoff_atom, uint64_t>,
+                     caf::reacts_to<tick_atom>, caf::reacts_to<kv_timeout_atom, uint64_t>,
+                     caf::reacts_to<takeover_atom, uint64_t>>;
+
+/// The whole service: what its host spawns and publishes.
+using coordinator_actor = coordinator_member::extend_with<coordinator_launcher_only, coordinator_timers>;
+
+/// Many fields for a reason: the service's settings and its host's hooks,
+/// fixed at spawn; its state lives in coordinator_state (coordinator_parts.hpp).
 struct coordinator_config {
   uint32_t world_size = 1;
   std::string run_id = "local";
@@ -122,8 +151,28 @@ void unpublish_coordinator(caf::actor_system& sys, const coordinator_actor& coor
 /// the launcher-only messages (a forwarded notice, a worker's exit, the
 /// checkpoint server) from it. The error says why it was refused (another
 /// secret, a node that does not fit, another --nnodes than the job's).
-status register_launcher(caf::actor_system& sys, const coordinator_actor& coord, int32_t node_rank, int32_t nproc,
+status register_launcher(caf::actor_system& sys, const coordinator_launcher& coord, int32_t node_rank, int32_t nproc,
                          const std::string& token, int32_t min_nodes, int32_t max_nodes);
+
+/// A launcher's questions to the service, one blocking request each;
+/// nothing when no answer came within `timeout`.
+///   ask_incarnation       its incarnation; with `set`, moved there first (the host launcher only)
+///   ask_checkpoint_peers  registers `endpoint` for `node` (empty: only asks), the other nodes' servers
+///   ask_resized           elastic: whether `incarnation` ended to take in a waiting node
+///   ask_owed              elastic, once finished: the nodes not yet told ("1,3")
+std::optional<uint32_t> ask_incarnation(caf::actor_system& sys, const coordinator_launcher& coord,
+                                        std::optional<uint32_t> set, std::chrono::milliseconds timeout);
+std::optional<std::vector<std::string>> ask_checkpoint_peers(caf::actor_system& sys, const coordinator_launcher& coord,
+                                                             int32_t node, const std::string& endpoint,
+                                                             std::chrono::milliseconds timeout);
+std::optional<bool> ask_resized(caf::actor_system& sys, const coordinator_launcher& coord, uint32_t incarnation,
+                                std::chrono::milliseconds timeout);
+std::optional<std::string> ask_owed(caf::actor_system& sys, const coordinator_launcher& coord,
+                                    std::chrono::milliseconds timeout);
+/// A launcher tells the service its worker of (rank, incarnation) exited
+/// with `code` (128 + signal when killed) before leaving on purpose.
+void tell_worker_exited(caf::actor_system& sys, const coordinator_launcher& coord, uint32_t rank,
+                        uint32_t incarnation, int32_t code);
 
 /// Connects to a published coordinator (over TLS when the system has
 /// certificates), retrying until `timeout` (it may still be starting). The

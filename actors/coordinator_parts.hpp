@@ -150,6 +150,7 @@ bool from_relay(coordinator_ptr self, int32_t node, const char* what);
 bool rank_of_node(coordinator_ptr self, uint32_t rank, int32_t node);
 std::string on_launcher(coordinator_ptr self, int32_t node, int32_t nproc, const std::string& token, int32_t lo,
                         int32_t hi);
+msg<proto::LauncherRegisterReply> on_launcher_register(coordinator_ptr self, const msg<proto::LauncherRegister>& m);
 void on_relay(coordinator_ptr self, int32_t node, int32_t nproc);
 
 // ---- coordinator_rendezvous.cpp: keys and barriers

@@ -10,6 +10,6 @@
 
 namespace grace {
 
-using coordinator_ref = guarded<coordinator_actor>;
+using coordinator_ref = guarded<coordinator_member>;
 
 }  // namespace grace

@@ -144,6 +144,15 @@ std::string on_launcher(coordinator_ptr self, int32_t node, int32_t nproc, const
   return {};
 }
 
+msg<proto::LauncherRegisterReply> on_launcher_register(coordinator_ptr self, const msg<proto::LauncherRegister>& m) {
+  std::string why = "a malformed registration";
+  if (auto r = decode(m)) {
+    auto g = r->get();
+    why = on_launcher(self, g.getNode(), g.getWorkersPerNode(), str(g.getToken()), g.getMinNodes(), g.getMaxNodes());
+  }
+  return make<proto::LauncherRegisterReply>([&](auto b) { b.setRefused(why); });
+}
+
 /// A node relay registers, from its launcher's process (registered for
 /// that node, or this service's own).
 void on_relay(coordinator_ptr self, int32_t node, int32_t nproc) {

@@ -7,12 +7,12 @@
 
 namespace grace {
 
-coordinator_store::coordinator_store(caf::actor_system& sys, coordinator_actor coord, std::chrono::milliseconds timeout)
+coordinator_store::coordinator_store(caf::actor_system& sys, coordinator_member coord, std::chrono::milliseconds timeout)
     : sys_(sys), coord_(std::move(coord)), timeout_(timeout) {}
 
 namespace {
 template <class Request>
-msg<proto::KvReply> ask(caf::actor_system& sys, const coordinator_actor& coord, Request request,
+msg<proto::KvReply> ask(caf::actor_system& sys, const coordinator_member& coord, Request request,
                         std::chrono::milliseconds timeout) {
   caf::scoped_actor self{sys};
   msg<proto::KvReply> out;

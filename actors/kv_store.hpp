@@ -13,7 +13,7 @@ namespace grace {
 
 class coordinator_store : public gloo::rendezvous::Store {
 public:
-  coordinator_store(caf::actor_system& sys, coordinator_actor coord,
+  coordinator_store(caf::actor_system& sys, coordinator_member coord,
                     std::chrono::milliseconds timeout = std::chrono::seconds(30));
   void set(const std::string& key, const std::vector<char>& data) override;
   /// Blocks until the key exists (Gloo's connectFullMesh relies on it).
@@ -23,7 +23,7 @@ public:
 
 private:
   caf::actor_system& sys_;
-  coordinator_actor coord_;
+  coordinator_member coord_;
   std::chrono::milliseconds timeout_;
 };
 

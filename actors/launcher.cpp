@@ -225,9 +225,8 @@ std::optional<launcher_decision> launcher::enter_incarnation() {
   auto& sys = rt_->sys();
   if (svc_.elector) take_leadership_events();
   if (hosts_service()) {
-    caf::scoped_actor self{sys};
-    self->request(svc_.coord, std::chrono::seconds(10), incarnation_atom::value, shape_.incarnation)
-        .receive([](uint32_t) {}, [&](caf::error& e) { spdlog::warn("incarnation: {}", sys.render(e)); });
+    if (!ask_incarnation(sys, svc_.coord, shape_.incarnation, std::chrono::seconds(10)))
+      spdlog::warn("grace-launch: the coordination service did not confirm incarnation {}", shape_.incarnation);
   } else {
     const uint32_t counted = shape_.incarnation;
     shape_.incarnation =

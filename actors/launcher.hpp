@@ -13,6 +13,8 @@
 
 namespace grace {
 
+/// Many fields for a reason: a bag of settings without behaviour, one per
+/// grace-launch flag; nothing here changes while the job runs.
 struct launch_options {
   int nproc = 1;  ///< workers on this node
   int nnodes = 1;  ///< nodes in the job; with min_nodes < nnodes the most (elastic)

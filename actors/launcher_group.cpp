@@ -172,8 +172,7 @@ void launcher::reap(group_end& g, std::optional<std::chrono::steady_clock::time_
       g.crashed |= w.signal != 0;
       auto effect = classify_exit(w.code, w.signal, o_.restart_code);
       if (effect == exit_effect::finished) break;
-      caf::scoped_actor self{rt_->sys()};  // a sender: exits are accepted from this node's launcher only
-      self->send(svc_.coord, exited_atom::value, static_cast<uint32_t>(w.rank), shape_.incarnation, static_cast<int32_t>(w.code));
+      tell_worker_exited(rt_->sys(), svc_.coord, static_cast<uint32_t>(w.rank), shape_.incarnation, w.code);
       g.add(effect, w.code == exit_code::no_rendezvous, "rank " + std::to_string(w.rank) + " " + describe(w));
       if (!kill_at) kill_at = std::chrono::steady_clock::now() + o_.exit_timeout;
     }

@@ -15,18 +15,9 @@ namespace grace::launch {
 
 /// Registers this node's checkpoint server with the coordinator (empty
 /// `endpoint`: only asks) and returns the other nodes' servers.
-std::optional<std::vector<std::string>> checkpoint_peers(caf::actor_system& sys, coordinator_actor& coord,
+std::optional<std::vector<std::string>> checkpoint_peers(caf::actor_system& sys, coordinator_launcher& coord,
                                                          const launch_options& o, const std::string& endpoint) {
-  std::string lines;
-  bool answered = false;
-  caf::scoped_actor self{sys};
-  self->request(coord, std::chrono::seconds(2), ckpt_peer_atom::value, static_cast<int32_t>(o.node_rank), endpoint)
-      .receive([&](std::string& r) { lines = std::move(r); answered = true; }, [&](caf::error&) {});
-  if (!answered) return std::nullopt;
-  std::vector<std::string> out;
-  for (size_t start = 0, nl; (nl = lines.find('\n', start)) != std::string::npos; start = nl + 1)
-    out.push_back(lines.substr(start, nl - start));
-  return out;
+  return ask_checkpoint_peers(sys, coord, o.node_rank, endpoint, std::chrono::seconds(2));
 }
 
 /// Node-local checkpoint directories: before a group starts, copy the newest

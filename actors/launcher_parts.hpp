@@ -94,13 +94,13 @@ struct torchrun_group {
 
 /// The coordinator's current incarnation, asked by a launcher on node > 0
 /// before it starts a group (launcher_service.cpp).
-std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_actor& coord,
-                                            const std::function<result<coordinator_actor>()>& reconnect);
+std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_launcher& coord,
+                                            const std::function<result<coordinator_launcher>()>& reconnect);
 
 /// Registers this node's checkpoint server with the coordinator (empty
 /// `endpoint`: only asks) and returns the other nodes' servers; nothing when
 /// the service did not answer (launcher_node.cpp).
-std::optional<std::vector<std::string>> checkpoint_peers(caf::actor_system& sys, coordinator_actor& coord,
+std::optional<std::vector<std::string>> checkpoint_peers(caf::actor_system& sys, coordinator_launcher& coord,
                                                          const launch_options& o, const std::string& endpoint);
 
 /// Where the coordination service is, the one this launcher hosts, and
@@ -108,7 +108,7 @@ std::optional<std::vector<std::string>> checkpoint_peers(caf::actor_system& sys,
 struct service_host {
   std::string host = "127.0.0.1";  ///< the coordinator's address
   uint16_t port = 0;
-  coordinator_actor coord;
+  coordinator_launcher coord;
   std::shared_ptr<leader_campaign> elector;  ///< shared with the hosted service's lease check
   bool leading = false;
   std::optional<std::string> finished_elsewhere;  ///< the elector found the job finished without this node
@@ -193,7 +193,7 @@ private:
   std::function<bool()> lease_check() const;
   status host_service(bool takeover, uint64_t epoch);
   bool hosts_service() const { return svc_.elector ? svc_.leading : o_.node_rank == 0; }
-  result<coordinator_actor> connect_as_launcher(std::chrono::milliseconds timeout);
+  result<coordinator_launcher> connect_as_launcher(std::chrono::milliseconds timeout);
   void stop_coordinator();
   status start_election();
   void take_leadership_events();

@@ -131,11 +131,7 @@ std::optional<launcher_decision> launcher::await_plan() {
 /// Elastic jobs: whether the group that just ended was ended by the
 /// service to take in a waiting node (not a failure).
 bool launcher::ended_for_growth() {
-  bool grew = false;
-  caf::scoped_actor self{rt_->sys()};
-  self->request(svc_.coord, std::chrono::seconds(2), resize_atom::value, shape_.incarnation)
-      .receive([&](bool g) { grew = g; }, [](caf::error&) {});
-  return grew;
+  return ask_resized(rt_->sys(), svc_.coord, shape_.incarnation, std::chrono::seconds(2)).value_or(false);
 }
 
 /// Elastic jobs that finished while a node of theirs was away (cut off,
@@ -145,13 +141,8 @@ bool launcher::ended_for_growth() {
 /// --coordinator-wait-ms (the time such a node itself waits for the
 /// service). A node lost for good costs the job's end that wait.
 void launcher::await_stragglers() {
-  auto owed = [this] {
-    std::string nodes;
-    caf::scoped_actor self{rt_->sys()};
-    self->request(svc_.coord, std::chrono::seconds(2), owed_atom::value)
-        .receive([&](std::string& n) { nodes = std::move(n); }, [](caf::error&) {});
-    return nodes;
-  };
+  auto owed = [this] { return ask_owed(rt_->sys(), svc_.coord, std::chrono::seconds(2)).value_or(""); };
+
   auto nodes = owed();
   if (nodes.empty()) return;
   say("the job finished without node(s) " + nodes + ": keeping the coordination service up for at most " +

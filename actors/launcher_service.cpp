@@ -20,13 +20,10 @@ namespace grace::launch {
 /// The coordinator's current incarnation, asked by a launcher on node > 0
 /// before it starts a group. Reconnects once if the old connection is gone
 /// (a partition, a restart of this host). Nothing if it cannot be reached.
-std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_actor& coord,
-                                            const std::function<result<coordinator_actor>()>& reconnect) {
+std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_launcher& coord,
+                                            const std::function<result<coordinator_launcher>()>& reconnect) {
   for (int attempt = 0; attempt < 2; ++attempt) {
-    std::optional<uint32_t> out;
-    caf::scoped_actor self{sys};
-    self->request(coord, std::chrono::seconds(2), current_atom::value)
-        .receive([&](uint32_t inc) { out = inc; }, [&](caf::error&) {});
+    auto out = ask_incarnation(sys, coord, std::nullopt, std::chrono::seconds(2));
     if (out || attempt == 1) return out;
     auto h = reconnect();
     if (!h) return std::nullopt;
@@ -37,7 +34,7 @@ std::optional<uint32_t> current_incarnation(caf::actor_system& sys, coordinator_
 
 /// Node > 0: connects to the coordination service and registers this
 /// process as the node's launcher (coordinator.hpp, register_launcher).
-result<coordinator_actor> launcher::connect_as_launcher(std::chrono::milliseconds timeout) {
+result<coordinator_launcher> launcher::connect_as_launcher(std::chrono::milliseconds timeout) {
   auto& sys = rt_->sys();
   auto h = connect_coordinator(sys, svc_.host, svc_.port, timeout);
   if (!h) return h.err();
@@ -50,7 +47,7 @@ result<coordinator_actor> launcher::connect_as_launcher(std::chrono::millisecond
   // Whichever service this is (a successor elected since), it learns where
   // this node's checkpoints are served.
   if (node_.ckpt_server) checkpoint_peers(sys, svc_.coord, o_, node_.ckpt_server->endpoint());
-  return *h;
+  return svc_.coord;
 }
 
 status launcher::host_or_join_coordinator() {

@@ -26,7 +26,7 @@ struct node_relay_state {
   static inline const char* name = "node_relay";
   node_relay_config cfg;
   std::shared_ptr<spdlog::logger> log;
-  coordinator_actor coord;                         ///< the service (none until the launcher says)
+  coordinator_launcher coord;                      ///< the service (none until the launcher says)
   std::map<uint32_t, peer_watcher_actor> workers;  ///< local watchers of the current incarnation
   std::map<caf::actor_addr, uint32_t> ranks;
   relay_batches batches;
@@ -152,9 +152,12 @@ void on_incarnation(relay_ptr self, uint32_t incarnation, uint32_t first_rank) {
 /// registers with it, from the launcher's process.
 void on_coordinator(relay_ptr self, caf::actor& coord) {
   auto& st = self->state;
-  st.coord = caf::actor_cast<coordinator_actor>(coord);
+  st.coord = caf::actor_cast<coordinator_launcher>(coord);
   if (!st.coord) return;
-  self->send(st.coord, relay_atom::value, st.cfg.node, st.cfg.nproc);
+  self->send(st.coord, make<proto::RelayRegister>([&](auto b) {
+               b.setNode(st.cfg.node);
+               b.setWorkersPerNode(st.cfg.nproc);
+             }));
 }
 
 node_relay_actor::behavior_type node_relay(relay_ptr self, node_relay_config cfg) {

@@ -31,7 +31,7 @@ enum class follow_phase : uint8_t { steady, moving, connecting };
 struct peer_watcher_state {
   static inline const char* name = "peer_watcher";
   std::shared_ptr<coordinator_ref> coord;
-  coordinator_actor current;  ///< the service joined (and monitored)
+  coordinator_member current;  ///< the service joined (and monitored)
   std::shared_ptr<control_block> ctl;
   peer_watcher_config cfg;
   std::shared_ptr<spdlog::logger> log;
@@ -257,7 +257,7 @@ void on_moved(watcher_ptr self, caf::actor& handle, uint64_t epoch, const std::s
     st.phase = follow_phase::moving;  // the next poll tries again, until the deadline
     return;
   }
-  st.current = caf::actor_cast<coordinator_actor>(handle);
+  st.current = caf::actor_cast<coordinator_member>(handle);
   st.coord->set(st.current);
   st.cfg.epoch = epoch;
   self->monitor(st.current);

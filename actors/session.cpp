@@ -183,7 +183,7 @@ session::~session() {
     // the actor system's destructor waits for that thread.
     impl_->saves.writer = nullptr;
     caf::anon_send_exit(impl_->wire.watcher, caf::exit_reason::user_shutdown);
-    if (impl_->wire.hosts_coordinator) caf::anon_send_exit(impl_->wire.coord->get(), caf::exit_reason::user_shutdown);
+    if (impl_->wire.hosted) caf::anon_send_exit(impl_->wire.hosted, caf::exit_reason::user_shutdown);
   }
   impl_->reg.replicas->set(nullptr);  // its threads use the store and the actor system
   impl_->member.kv.reset();

@@ -34,6 +34,8 @@ class logger;
 
 namespace grace {
 
+/// Many fields for a reason: a bag of settings without behaviour, one per
+/// knob of the embedding API (grace-train maps its flags onto them).
 struct options {
   std::string checkpoint_dir = "grace-checkpoints";
   int keep_last = 3;  ///< checkpoints kept (older deleted after a newer commit)

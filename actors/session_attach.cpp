@@ -207,10 +207,10 @@ status session::impl::start_actors() {
     cc.dead_after = opts.dead_after;
     cc.connection_timeout = system_options{}.connection_timeout;
     cc.log = log;
-    wire.coord->set(spawn_coordinator(sys, cc));
-    wire.hosts_coordinator = true;
+    wire.hosted = spawn_coordinator(sys, cc);
+    wire.coord->set(wire.hosted);
     if (!cluster.local_mode()) {
-      auto port = publish_coordinator(sys, wire.coord->get(), cluster.coordinator_port, cluster.coordinator_host);
+      auto port = publish_coordinator(sys, wire.hosted, cluster.coordinator_port, cluster.coordinator_host);
       if (!port) return port.err();
       if (auto w = plaintext_warning(cluster.coordinator_host, wire.tls.any())) log->warn("{}", *w);
     }

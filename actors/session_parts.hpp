@@ -112,7 +112,7 @@ struct session_wiring {
   /// The coordination service, swapped by the peer watcher if it moves
   /// (etcd failover); read for each message.
   std::shared_ptr<coordinator_ref> coord = std::make_shared<coordinator_ref>();
-  bool hosts_coordinator = false;
+  coordinator_actor hosted;  ///< the service this worker hosts (local mode, or the chief without a launcher)
   peer_watcher_actor watcher;
   std::shared_ptr<control_block> ctl = std::make_shared<control_block>();
   std::unique_ptr<signal_watcher> signals;

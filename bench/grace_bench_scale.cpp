@@ -410,9 +410,7 @@ int main(int argc, char** argv) {
   int64_t rss1 = 0;
   for (uint32_t rep = 0; rep < reps; ++rep) {
     if (rep > 0) {
-      caf::scoped_actor self{sys};
-      self->request(coord, std::chrono::seconds(10), incarnation_atom::value, rep)
-          .receive([](uint32_t) {}, [&](caf::error& e) { die("new incarnation: " + sys.render(e)); });
+      if (!ask_incarnation(sys, coord, rep, std::chrono::seconds(10))) die("new incarnation: no answer");
     }
     int64_t t0 = mono_ns();
     join_ms.push_back((round_trip(chs, "join " + std::to_string(rep)) - t0) / 1e6);

@@ -18,6 +18,8 @@
 
 namespace grace::chaos {
 
+/// Many fields for a reason: a bag of settings without behaviour, one per
+/// grace-chaos flag that reaches the runner.
 struct run_config {
   std::string launcher;  ///< grace-launch
   std::string trainer;   ///< grace-train (or any program embedding Grace that takes the same flags)

@@ -83,6 +83,9 @@ struct kept_copy {
   checkpoint_meta meta;
 };
 
+/// Many fields for a reason: the kept copies, the replica slots and the
+/// sender's and mirrorer's hand-offs are one state under one mutex (m_);
+/// the threads and the bulk channel are listed last so they stop first.
 class replica_keeper {
 public:
   static constexpr size_t kept_slots = 3;

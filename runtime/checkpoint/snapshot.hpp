@@ -52,6 +52,9 @@ using capture_wait = std::function<bool(uint64_t)>;
 /// writer, `copy_in`): the copy publishes how far it got, and the writer
 /// waits on `wait_captured` before it reads bytes, so the save takes the
 /// longer of copy and write instead of their sum.
+/// Many fields for a reason: the buffers and the capture's progress, which
+/// the writer reads while the trainer's copy runs (atomics and one
+/// condition variable), are one state shared by two threads.
 class snapshot_buffers {
 public:
   static constexpr size_t alignment = 4096;

@@ -268,13 +268,13 @@ public:
   actions on_saved(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error, bool part = false);
   /// Members hold sharded state: every member saves its part, the saver
   /// commits them (see "Sharded state").
-  void set_parts(bool on) noexcept { parts_ = on; }
-  bool parts() const noexcept { return parts_; }
+  void set_parts(bool on) noexcept { shards_.on = on; }
+  bool parts() const noexcept { return shards_.on; }
   /// Sharded state in node-local directories: a node's `local_world`
   /// ranks share one directory (the node of rank r is r / local_world) and
   /// every node holding parts of a step commits them in its own (see
   /// "Node-local directories"). 0: one directory every rank shares.
-  void set_node_local(uint32_t local_world) noexcept { local_world_ = local_world; }
+  void set_node_local(uint32_t local_world) noexcept { shards_.local_world = local_world; }
   /// The chief says the grace period's margin is reached.
   actions on_propose_final(uint32_t rank, uint64_t started);
   /// A member (joined or not yet joined) was declared lost with its last
@@ -298,54 +298,54 @@ public:
   /// a rescue timer armed.
   bool needs_rescue() const noexcept;
 
-  agreement_phase phase() const noexcept { return phase_; }
-  uint64_t current_id() const noexcept { return id_; }
-  std::optional<uint32_t> holder() const noexcept { return holder_; }
-  int64_t deadline_ns() const noexcept { return deadline_ns_; }
-  uint64_t agreed_step() const noexcept { return agreed_step_; }
+  agreement_phase phase() const noexcept { return round_.phase; }
+  uint64_t current_id() const noexcept { return round_.id; }
+  std::optional<uint32_t> holder() const noexcept { return round_.holder; }
+  int64_t deadline_ns() const noexcept { return round_.deadline_ns; }
+  uint64_t agreed_step() const noexcept { return round_.agreed_step; }
   /// The newest step known to be on disk for everyone: the lowest step the
   /// members restored, or a step an agreement of this incarnation committed.
-  uint64_t durable_step() const noexcept { return std::max(restored_min_.value_or(0), committed_step_); }
-  const std::set<uint32_t>& live() const noexcept { return live_; }
-  uint32_t world_size() const noexcept { return world_size_; }
-  bool all_joined() const noexcept { return joined_.size() == world_size_ && lost_.empty() && gone_.empty(); }
+  uint64_t durable_step() const noexcept { return std::max(roster_.restored_min.value_or(0), round_.committed_step); }
+  const std::set<uint32_t>& live() const noexcept { return roster_.live; }
+  uint32_t world_size() const noexcept { return roster_.world_size; }
+  bool all_joined() const noexcept { return roster_.joined.size() == roster_.world_size && roster_.lost.empty() && roster_.gone.empty(); }
   /// Every field, readable: a debug aid.
   std::string state_key() const;
   /// Calls `put(v)` for every field (sets and the acks as their size, then
   /// their elements): the protocol model's de-duplication key.
   template <class Put>
   void visit_state(Put&& put) const {
-    for (auto* s : {&joined_, &live_, &lost_, &gone_, &not_awaited_}) {
+    for (auto* s : {&roster_.joined, &roster_.live, &roster_.lost, &roster_.gone, &round_.not_awaited}) {
       put(s->size());
       for (auto r : *s) put(r);
     }
-    put(acks_.size());
-    for (auto& [r, step] : acks_) {
+    put(round_.acks.size());
+    for (auto& [r, step] : round_.acks) {
       put(r);
       put(step);
     }
-    put(copies_.size());
-    for (auto& [r, c] : copies_) {
+    put(round_.copies.size());
+    for (auto& [r, c] : round_.copies) {
       put(r), put(c.of.value_or(UINT32_MAX)), put(c.kept.size()), put(c.replica.size());
       for (auto s : c.kept) put(s);
       for (auto s : c.replica) put(s);
     }
-    put(part_writers_.size());
-    for (auto r : part_writers_) put(r);
-    put(phase_), put(holder_.value_or(UINT32_MAX)), put(id_), put(kind_), put(lower_bound_), put(deadline_ns_);
-    put(claim_started_), put(agreed_step_), put(saver_), put(exit_after_), put(restored_min_.value_or(UINT64_MAX));
-    put(committed_step_);
-    put(parts_), put(parts_in_.size());
-    for (auto r : parts_in_) put(r);
-    for (auto* m : {&periodic_parts_, &periodic_commits_}) {
+    put(shards_.writers.size());
+    for (auto r : shards_.writers) put(r);
+    put(round_.phase), put(round_.holder.value_or(UINT32_MAX)), put(round_.id), put(round_.kind), put(round_.lower_bound), put(round_.deadline_ns);
+    put(round_.claim_started), put(round_.agreed_step), put(round_.saver), put(round_.exit_after), put(roster_.restored_min.value_or(UINT64_MAX));
+    put(round_.committed_step);
+    put(shards_.on), put(shards_.in.size());
+    for (auto r : shards_.in) put(r);
+    for (auto* m : {&shards_.periodic, &shards_.periodic_commits}) {
       put(m->size());
       for (auto& [step, ranks] : *m) {
         put(step), put(ranks.size());
         for (auto r : ranks) put(r);
       }
     }
-    put(local_world_), put(commits_pending_.size());
-    for (auto r : commits_pending_) put(r);
+    put(shards_.local_world), put(shards_.commits_pending.size());
+    for (auto r : shards_.commits_pending) put(r);
   }
 
 private:
@@ -365,38 +365,51 @@ private:
   std::set<uint32_t> committers(const std::set<uint32_t>& writers, uint32_t single) const;
   static actions order_commits(uint64_t id, uint64_t step, const std::set<uint32_t>& committers);
 
-  uint32_t world_size_;
-  agreement_phase phase_ = agreement_phase::idle;
-  std::set<uint32_t> joined_;
-  std::set<uint32_t> live_;
-  std::set<uint32_t> lost_;  ///< declared lost (dead or hung)
-  std::set<uint32_t> gone_;  ///< left on purpose
-  std::optional<uint32_t> holder_;
-  uint64_t id_;
-  checkpoint_kind kind_ = checkpoint_kind::initial;
-  uint64_t lower_bound_ = 0;
-  int64_t deadline_ns_ = 0;
-  uint64_t claim_started_ = 0;
-  std::map<uint32_t, uint64_t> acks_;
-  uint64_t agreed_step_ = 0;
-  uint32_t saver_ = 0;
-  bool exit_after_ = false;
-  std::set<uint32_t> not_awaited_;        ///< live members a rescue round does not wait for
-  std::optional<uint64_t> restored_min_;  ///< lowest step restored by a member that joined
-  std::optional<uint64_t> restored_max_;  ///< highest (equal to the lowest while the group is sound)
-  uint64_t committed_step_ = 0;           ///< newest step an agreement committed
-  bool parts_ = false;                    ///< sharded state: every member saves its part
-  std::set<uint32_t> parts_in_;           ///< members whose part of the agreed step is durable
-  std::map<uint32_t, replica_report> copies_;  ///< the just-in-time acks' kept copies and replicas
-  /// A round that writes kept copies: the members that write a part (the
-  /// commit waits for these, not for every live member).
-  std::set<uint32_t> part_writers_;
-  /// Periodic sharded saves: the members whose part of each step is durable.
-  std::map<uint64_t, std::set<uint32_t>> periodic_parts_;
-  uint32_t local_world_ = 0;              ///< node-local directories: ranks per node (0: shared)
-  std::set<uint32_t> commits_pending_;    ///< committers of the agreed step yet to report
-  /// Node-local periodic saves: the committers of each step yet to report.
-  std::map<uint64_t, std::set<uint32_t>> periodic_commits_;
+  /// Who is in the group, and what each restored.
+  struct roster {
+    uint32_t world_size;
+    std::set<uint32_t> joined;
+    std::set<uint32_t> live;
+    std::set<uint32_t> lost;  ///< declared lost (dead or hung)
+    std::set<uint32_t> gone;  ///< left on purpose
+    std::optional<uint64_t> restored_min;  ///< lowest step restored by a member that joined
+    std::optional<uint64_t> restored_max;  ///< highest (equal to the lowest while the group is sound)
+  };
+  /// The current round (a claim, its acknowledgements, the agreed step)
+  /// and the newest step a round committed.
+  struct round {
+    agreement_phase phase = agreement_phase::idle;
+    std::optional<uint32_t> holder;
+    uint64_t id = 0;
+    checkpoint_kind kind = checkpoint_kind::initial;
+    uint64_t lower_bound = 0;
+    int64_t deadline_ns = 0;
+    uint64_t claim_started = 0;
+    std::map<uint32_t, uint64_t> acks;
+    uint64_t agreed_step = 0;
+    uint32_t saver = 0;
+    bool exit_after = false;
+    std::set<uint32_t> not_awaited;             ///< live members a rescue round does not wait for
+    std::map<uint32_t, replica_report> copies;  ///< the just-in-time acks' kept copies and replicas
+    uint64_t committed_step = 0;                ///< newest step an agreement committed
+  };
+  /// Sharded state: the parts each save waits for, and their commits.
+  struct shards {
+    bool on = false;      ///< every member saves its part
+    std::set<uint32_t> in;  ///< members whose part of the agreed step is durable
+    /// A round that writes kept copies: the members that write a part (the
+    /// commit waits for these, not for every live member).
+    std::set<uint32_t> writers;
+    /// Periodic sharded saves: the members whose part of each step is durable.
+    std::map<uint64_t, std::set<uint32_t>> periodic;
+    uint32_t local_world = 0;            ///< node-local directories: ranks per node (0: shared)
+    std::set<uint32_t> commits_pending;  ///< committers of the agreed step yet to report
+    /// Node-local periodic saves: the committers of each step yet to report.
+    std::map<uint64_t, std::set<uint32_t>> periodic_commits;
+  };
+  roster roster_;
+  round round_;
+  shards shards_;
 };
 
 }  // namespace grace

@@ -10,6 +10,8 @@
 
 namespace grace {
 
+/// Many fields for a reason: what a worker learns about its job from its
+/// environment, read once at start and then only read.
 struct cluster_config {
   uint32_t rank = 0;
   uint32_t world_size = 1;

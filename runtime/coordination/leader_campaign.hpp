@@ -69,6 +69,9 @@ std::string leader_value(const std::string& endpoint, uint32_t node);
 /// The location a leader key describes; nothing if its value is malformed.
 std::optional<coordinator_location> location_from(const etcd_value& v);
 
+/// Many fields for a reason: the campaign's thread and the launcher share
+/// them under one mutex (the events) or as atomics; split into objects,
+/// every transition of the campaign would take several locks.
 class leader_campaign {
 public:
   /// Checks the endpoints (an error names a malformed one); does not start.

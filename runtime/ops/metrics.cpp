@@ -33,6 +33,8 @@ const char* notice_source_name(int64_t v) {
 
 }  // namespace
 
+/// Many fields for a reason: one Prometheus family or gauge handle per
+/// exported metric; the handles hold no state of their own.
 struct job_metrics::impl {
   std::mutex m;
   std::shared_ptr<prometheus::Registry> reg = std::make_shared<prometheus::Registry>();

@@ -38,6 +38,10 @@ namespace grace {
 
 class cancel_token;
 
+/// Many fields for a reason: the Gloo context with its store and device,
+/// the abort machinery (flags, the operations in flight, the buffers of
+/// aborted ones kept until the process ends) and scratch buffers reused
+/// every step; an abort reads and changes them together.
 class gloo_comm {
 public:
   /// Rendezvous through `store` under `prefix` and connect a full mesh of

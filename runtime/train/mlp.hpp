@@ -48,6 +48,9 @@ int make_sample(const mlp_config& cfg, uint64_t index, float* x);
 uint64_t fnv1a(uint64_t h, const void* data, size_t n);
 constexpr uint64_t fnv_offset = 0xcbf29ce484222325ull;
 
+/// Many fields for a reason: the reference model's parameters, gradients,
+/// optimizer state (whole or this rank's shard) and the step's scratch
+/// (inputs, activations, deltas), kept to avoid allocating in a step.
 class mlp {
 public:
   /// Throws std::invalid_argument on a config `validate` rejects; use

@@ -115,6 +115,48 @@ msg<proto::Ack> ack(uint64_t id, uint32_t rank, uint64_t earliest) {
   });
 }
 
+/// The launchers' messages (coordinator.hpp, coordinator_launcher).
+msg<proto::LauncherRegister> registration(int32_t node, int32_t nproc, const std::string& token, int32_t lo,
+                                          int32_t hi) {
+  return make<proto::LauncherRegister>([&](auto b) {
+    b.setNode(node);
+    b.setWorkersPerNode(nproc);
+    b.setToken(token);
+    b.setMinNodes(lo);
+    b.setMaxNodes(hi);
+  });
+}
+
+msg<proto::WorkerExited> exited(uint32_t rank, uint32_t incarnation, int32_t code) {
+  return make<proto::WorkerExited>([&](auto b) {
+    b.setRank(rank);
+    b.setIncarnation(incarnation);
+    b.setCode(code);
+  });
+}
+
+msg<proto::IncarnationQuery> incarnation_query(std::optional<uint32_t> set = std::nullopt) {
+  return make<proto::IncarnationQuery>([&](auto b) {
+    b.setSet(set.has_value());
+    b.setIncarnation(set.value_or(0));
+  });
+}
+
+/// The next reply of type R in `self`'s mailbox, decoded, if there is one.
+template <class R, class Take>
+bool take_reply(caf::scoped_actor& self, Take take) {
+  bool got = false;
+  self->receive(
+      [&](msg<R>& m) {
+        if (auto r = decode(m)) {
+          take(r->get());
+          got = true;
+        }
+      },
+      caf::after(std::chrono::milliseconds(0)) >> [] {});
+  return got;
+}
+
 }  // namespace
 
 TEST_CASE("coordinator: joins are refused with a reason", "[coordinator]") {
@@ -172,10 +214,10 @@ TEST_CASE("coordinator: the next group may advance the incarnation once the old 
                 caf::after(std::chrono::milliseconds(0)) >> [] {});
   CHECK(accepted);
   // Launchers on other nodes ask for it before they start a group.
-  next->send(f.coord, current_atom::value);
+  next->send(f.coord, incarnation_query());
   f.run();
   uint32_t current = 99;
-  next->receive([&](uint32_t i) { current = i; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+  take_reply<proto::IncarnationReply>(next, [&](auto r) { current = r.getIncarnation(); });
   CHECK(current == 1);
 }
 
@@ -542,37 +584,37 @@ TEST_CASE("coordinator: launcher messages and timers are accepted only from laun
   fixture f(4);
   f.join_all(4);
   // No sender: a worker's exit, a launcher's notice, the service's timers.
-  caf::anon_send(f.coord, exited_atom::value, uint32_t{1}, uint32_t{0}, int32_t{137});
+  caf::anon_send(f.coord, exited(1, 0, 137));
   caf::anon_send(f.coord, claim(launcher_rank, 0));
   caf::anon_send(f.coord, rescue_atom::value, uint64_t{0});
   caf::anon_send(f.coord, cutoff_atom::value, uint64_t{0});
-  caf::anon_send(f.coord, incarnation_atom::value, uint32_t{5});
+  caf::anon_send(f.coord, incarnation_query(5));
   f.run();
   CHECK(f.host_verdicts.empty());
-  f.w(0)->send(f.coord, current_atom::value);
+  f.w(0)->send(f.coord, incarnation_query());
   f.run();
   uint32_t inc = 99;
-  f.w(0)->receive([&](uint32_t i) { inc = i; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+  take_reply<proto::IncarnationReply>(f.w(0), [&](auto r) { inc = r.getIncarnation(); });
   CHECK(inc == 0);  // an anonymous incarnation change is refused
   for (size_t r = 0; r < 4; ++r) {
     CHECK_FALSE(f.next<proto::PeerLost>(r));
     CHECK_FALSE(f.next<proto::CheckpointAt>(r));
   }
   // A launcher registration: the secret and a node that fits the world.
-  auto registration = [&](int32_t node, int32_t nproc, const std::string& token) {
+  auto registered = [&](int32_t node, int32_t nproc, const std::string& token) {
     std::string answer = "no answer";
-    f.w(0)->send(f.coord, launcher_atom::value, node, nproc, token, int32_t{2}, int32_t{2});
+    f.w(0)->send(f.coord, registration(node, nproc, token, 2, 2));
     f.run();
-    f.w(0)->receive([&](std::string& r) { answer = r; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+    take_reply<proto::LauncherRegisterReply>(f.w(0), [&](auto r) { answer = str(r.getRefused()); });
     return answer;
   };
-  CHECK(registration(1, 2, "wrong") == "wrong job token");
-  CHECK(registration(2, 2, "tok").find("does not fit a world of 4") != std::string::npos);
-  CHECK(registration(0, 2, "tok").find("does not fit") != std::string::npos);  // node 0 hosts the service
-  CHECK(registration(1, 2, "tok").empty());
+  CHECK(registered(1, 2, "wrong") == "wrong job token");
+  CHECK(registered(2, 2, "tok").find("does not fit a world of 4") != std::string::npos);
+  CHECK(registered(0, 2, "tok").find("does not fit") != std::string::npos);  // node 0 hosts the service
+  CHECK(registered(1, 2, "tok").empty());
   // The service's own process (node 0's launcher) is trusted: its report of
   // a worker's exit is a verdict.
-  f.w(3)->send(f.coord, exited_atom::value, uint32_t{1}, uint32_t{0}, int32_t{137});
+  f.w(3)->send(f.coord, exited(1, 0, 137));
   f.run();
   REQUIRE(f.host_verdicts.size() == 1);
   CHECK(std::get<0>(f.host_verdicts[0]) == 1);
@@ -682,10 +724,10 @@ TEST_CASE("coordinator: a takeover waits for registered launchers' ranks until i
   // Node 0's launcher registers (node 0 is not this service's node here):
   // its ranks 0 and 1 are expected, but only rank 0 comes back.
   caf::scoped_actor launcher{*f.sys};
-  launcher->send(f.coord, launcher_atom::value, int32_t{0}, int32_t{2}, std::string("tok"), int32_t{2}, int32_t{2});
+  launcher->send(f.coord, registration(0, 2, "tok", 2, 2));
   f.run();
   std::string refused = "?";
-  launcher->receive([&](std::string& r) { refused = r; }, caf::after(0ms) >> [] {});
+  take_reply<proto::LauncherRegisterReply>(launcher, [&](auto r) { refused = str(r.getRefused()); });
   CHECK(refused.empty());
   for (uint32_t r : {0u, 2u, 3u}) f.w(r)->send(f.coord, rejoin(r));
   f.run();
@@ -860,9 +902,9 @@ TEST_CASE("coordinator: an elastic job forms its groups, shrinks after the wait 
     CHECK(p->getKind() == proto::CheckpointKind::INITIAL);
   }
   bool grew = false;
-  l0->send(f.coord, resize_atom::value, uint32_t{0});
+  l0->send(f.coord, make<proto::ResizeQuery>([](auto b) { b.setIncarnation(0); }));
   f.run();
-  l0->receive([&](bool g) { grew = g; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+  take_reply<proto::ResizeReply>(l0, [&](auto r) { grew = r.getGrew(); });
   CHECK(grew);
   // The next incarnation: node 2 counted already, the group of three forms
   // as soon as the others ask.
@@ -870,9 +912,9 @@ TEST_CASE("coordinator: an elastic job forms its groups, shrinks after the wait 
   l0->send(f.coord, plan_request(0, 1));
   f.run();
   CHECK_FALSE(plan_of(l2));
-  l1->send(f.coord, incarnation_atom::value, uint32_t{1});
+  l1->send(f.coord, incarnation_query(1));
   f.run();
-  l1->receive([](uint32_t) {}, caf::after(std::chrono::milliseconds(0)) >> [] {});
+  take_reply<proto::IncarnationReply>(l1, [](auto) {});
   CHECK_FALSE(plan_of(l0));  // node 1 not yet: every node of the previous group is awaited
   l1->send(f.coord, plan_request(1, 1));
   f.run();
@@ -892,8 +934,8 @@ TEST_CASE("coordinator: an elastic job forms its groups, shrinks after the wait 
   CHECK(str((*bad)->getReason()).find("at most 3 nodes") != std::string::npos);
   // A launcher given another node count than the job's is refused, saying so.
   std::string why = "no answer";
-  l2->send(f.coord, launcher_atom::value, int32_t{2}, int32_t{1}, std::string("tok"), int32_t{3}, int32_t{3});
+  l2->send(f.coord, registration(2, 1, "tok", 3, 3));
   f.run();
-  l2->receive([&](std::string& r) { why = r; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+  take_reply<proto::LauncherRegisterReply>(l2, [&](auto r) { why = str(r.getRefused()); });
   CHECK(why.find("given --nnodes 3, the job's is --nnodes 2:3") != std::string::npos);
 }

@@ -225,16 +225,37 @@ void send_raw(uint8_t kind, uint8_t who, senders& s, const coordinator_actor& c,
 void send_control(uint8_t kind, uint8_t who, senders& s, const coordinator_actor& c, input& in) {
   switch (kind % 11) {
     case 9: s.send(who, c, plan_request(int32_t{in.byte() % 5} - 1, in.byte() % 4u, in.text(16))); break;
-    case 10: s.send(who, c, resize_atom::value, uint32_t{in.byte() % 4u}); break;
-    case 0: s.send(who, c, exited_atom::value, in.rank(), uint32_t{in.byte() % 3u}, int32_t{in.byte()}); break;
-    case 1:
-      s.send(who, c, launcher_atom::value, int32_t{in.byte()} - 1, int32_t{in.byte() % 4}, in.text(24),
-             int32_t{in.byte() % 5}, int32_t{in.byte() % 5});
+    case 10: s.send(who, c, make<proto::ResizeQuery>([&](auto b) { b.setIncarnation(in.byte() % 4u); })); break;
+    case 0:
+      s.send(who, c, make<proto::WorkerExited>([&](auto b) {
+               b.setRank(in.rank());
+               b.setIncarnation(in.byte() % 3u);
+               b.setCode(in.byte());
+             }));
       break;
-    case 2: s.send(who, c, incarnation_atom::value, uint32_t{in.byte() % 4u}); break;
-    case 3: s.send(who, c, ckpt_peer_atom::value, int32_t{in.byte() % 4}, in.text(12)); break;
-    case 4: s.send(who, c, current_atom::value); break;
-    case 5: s.send(who, c, status_atom::value); break;
+    case 1:
+      s.send(who, c, make<proto::LauncherRegister>([&](auto b) {
+               b.setNode(int32_t{in.byte()} - 1);
+               b.setWorkersPerNode(in.byte() % 4);
+               b.setToken(in.text(24));
+               b.setMinNodes(in.byte() % 5);
+               b.setMaxNodes(in.byte() % 5);
+             }));
+      break;
+    case 2:
+      s.send(who, c, make<proto::IncarnationQuery>([&](auto b) {
+               b.setSet(true);
+               b.setIncarnation(in.byte() % 4u);
+             }));
+      break;
+    case 3:
+      s.send(who, c, make<proto::CheckpointPeers>([&](auto b) {
+               b.setNode(in.byte() % 4);
+               b.setEndpoint(in.text(12));
+             }));
+      break;
+    case 4: s.send(who, c, make<proto::IncarnationQuery>([](auto) {})); break;
+    case 5: s.send(who, c, make<proto::StatusQuery>([](auto) {})); break;
     case 6: s.send(who, c, tick_atom::value); break;
     case 7: s.send(who, c, rescue_atom::value, uint64_t{in.byte() % 4u}); break;
     default: s.send(who, c, cutoff_atom::value, uint64_t{in.byte() % 4u});
@@ -245,7 +266,12 @@ void send_control(uint8_t kind, uint8_t who, senders& s, const coordinator_actor
 void send_relay(uint8_t kind, uint8_t who, senders& s, const coordinator_actor& c, input& in) {
   const int32_t node = static_cast<int32_t>(in.byte() % 3) - 1;
   switch (kind % 5) {
-    case 0: s.send(who, c, relay_atom::value, node, int32_t{in.byte() % 3}); break;
+    case 0:
+      s.send(who, c, make<proto::RelayRegister>([&](auto b) {
+               b.setNode(node);
+               b.setWorkersPerNode(in.byte() % 3);
+             }));
+      break;
     case 1:
       s.send(who, c, make<proto::HeartbeatBatch>([&](auto b) {
                b.setNode(node);
@@ -282,12 +308,12 @@ void send_relay(uint8_t kind, uint8_t who, senders& s, const coordinator_actor& 
 void check_alive(harness& h, const coordinator_actor& coord) {
   caf::scoped_actor probe{*h.sys};
   probe->monitor(coord);
-  probe->send(coord, current_atom::value);
+  probe->send(coord, make<proto::IncarnationQuery>([](auto) {}));
   h.sched->run();
   bool answered = false;
   std::string why = "no answer";
   for (int i = 0; i < 2 && !answered; ++i)
-    probe->receive([&](uint32_t) { answered = true; },
+    probe->receive([&](msg<proto::IncarnationReply>&) { answered = true; },
                    [&](caf::down_msg& d) { why = "it terminated: " + caf::to_string(d.reason); },
                    caf::after(std::chrono::seconds(0)) >> [] {});
   if (!answered) {

@@ -38,6 +38,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -116,7 +117,11 @@ int expect_refused(caf::scoped_actor& self, const coordinator_actor& coord, Msg 
 
 /// What only a launcher, or the service itself, may send.
 int forge_launcher(caf::scoped_actor& self, const coordinator_actor& coord) {
-  self->send(coord, exited_atom::value, uint32_t{0}, uint32_t{0}, int32_t{137});
+  self->send(coord, make<proto::WorkerExited>([](auto b) {
+               b.setRank(0);
+               b.setIncarnation(0);
+               b.setCode(137);
+             }));
   self->send(coord, tick_atom::value);
   self->send(coord, rescue_atom::value, uint64_t{1});
   self->send(coord, cutoff_atom::value, uint64_t{1});
@@ -127,23 +132,17 @@ int forge_launcher(caf::scoped_actor& self, const coordinator_actor& coord) {
                                                n.setDetail("forged launcher notice");
                                              }),
                                              "a launcher's notice", [](auto r) { return r.getWon(); });
-  std::string answer = "no answer";
-  self->request(coord, wait, launcher_atom::value, int32_t{1}, int32_t{1}, std::string("not-the-job-secret-at-all"),
-                int32_t{2}, int32_t{2})
-      .receive([&](std::string& r) { answer = r; }, [&](caf::error& e) { answer = to_string(e); });
-  if (answer.empty()) rc |= failed("a launcher registration with a wrong secret");
-  std::printf("refused a launcher registration: %s\n", answer.c_str());
-  uint32_t inc = 0;
-  self->request(coord, wait, incarnation_atom::value, uint32_t{77}).receive([&](uint32_t i) { inc = i; }, [](caf::error&) {});
-  if (inc == 77) rc |= failed("an incarnation change");
-  std::printf("refused an incarnation change (still %u)\n", inc);
-  std::string peers = "no answer";
-  self->request(coord, wait, ckpt_peer_atom::value, int32_t{1}, std::string("127.0.0.1:1"))
-      .receive([&](std::string& r) { peers = r; }, [](caf::error&) {});
-  std::string after;
-  self->request(coord, wait, ckpt_peer_atom::value, int32_t{2}, std::string())
-      .receive([&](std::string& r) { after = r; }, [](caf::error&) {});
-  if (after.find("127.0.0.1:1") != std::string::npos) rc |= failed("a checkpoint server registration");
+  auto& sys = self->system();
+  auto reg = register_launcher(sys, coord, 1, 1, "not-the-job-secret-at-all", 2, 2);
+  if (reg) rc |= failed("a launcher registration with a wrong secret");
+  std::printf("refused a launcher registration: %s\n", reg ? "" : reg.err().message.c_str());
+  auto inc = ask_incarnation(sys, coord, 77, wait);
+  if (inc == 77u) rc |= failed("an incarnation change");
+  std::printf("refused an incarnation change (still %u)\n", inc.value_or(0));
+  ask_checkpoint_peers(sys, coord, 1, "127.0.0.1:1", wait);
+  auto after = ask_checkpoint_peers(sys, coord, 2, "", wait).value_or(std::vector<std::string>{});
+  if (std::find(after.begin(), after.end(), "127.0.0.1:1") != after.end())
+    rc |= failed("a checkpoint server registration");
   std::printf("refused a checkpoint server registration\n");
   // A place in an elastic job's group: refused (the job under attack is
   // not elastic, and this process is no launcher of it either way).
@@ -153,9 +152,7 @@ int forge_launcher(caf::scoped_actor& self, const coordinator_actor& coord) {
                                          }),
                                          "a group plan request for node 1",
                                          [](auto r) { return r.getStatus() != proto::PlanStatus::REFUSED; });
-  bool grew = true;
-  self->request(coord, wait, resize_atom::value, uint32_t{0}).receive([&](bool g) { grew = g; }, [](caf::error&) {});
-  if (grew) rc |= failed("a membership-change question");
+  if (ask_resized(sys, coord, 0, wait).value_or(true)) rc |= failed("a membership-change question");
   std::printf("refused a membership-change question\n");
   return rc;
 }
@@ -202,8 +199,7 @@ int stale_worker(caf::scoped_actor& self, const coordinator_actor& coord, uint32
     std::fprintf(stderr, "grace-hostile stale: GRACE_TOKEN and GRACE_RUN_ID (a worker's) must be set\n");
     return 2;
   }
-  uint32_t current = 0;
-  self->request(coord, wait, current_atom::value).receive([&](uint32_t i) { current = i; }, [](caf::error&) {});
+  const uint32_t current = ask_incarnation(self->system(), coord, std::nullopt, wait).value_or(0);
   if (current == 0) {
     std::fprintf(stderr, "grace-hostile stale: the job is still in incarnation 0: nothing is stale yet\n");
     return 2;
