@@ -3,6 +3,7 @@
 #include "actors/launcher_parts.hpp"
 #include "runtime/base/atomic_file.hpp"
 #include "runtime/base/events.hpp"
+#include "runtime/coordination/cluster_config.hpp"
 #include "runtime/coordination/agreement.hpp"
 #include "runtime/base/exit_codes.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"

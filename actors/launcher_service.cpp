@@ -2,6 +2,7 @@
 
 #include "runtime/base/atomic_file.hpp"
 #include "runtime/base/events.hpp"
+#include "runtime/coordination/cluster_config.hpp"
 #include "runtime/base/exit_codes.hpp"
 
 #include <caf/actor_system.hpp>

@@ -163,6 +163,15 @@ void session::impl::complete(uint64_t k) {
   if (cluster.is_chief() || reg.sharded) maybe_periodic_save(k);
 }
 
+void session::impl::keep_copy(uint64_t k) {
+  auto keeper = reg.replicas->get();
+  if (!keeper) return;
+  auto meta = meta_for(k, checkpoint_kind::jit);
+  auto st = add_blobs(meta);
+  if (st) st = keeper->keep(k, reg.kept_layout, std::move(meta));
+  if (!st) log->warn("replicas: step {} not kept: {}", k, st.err().message);
+}
+
 session::session(options opts) : impl_(std::make_unique<impl>()) {
   if (auto released = await_standby_release(); !released) impl_->member.standby_error = released.err();
   block_termination_signals();

@@ -222,15 +222,6 @@ status session::impl::capture_while_written(save_request req) {
   return {};
 }
 
-void session::impl::keep_copy(uint64_t k) {
-  auto keeper = reg.replicas->get();
-  if (!keeper) return;
-  auto meta = meta_for(k, checkpoint_kind::jit);
-  auto st = add_blobs(meta);
-  if (st) st = keeper->keep(k, reg.kept_layout, std::move(meta));
-  if (!st) log->warn("replicas: step {} not kept: {}", k, st.err().message);
-}
-
 status session::impl::save_kept(const worker_decision& d) {
   auto keeper = reg.replicas->get();
   auto own = keeper ? keeper->kept(d.step) : std::nullopt;
