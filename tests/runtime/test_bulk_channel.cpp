@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
