@@ -367,6 +367,31 @@ void gloo_comm::release(std::vector<std::unique_ptr<gloo::transport::UnboundBuff
   bufs.clear();
 }
 
+error gloo_comm::fail(const char* op, std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& bufs,
+                      std::chrono::steady_clock::time_point start) {
+  failed_.store(true, std::memory_order_release);
+  release(bufs, true);
+  close_pairs();
+  return map_exception(op, start);
+}
+
+void gloo_comm::close_pairs() {
+  // An aborted wait returns while the device thread may still be reading a
+  // late message into the collective's memory (the caller's tensor or
+  // scratch_). Pair::close() takes the pair's lock, so it waits for a read
+  // in progress, and unregisters the socket: once it returns, nothing of
+  // this context writes into our memory again.
+  if (!context_) return;
+  for (int i = 0; i < size_; ++i) {
+    if (i == rank_) continue;
+    try {
+      if (auto& p = context_->getPair(i)) p->close();
+    } catch (...) {
+      // A pair that failed earlier is closed already.
+    }
+  }
+}
+
 namespace {
 std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -440,9 +465,7 @@ status gloo_comm::allreduce_sum(float* data, size_t n) {
       if (len(sc)) wait_send(dbuf, deadline);
     }
   } catch (...) {
-    failed_.store(true, std::memory_order_release);
-    release(bufs, true);
-    return map_exception("allreduce", start);
+    return fail("allreduce", bufs, start);
   }
   release(bufs, false);
   return status::success();
@@ -471,9 +494,7 @@ status gloo_comm::broadcast(float* data, size_t n, int root) {
       wait_recv(b, deadline);
     }
   } catch (...) {
-    failed_.store(true, std::memory_order_release);
-    release(bufs, true);
-    return map_exception("broadcast", start);
+    return fail("broadcast", bufs, start);
   }
   release(bufs, false);
   return status::success();
@@ -504,9 +525,7 @@ status gloo_comm::barrier() {
       wait_recv(b, deadline);
     }
   } catch (...) {
-    failed_.store(true, std::memory_order_release);
-    release(bufs, true);
-    return map_exception("barrier", start);
+    return fail("barrier", bufs, start);
   }
   release(bufs, false);
   return status::success();

@@ -109,6 +109,11 @@ private:
   /// process (Gloo's device thread may still signal a buffer with a pending
   /// operation, even after this communicator is gone).
   void release(std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& bufs, bool failed);
+  /// The end of a failed collective: marks the comm failed, releases its
+  /// buffers, closes every pair and maps the exception in flight.
+  error fail(const char* op, std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& bufs,
+             std::chrono::steady_clock::time_point start);
+  void close_pairs();
   /// Waits for one completion with what is left of the collective's
   /// timeout; throws gloo::IoException when aborted (or Gloo's own on
   /// timeout / a closed pair).
