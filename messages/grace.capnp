@@ -32,6 +32,11 @@ struct Join {
                               # each checkpoint, which commits once all parts are durable
   nodeLocal @12 :UInt32;      # sharded state in node-local directories: ranks per node
                               # (every node commits its own parts); 0: one shared directory
+  inPlace @13 :Bool;          # can recover in place: re-forms its collectives when the
+                              # group changes, and serves its state to peers (Recover)
+  stateEndpoint @14 :Text;    # with inPlace: "address:port" of its state server
+  replacement @15 :Bool;      # started to take a lost rank's place in this incarnation:
+                              # restores nothing, takes its state from a peer (Recover)
 }
 
 struct Welcome {
@@ -135,6 +140,21 @@ struct CheckpointAt {
   fromKept @8 :Bool;          # sharded, just in time: each member writes its kept copy
                               # of `step` (runtime/checkpoint/replica.hpp), not its live state
   fromReplica @9 :List(UInt32);  # ...and the holders of these members' replicas write theirs
+}
+
+# Recovery in place (runtime/coordination/agreement.hpp, "Recovery in
+# place"): the survivors of a loss acknowledged their completed steps in the
+# just-in-time round `agreementId`; the group resumes after `step` without
+# restarting. Every member not at `step` (and each replacement) takes the
+# state of `step` from `donor` over the bulk channel at `donorEndpoint`;
+# then everyone forms its collectives again under `rendezvousPrefix`.
+struct Recover {
+  agreementId @0 :UInt64;
+  step @1 :UInt64;
+  donor @2 :UInt32;
+  donorEndpoint @3 :Text;
+  rendezvousPrefix @4 :Text;
+  replaced @5 :List(UInt32);  # the ranks whose processes were replaced
 }
 
 struct Ack {

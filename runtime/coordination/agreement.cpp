@@ -15,6 +15,7 @@ const char* to_string(agreement_phase p) noexcept {
     case agreement_phase::stopping: return "stopping";
     case agreement_phase::failed: return "failed";
     case agreement_phase::finishing: return "finishing";
+    case agreement_phase::recovering: return "recovering";
   }
   return "?";
 }
@@ -39,6 +40,8 @@ const char* to_string(agreement_action::type t) noexcept {
     case ty::cluster_error: return "cluster_error";
     case ty::deadline_update: return "deadline_update";
     case ty::commit_parts: return "commit_parts";
+    case ty::recover: return "recover";
+    case ty::resumed: return "resumed";
   }
   return "?";
 }
@@ -116,6 +119,15 @@ actions agreement::end_takeover() {
 actions agreement::on_claim(uint32_t rank, uint64_t started, int64_t deadline_ns) {
   agreement_action reply{ty::claim_reply};
   reply.rank = rank;
+  if (recovery_.round && !recovery_.held_claim) {
+    // The group trains on after the recovery: the notice must not be lost
+    // with the round. It is claimed again once the group resumed.
+    recovery_.held_claim = recovery::claim{rank, started, deadline_ns};
+    reply.won = false;
+    reply.holder = launcher_rank;
+    reply.id = round_.id;
+    return {reply};
+  }
   if (round_.phase == agreement_phase::idle) {
     round_.holder = rank;
     round_.deadline_ns = deadline_ns;
@@ -219,6 +231,7 @@ actions agreement::agree_jit() {
       first = false;
     }
   }
+  if (recovery_.round) return recover_in_place(best, saver);
   round_.agreed_step = best;
   round_.saver = saver;
   round_.exit_after = true;
@@ -435,6 +448,9 @@ actions agreement::on_propose_final(uint32_t rank, uint64_t started) {
 actions agreement::member_gone(uint32_t rank) {
   actions out;
   switch (round_.phase) {
+    case agreement_phase::recovering:
+      append(out, fall_back());
+      break;
     case agreement_phase::stopping:
     case agreement_phase::failed:
     case agreement_phase::finishing: break;
@@ -473,7 +489,10 @@ actions agreement::member_gone(uint32_t rank) {
 }
 
 actions agreement::on_member_lost(uint32_t rank, uint64_t completed, loss_reason why, const std::string& detail) {
+  if (recovery_.joined_early.erase(rank)) return {};  // a replacement lost before it counted: still awaited
   if (rank >= roster_.world_size || roster_.lost.count(rank) || roster_.gone.count(rank)) return {};
+  const bool start_in_place = recovery_.enabled && !shards_.on && round_.phase == agreement_phase::idle &&
+                              roster_.lost.empty() && roster_.gone.empty() && roster_.live.size() > 1;
   roster_.live.erase(rank);
   roster_.lost.insert(rank);
   agreement_action lost{ty::peer_lost};
@@ -482,8 +501,104 @@ actions agreement::on_member_lost(uint32_t rank, uint64_t completed, loss_reason
   lost.reason = why;
   lost.message = detail;
   actions out{lost};
+  if (start_in_place) {
+    recovery_ = recovery{};
+    recovery_.enabled = true;
+    recovery_.round = true;
+  }
+  if (recovery_.round && round_.phase != agreement_phase::recovering) {
+    recovery_.replaced.insert(rank);
+    recovery_.awaited.insert(rank);
+  }
   append(out, member_gone(rank));
   return out;
+}
+
+actions agreement::recover_in_place(uint64_t step, uint32_t donor) {
+  round_.phase = agreement_phase::recovering;
+  round_.agreed_step = step;
+  round_.saver = donor;
+  round_.exit_after = false;
+  for (auto r : recovery_.joined_early) {
+    roster_.lost.erase(r);
+    roster_.joined.insert(r);
+    roster_.live.insert(r);
+    recovery_.awaited.erase(r);
+  }
+  recovery_.joined_early.clear();
+  recovery_.recovered.clear();
+  agreement_action a{ty::recover};
+  a.id = round_.id;
+  a.step = step;
+  a.saver = donor;
+  a.replaced.assign(recovery_.replaced.begin(), recovery_.replaced.end());
+  return {a};
+}
+
+actions agreement::on_replacement_join(uint32_t rank) {
+  if (!recovery_.awaited.count(rank)) return {};
+  if (round_.phase == agreement_phase::jit_collect) {
+    recovery_.joined_early.insert(rank);
+    return {};
+  }
+  if (round_.phase != agreement_phase::recovering) return {};
+  recovery_.awaited.erase(rank);
+  roster_.lost.erase(rank);
+  roster_.joined.insert(rank);
+  roster_.live.insert(rank);
+  agreement_action a{ty::recover};
+  a.id = round_.id;
+  a.step = round_.agreed_step;
+  a.saver = round_.saver;
+  a.rank = rank;
+  a.to_one = true;
+  a.replaced.assign(recovery_.replaced.begin(), recovery_.replaced.end());
+  return {a};
+}
+
+actions agreement::on_recovered(uint32_t rank, uint64_t id) {
+  if (round_.phase != agreement_phase::recovering || id != round_.id || !roster_.live.count(rank)) return {};
+  recovery_.recovered.insert(rank);
+  return maybe_resumed();
+}
+
+actions agreement::maybe_resumed() {
+  if (!recovery_.awaited.empty()) return {};
+  for (auto r : roster_.live)
+    if (!recovery_.recovered.count(r)) return {};
+  round_.phase = agreement_phase::idle;
+  round_.holder.reset();
+  round_.deadline_ns = 0;
+  agreement_action a{ty::resumed};
+  a.id = round_.id;
+  a.step = round_.agreed_step;
+  a.replaced.assign(recovery_.replaced.begin(), recovery_.replaced.end());
+  actions out{a};
+  auto held = recovery_.held_claim;
+  recovery_ = recovery{};
+  recovery_.enabled = true;
+  if (held)
+    for (auto& c : on_claim(held->rank, held->started, held->deadline_ns))
+      if (c.what != ty::claim_reply) out.push_back(c);  // the claimant was answered when it claimed
+  return out;
+}
+
+actions agreement::fall_back() {
+  recovery_.round = false;
+  recovery_.awaited.clear();
+  recovery_.joined_early.clear();
+  recovery_.held_claim.reset();
+  if (roster_.live.empty()) {
+    round_.phase = agreement_phase::stopping;
+    return {};
+  }
+  if (!round_.holder) round_.holder = launcher_rank;
+  return propose(checkpoint_kind::jit, 0);
+}
+
+actions agreement::on_replace_timeout() {
+  if (!recovery_.round || recovery_.awaited.empty()) return {};
+  return fall_back();
 }
 
 actions agreement::on_error(uint32_t rank, uint64_t step, const std::string& message) {

@@ -144,6 +144,34 @@
 /// when every committer reported its commit. A committer lost before its
 /// report counts as a lost saver.
 ///
+/// ## Recovery in place
+/// With `set_in_place(true)` (every member can re-form its collectives and
+/// serve its state; replicated state only) a loss while nothing else is
+/// unsettled does not end the incarnation. The just-in-time round runs as
+/// above, but its outcome is `recover`: the group resumes after the most
+/// advanced survivor's step S, that survivor (ties: lowest rank) is the
+/// donor whose state every member not at S takes over the bulk channel,
+/// and a replacement process takes each lost rank. The replacement joins
+/// the same incarnation (`on_replacement_join`) and gets the same `recover`.
+/// Each member reports `on_recovered` once it holds S and its collectives
+/// are formed again; when all did (and every lost rank was replaced) the
+/// round is over (`resumed`) and training goes on with step S + 1. A
+/// notice during the recovery is held and claimed again once resumed.
+/// Anything that would leave the state incomplete falls back to the
+/// just-in-time save and restart: a loss or a non-zero leave while
+/// recovering, or the replacement's deadline (`on_replace_timeout`).
+///
+/// | phase        | event                         | next          | actions                                   |
+/// |--------------|-------------------------------|---------------|-------------------------------------------|
+/// | idle         | member lost, in place on      | jit_collect   | peer_lost, propose(jit) (in place)        |
+/// | jit_collect  | member lost (in place round)  | jit_collect   | peer_lost; it is replaced too             |
+/// | jit_collect  | last survivor ack (in place)  | recovering    | recover(S, donor) to every live member    |
+/// | jit_collect, | replacement joins             | (same)        | recovering: recover to it; jit_collect:   |
+/// |   recovering |                               |               |   it gets recover with everyone else      |
+/// | recovering   | last member recovered         | idle          | resumed (+ a held claim proposed again)   |
+/// | recovering   | member lost / leave != 0 /    | jit_collect   | propose(jit) (save and restart, as above) |
+/// |              |   replacement deadline        |               |                                           |
+///
 /// ## A save that respects its deadline
 /// With a grace period the platform kills the job at the deadline, whether
 /// or not the agreement finished: a member frozen after the notice holds the
@@ -178,6 +206,7 @@ enum class agreement_phase : uint8_t {
   stopping,
   failed,
   finishing,
+  recovering,  ///< recovery in place: members take the agreed state and re-form
 };
 const char* to_string(agreement_phase p) noexcept;
 
@@ -202,6 +231,9 @@ struct agreement_action {
     cluster_error,    ///< to every live member: origin `rank`, `step`, `message`
     deadline_update,  ///< to the chief: `deadline_ns`
     commit_parts,     ///< to `rank`: every part of `step` (agreement `id`, 0: periodic) is durable
+    recover,          ///< in place: resume after `step` with the state of `saver` (the donor);
+                      ///< to every live member, or only to `rank` when `to_one`; `replaced`: the lost ranks
+    resumed,          ///< in place: every member recovered round `id` at `step` (a log line, an event)
   };
   agreement_action() = default;
   explicit agreement_action(type t) : what(t) {}
@@ -219,6 +251,8 @@ struct agreement_action {
   /// copy of `step`; the holders of these members' replicas write theirs.
   bool from_kept = false;
   std::vector<uint32_t> from_replica;
+  bool to_one = false;            ///< recover: to `rank` alone (a replacement that joined late)
+  std::vector<uint32_t> replaced;  ///< recover: the ranks replaced in this round
   int64_t deadline_ns = 0;
   loss_reason reason = loss_reason::dead;
   std::string message;
@@ -275,6 +309,19 @@ public:
   /// every node holding parts of a step commits them in its own (see
   /// "Node-local directories"). 0: one directory every rank shares.
   void set_node_local(uint32_t local_world) noexcept { shards_.local_world = local_world; }
+  /// Members recover in place from a loss (see "Recovery in place").
+  void set_in_place(bool on) noexcept { recovery_.enabled = on; }
+  bool in_place() const noexcept { return recovery_.enabled; }
+  /// True while a recovery in place waits for a replacement of `rank`.
+  bool awaits_replacement(uint32_t rank) const noexcept { return recovery_.awaited.count(rank) > 0; }
+  /// A replacement process for lost `rank` joined (call only when
+  /// awaits_replacement(rank)).
+  actions on_replacement_join(uint32_t rank);
+  /// `rank` holds the agreed state of recovery round `id` and formed its
+  /// collectives again.
+  actions on_recovered(uint32_t rank, uint64_t id);
+  /// No replacement joined in time: the just-in-time save and restart.
+  actions on_replace_timeout();
   /// The chief says the grace period's margin is reached.
   actions on_propose_final(uint32_t rank, uint64_t started);
   /// A member (joined or not yet joined) was declared lost with its last
@@ -346,6 +393,12 @@ public:
     }
     put(shards_.local_world), put(shards_.commits_pending.size());
     for (auto r : shards_.commits_pending) put(r);
+    put(recovery_.enabled), put(recovery_.round);
+    for (auto* s : {&recovery_.replaced, &recovery_.awaited, &recovery_.joined_early, &recovery_.recovered}) {
+      put(s->size());
+      for (auto r : *s) put(r);
+    }
+    put(recovery_.held_claim.has_value());
   }
 
 private:
@@ -356,6 +409,9 @@ private:
   std::optional<std::vector<uint32_t>> copies_cover(uint64_t step, const std::set<uint32_t>& writers) const;
   actions stop_at_durable();
   actions member_gone(uint32_t rank);
+  actions recover_in_place(uint64_t step, uint32_t donor);
+  actions maybe_resumed();
+  actions fall_back();
   actions on_part(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error);
   actions on_periodic(uint32_t rank, uint64_t step, bool ok, bool part);
   bool all_live_in(const std::set<uint32_t>& s) const;
@@ -407,9 +463,25 @@ private:
     /// Node-local periodic saves: the committers of each step yet to report.
     std::map<uint64_t, std::set<uint32_t>> periodic_commits;
   };
+  /// Recovery in place: the round's lost ranks and their replacements.
+  struct recovery {
+    bool enabled = false;
+    bool round = false;               ///< the current just-in-time round recovers in place
+    std::set<uint32_t> replaced;      ///< ranks lost in this round
+    std::set<uint32_t> awaited;       ///< ...whose replacement has not joined
+    std::set<uint32_t> joined_early;  ///< replacements that joined before the agreement
+    std::set<uint32_t> recovered;     ///< members that reported the round done
+    struct claim {
+      uint32_t rank;
+      uint64_t started;
+      int64_t deadline_ns;
+    };
+    std::optional<claim> held_claim;  ///< a notice during the recovery, claimed once resumed
+  };
   roster roster_;
   round round_;
   shards shards_;
+  recovery recovery_;
 };
 
 }  // namespace grace
