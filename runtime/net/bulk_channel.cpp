@@ -68,6 +68,7 @@ const char* to_string(bulk_kind k) noexcept {
   switch (k) {
     case bulk_kind::checkpoint: return "checkpoint";
     case bulk_kind::replica: return "replica";
+    case bulk_kind::state: return "state";
   }
   return "unknown";
 }

@@ -2,7 +2,8 @@
 /// The bulk channel: the one transport for data between nodes outside the
 /// coordination service (checkpoint files between launchers,
 /// runtime/checkpoint/checkpoint_fetch.hpp; replicas between workers,
-/// runtime/checkpoint/replica.hpp).
+/// runtime/checkpoint/replica.hpp; a donor's state in a recovery in place,
+/// runtime/checkpoint/state_transfer.hpp).
 ///
 /// A server listens on one address and serves connections one at a time
 /// from its own thread until it is destroyed. Every connection opens with a
@@ -31,9 +32,9 @@
 
 namespace grace {
 
-enum class bulk_kind : uint8_t { checkpoint = 1, replica = 2 };
+enum class bulk_kind : uint8_t { checkpoint = 1, replica = 2, state = 3 };
 
-/// "checkpoint" / "replica".
+/// "checkpoint" / "replica" / "state".
 const char* to_string(bulk_kind k) noexcept;
 
 struct bulk_config {
