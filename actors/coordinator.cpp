@@ -199,6 +199,69 @@ std::vector<std::string> servers_by_slot(coordinator_ptr self) {
   return out;
 }
 
+/// Key prefix of this incarnation's rendezvous (the Welcome's).
+std::string incarnation_prefix(const coordinator_state& st) {
+  return st.cfg.run_id + "/" + std::to_string(st.cfg.incarnation) + "/";
+}
+
+/// A member's part in recovery in place: its state server, and whether it
+/// can re-form its collectives (one that cannot turns recovery in place off
+/// for the incarnation: a loss then restarts the group).
+void note_in_place(coordinator_ptr self, uint32_t rank, proto::Join::Reader j) {
+  auto& st = self->state;
+  if (j.getInPlace()) {
+    st.in_place.endpoints[rank] = str(j.getStateEndpoint());
+    return;
+  }
+  if (!st.agree->in_place()) return;
+  st.agree->set_in_place(false);
+  st.log->info("rank {} cannot recover in place (no reconnect hook, device or sharded state): a loss in incarnation "
+               "{} restarts the group",
+               rank, st.cfg.incarnation);
+}
+
+/// The recover order (runtime/coordination/agreement.hpp, "Recovery in
+/// place"): the donor's state server and a fresh rendezvous prefix; the
+/// key-value store answers waits again for the re-formed group.
+template <class ToAll, class ToOne>
+void send_recover(coordinator_ptr self, const agreement_action& a, ToAll& to_all, ToOne& to_one) {
+  auto& st = self->state;
+  st.kv.table.mend();
+  auto it = st.in_place.endpoints.find(a.saver);
+  const std::string endpoint = it == st.in_place.endpoints.end() ? std::string() : it->second;
+  auto m = make<proto::Recover>([&](auto b) {
+    b.setAgreementId(a.id);
+    b.setStep(a.step);
+    b.setDonor(a.saver);
+    b.setDonorEndpoint(endpoint);
+    b.setRendezvousPrefix(incarnation_prefix(st) + "r" + std::to_string(a.id) + "/");
+    auto rl = b.initReplaced(static_cast<unsigned>(a.replaced.size()));
+    for (unsigned i = 0; i < a.replaced.size(); ++i) rl.set(i, a.replaced[i]);
+  });
+  if (a.to_one)
+    to_one(a.rank, std::move(m));
+  else
+    to_all(std::move(m));
+  st.log->info("recovery in place #{}: resume after step {} with rank {}'s state{}", a.id, a.step, a.saver,
+               a.to_one ? fmt::format(" (to replacement rank {})", a.rank) : std::string());
+  emit_event("recover", {{"id", a.id}, {"step", a.step}, {"donor", a.saver}, {"replaced", a.replaced},
+                         {"to", a.to_one ? nlohmann::json(a.rank) : nlohmann::json("all")}});
+}
+
+/// The replacement's deadline (coordinator_config::replace_timeout).
+void check_replacements(coordinator_ptr self) {
+  auto& st = self->state;
+  if (!st.in_place.replace_deadline_ns || now_ns(self) < st.in_place.replace_deadline_ns) return;
+  st.in_place.replace_deadline_ns = 0;
+  auto acts = st.agree->on_replace_timeout();
+  if (acts.empty()) return;
+  st.log->warn("recovery in place: no replacement joined within {} ms; the survivors save just in time and the "
+               "group restarts",
+               st.cfg.replace_timeout.count());
+  emit_event("recovery_fallback", {{"why", "no replacement in time"}});
+  dispatch(self, acts);
+}
+
 std::optional<msg<proto::ClaimReply>> carry_out(coordinator_ptr self, const actions& acts) {
   auto& st = self->state;
   std::optional<msg<proto::ClaimReply>> reply;
@@ -307,6 +370,12 @@ std::optional<msg<proto::ClaimReply>> carry_out(coordinator_ptr self, const acti
                  for (unsigned i = 0; i < servers.size(); ++i) sv.set(i, servers[i]);
                }));
         break;
+      case ty::recover: send_recover(self, a, to_all, to_one); break;
+      case ty::resumed:
+        st.in_place.replace_deadline_ns = 0;
+        st.log->info("recovered in place from round #{}: every member holds step {}, training goes on", a.id, a.step);
+        emit_event("resumed", {{"id", a.id}, {"step", a.step}, {"replaced", a.replaced}});
+        break;
       case ty::deadline_update:
         to_one(a.rank, make<proto::DeadlineUpdate>([&](auto b) {
                  b.setAgreementId(a.id);
@@ -342,7 +411,8 @@ void report_to_host(coordinator_ptr self, uint32_t rank, const std::string& why)
   auto& st = self->state;
   if (!st.cfg.on_member_lost) return;
   try {
-    st.cfg.on_member_lost(rank, st.cfg.incarnation, why);
+    auto pid = st.peers.pids.find(rank);
+    st.cfg.on_member_lost(rank, st.cfg.incarnation, pid == st.peers.pids.end() ? 0 : pid->second, why);
   } catch (const std::exception& e) {
     st.log->error("member-lost hook threw: {}", e.what());
   }
@@ -367,6 +437,9 @@ void member_lost(coordinator_ptr self, uint32_t rank, loss_reason reason, const 
   if (kill_on_host) report_to_host(self, rank, why);
   dispatch(self, st.agree->on_member_lost(rank, completed, reason, why));
   fail_pending(self, "rank " + std::to_string(rank) + " lost");
+  if (st.agree->awaits_replacement(rank) && !st.in_place.replace_deadline_ns)
+    st.in_place.replace_deadline_ns =
+        now_ns(self) + std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.replace_timeout).count();
 }
 
 
@@ -386,7 +459,8 @@ admission_state admission_view(coordinator_ptr self) {
   s.group_gone = st.agree->live().empty();
   s.node_local = st.node_local;
   s.sharded = st.agree->parts();
-  s.joined = [&st](uint32_t r) { return st.peers.workers.count(r) > 0; };
+  // A lost rank whose replacement is awaited (recovery in place) is free.
+  s.joined = [&st](uint32_t r) { return st.peers.workers.count(r) > 0 && !st.agree->awaits_replacement(r); };
   s.left = [&st](uint32_t r) { return st.gone.left.count(r) > 0; };
   s.lost = [&st](uint32_t r) { return st.gone.lost.count(r) > 0; };
   return s;
@@ -421,6 +495,13 @@ std::optional<msg<proto::Welcome>> join_refusal(coordinator_ptr self, proto::Joi
   if (a.what == admission::verdict::refuse) return refuse(a.reason);
   if (a.what == admission::verdict::refuse_for_now) return refuse_for_now(a.reason, st.cfg.incarnation);
   if (req.rejoin) return std::nullopt;
+  if (j.getReplacement()) {
+    if (st.agree->awaits_replacement(req.rank)) return std::nullopt;
+    st.gone.refused.insert(req.rank);
+    return refuse_for_now("no recovery in place awaits a replacement of rank " + std::to_string(req.rank) +
+                              " in incarnation " + std::to_string(st.cfg.incarnation),
+                          st.cfg.incarnation);
+  }
   if (auto why = st.agree->join_refusal(req.rank, j.getCompletedStep())) {
     st.log->warn("rank {} refused: {}", req.rank, *why);
     st.gone.refused.insert(req.rank);
@@ -493,19 +574,22 @@ msg<proto::Welcome> on_join(coordinator_ptr self, msg<proto::Join>& m) {
   if (!sender) return refuse("join without a sender to reply to");
   auto rank = j.getRank();
   auto handle = caf::actor_cast<peer_watcher_actor>(sender);
-  if (st.peers.workers.empty()) {
+  if (st.peers.workers.empty() && st.gone.lost.empty()) {
     st.agree->set_parts(j.getSharded());
     st.node_local = j.getNodeLocal();
     st.agree->set_node_local(st.node_local);
+    st.agree->set_in_place(st.cfg.recovery_in_place && st.peers.relays.empty());
   }
-  st.peers.workers.emplace(rank, handle);
+  note_in_place(self, rank, j);
+  st.peers.workers[rank] = handle;  // a replacement takes over its lost rank's entry
+  st.peers.pids[rank] = j.getPid();
   st.peers.ranks.emplace(caf::actor_cast<caf::actor_addr>(sender), rank);
   if (j.getRelayed()) st.peers.relayed.insert(rank);
   self->monitor(handle);
   st.members->add(rank, now_ns(self), j.getCompletedStep());
   st.log->info("rank {} joined (pid {} on {}, step {}), {}/{} members", rank, j.getPid(), str(j.getHost()),
                j.getCompletedStep(), st.peers.workers.size(), st.cfg.world_size);
-  auto prefix = st.cfg.run_id + "/" + std::to_string(st.cfg.incarnation) + "/";
+  auto prefix = incarnation_prefix(st);
   auto welcome = make<proto::Welcome>([&](auto b) {
     b.setAccepted(true);
     b.setRank(rank);
@@ -519,6 +603,11 @@ msg<proto::Welcome> on_join(coordinator_ptr self, msg<proto::Join>& m) {
     dispatch(self, st.agree->on_rejoin(rank, j.getCompletedStep()));
     emit_event("rejoined", {{"rejoined_rank", rank}, {"step", j.getCompletedStep()}});
     check_takeover(self);
+  } else if (j.getReplacement()) {
+    st.gone.lost.erase(rank);
+    st.gone.refused.erase(rank);
+    emit_event("replacement_joined", {{"replaced_rank", rank}, {"pid", j.getPid()}});
+    dispatch(self, st.agree->on_replacement_join(rank));
   } else {
     dispatch(self, st.agree->on_join(rank, j.getCompletedStep()));
   }
@@ -698,6 +787,7 @@ void on_tick(coordinator_ptr self) {
     member_lost(self, v.rank, v.what == verdict::hung ? loss_reason::hung : loss_reason::dead, why, v.completed);
   }
   advance_plan(self);  // the elastic wait, and a growth claim that did not win yet
+  check_replacements(self);
   self->delayed_send(self, st.cfg.heartbeat_check, tick_atom::value);
 }
 
@@ -862,6 +952,10 @@ coordinator_actor::behavior_type coordinator(coordinator_ptr self, coordinator_c
           dispatch(self, self->state.agree->on_propose_final(r->get().getRank(), r->get().getStartedStep()));
       },
       [self](msg<proto::ErrorReport>& m) { on_error_report(self, m); },
+      [self](msg<proto::Recovered>& m) {
+        if (auto r = decode(m); r && from_member(self, r->get().getRank(), "a recovery report"))
+          dispatch(self, self->state.agree->on_recovered(r->get().getRank(), r->get().getAgreementId()));
+      },
       [self](msg<proto::Leave>& m) { return on_leave(self, m); },
       [self](msg<proto::WorkerExited>& m) {
         if (auto r = decode(m)) on_exited(self, r->get().getRank(), r->get().getIncarnation(), r->get().getCode());

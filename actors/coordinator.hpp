@@ -44,7 +44,7 @@ using coordinator_member = coordinator_common::extend<
     caf::replies_to<msg<proto::Barrier>>::with<msg<proto::BarrierReply>>, caf::reacts_to<msg<proto::Ack>>,
     caf::reacts_to<msg<proto::Heartbeat>>, caf::reacts_to<msg<proto::CheckpointSaved>>,
     caf::reacts_to<msg<proto::ProposeFinal>>, caf::reacts_to<msg<proto::ErrorReport>>,
-    caf::replies_to<msg<proto::Leave>>::with<bool>,
+    caf::reacts_to<msg<proto::Recovered>>, caf::replies_to<msg<proto::Leave>>::with<bool>,
     caf::replies_to<msg<proto::CommitCheck>>::with<msg<proto::CommitCheckReply>>>;
 
 /// Only a launcher's messages (and its node relay's, in the same process).
@@ -111,8 +111,10 @@ struct coordinator_config {
   /// lost or heartbeat silence - but never for a member that left on
   /// purpose. grace-launch uses it to SIGKILL its own declared-dead worker
   /// at once (a frozen process would otherwise hold the restart until the
-  /// exit timeout). Must not block.
-  std::function<void(uint32_t rank, uint32_t incarnation, const std::string& why)> on_member_lost;
+  /// exit timeout). `pid`: the process that joined as the rank (0 if it
+  /// never joined), so a replacement started meanwhile is not the one
+  /// killed. Must not block.
+  std::function<void(uint32_t rank, uint32_t incarnation, uint32_t pid, const std::string& why)> on_member_lost;
   /// The host's hook for progress: called (on the actor thread) for every
   /// heartbeat accepted from a member, with its last completed step and the
   /// duration of that step. grace-launch's metrics and goodput account use
@@ -133,6 +135,13 @@ struct coordinator_config {
   std::chrono::milliseconds elastic_wait{30000};
   /// A successor's (takeover) plan of the group it takes over.
   std::optional<group_plan> plan;
+  /// Recovery in place (runtime/coordination/agreement.hpp): on when the
+  /// host can replace a lost worker (grace-launch --recovery in-place) and
+  /// every member said it can re-form its collectives. A replacement that
+  /// has not joined `replace_timeout` after the loss ends the recovery in
+  /// the just-in-time save and restart.
+  bool recovery_in_place = false;
+  std::chrono::milliseconds replace_timeout{10000};
 };
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_config cfg);

@@ -40,6 +40,7 @@ struct job_processes {
   std::map<int32_t, node_relay_actor> relays;
   int32_t relay_nproc = 0;     ///< workers per node, as the relays said
   std::set<uint32_t> relayed;  ///< members that joined through their node's relay
+  std::map<uint32_t, uint32_t> pids;  ///< rank -> the process id its Join named
   /// Launchers on node > 0 that registered with the secret: their process
   /// -> (node rank, workers per node).
   std::map<caf::node_id, std::pair<int32_t, int32_t>> launchers;
@@ -99,6 +100,13 @@ struct elastic_state {
   int64_t said_ns = 0;              ///< the last "waiting for nodes" line
 };
 
+/// Recovery in place: each member's state server, and the deadline for the
+/// replacements of the round in flight.
+struct in_place_state {
+  std::map<uint32_t, std::string> endpoints;  ///< rank -> its state server ("address:port")
+  int64_t replace_deadline_ns = 0;            ///< 0: no replacement awaited
+};
+
 struct coordinator_state {
   static inline const char* name = "coordinator";
   coordinator_config cfg;
@@ -111,6 +119,7 @@ struct coordinator_state {
   rescue_timer rescue;
   takeover_state takeover;
   elastic_state elastic;
+  in_place_state in_place;
   std::map<int32_t, std::string> ckpt_servers;  ///< node -> its launcher's checkpoint server
   uint32_t node_local = 0;                      ///< node-local checkpoint directories: ranks per node (the members' Join)
   int64_t last_saved_ns = 0;                    ///< snapshot + write of the newest agreement save reported

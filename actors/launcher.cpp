@@ -324,6 +324,7 @@ std::map<std::string, std::string> launcher::worker_environment(int rank, int lo
     env["GRACE_FAILOVER_WAIT_MS"] = std::to_string(failover_wait().count());
   }
   if (!o_.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o_.checkpoint_dir;
+  if (o_.in_place) env["GRACE_RECOVERY"] = "in-place";
   if (o_.node_local_checkpoints) env["GRACE_NODE_LOCAL_CHECKPOINTS"] = "1";
   if (!node_.memory_dir.empty()) env["GRACE_MEMORY_DIR"] = node_.memory_dir;
   if (shape_.plan) {

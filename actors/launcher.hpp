@@ -75,6 +75,13 @@ struct launch_options {
   /// How long a restart waits for a spare still starting before it starts
   /// that worker from scratch.
   std::chrono::milliseconds standby_ready_wait{30000};
+  /// Recovery in place (runtime/coordination/agreement.hpp): a worker lost
+  /// while the group trains is replaced at once (a spare if one is ready,
+  /// else a new process) and the survivors keep training; `false`: every
+  /// loss restarts the group. A replacement that has not joined
+  /// `replace_timeout` after the loss ends it in a restart.
+  bool in_place = false;
+  std::chrono::milliseconds replace_timeout{10000};
   /// The optional etcd backend (runtime/coordination/leader_campaign.hpp): the launchers
   /// elect the one hosting the coordination service, and when its host is
   /// lost another takes the running group over. Empty: node 0 hosts it.

@@ -103,6 +103,11 @@ void launcher::kill_declared_dead() {
     if (v.incarnation != shape_.incarnation) continue;
     for (auto& w : group_.workers) {
       if (w.rank != static_cast<int>(v.rank) || w.exited || w.killed_lost) continue;
+      // A replacement (recovery in place) is killed only on a verdict about
+      // itself: the one about the process it replaced may come after it
+      // started. (A command behind a wrapper joins with another pid: its
+      // replacement then ends by the exit timeout instead.)
+      if (w.replacement && v.pid && static_cast<uint32_t>(w.pid) != v.pid) continue;
       w.killed_lost = true;
       say("rank " + std::to_string(w.rank) + " declared lost by the coordinator (" + v.why + "): killing it");
       emit_event("kill_lost", {{"worker_rank", w.rank}, {"why", v.why}});
@@ -168,15 +173,53 @@ void launcher::reap(group_end& g, std::optional<std::chrono::steady_clock::time_
         w.signal = WTERMSIG(status);
         w.code = 128 + w.signal;
       }
-      emit_event("worker_exit", {{"worker_rank", w.rank}, {"code", w.code}, {"signal", w.signal}});
+      emit_event("worker_exit", {{"worker_rank", w.rank}, {"pid", w.pid}, {"code", w.code}, {"signal", w.signal}});
       g.crashed |= w.signal != 0;
       auto effect = classify_exit(w.code, w.signal, o_.restart_code);
       if (effect == exit_effect::finished) break;
       tell_worker_exited(rt_->sys(), svc_.coord, static_cast<uint32_t>(w.rank), shape_.incarnation, w.code);
+      if (replace_lost(w, effect, g.restart || g.fatal || group_.notice_forwarded || kill_at.has_value())) {
+        ++live;
+        break;
+      }
       g.add(effect, w.code == exit_code::no_rendezvous, "rank " + std::to_string(w.rank) + " " + describe(w));
       if (!kill_at) kill_at = std::chrono::steady_clock::now() + o_.exit_timeout;
     }
   }
+}
+
+bool launcher::replace_lost(worker_proc& w, exit_effect effect, bool group_ending) {
+  replace_conditions c;
+  c.in_place = o_.in_place;
+  c.effect = effect;
+  c.code = w.code;
+  c.signal = w.signal;
+  c.restart_code = o_.restart_code;
+  c.group_ending = group_ending;
+  c.restarts = shape_.restarts;
+  c.max_restarts = o_.max_restarts;
+  if (!replace_in_place(c)) return false;
+  const int local = static_cast<int>(&w - group_.workers.data());
+  auto env = worker_environment(w.rank, local);
+  env["GRACE_REPLACEMENT"] = "1";
+  const bool spare = group_.spares && group_.spares->count() > 0;
+  const pid_t pid = start_worker(local, env, standby_pool::clock::now());
+  if (pid < 0) {
+    say("rank " + std::to_string(w.rank) + ": no replacement (fork failed: " + std::strerror(errno) + ")");
+    return false;
+  }
+  ++shape_.restarts;
+  say("rank " + std::to_string(w.rank) + " " + describe(w) + ": replacement pid " + std::to_string(pid) +
+      " takes its place, the others train on (replacement " + std::to_string(shape_.restarts) + "/" +
+      std::to_string(o_.max_restarts) + ")");
+  emit_event("worker_replaced",
+             {{"worker_rank", w.rank}, {"old_pid", w.pid}, {"pid", pid}, {"spare", spare}, {"code", w.code}});
+  const int rank = w.rank;
+  w = worker_proc{};
+  w.rank = rank;
+  w.pid = pid;
+  w.replacement = true;
+  return true;
 }
 
 /// Waits for the whole group; a worker still running --exit-timeout-ms

@@ -43,6 +43,7 @@ struct worker_proc {
   int rank = 0;
   bool exited = false;
   bool killed_lost = false;  ///< killed on a verdict (the service's and the relay's may both come)
+  bool replacement = false;  ///< started in place of a lost worker (recovery in place)
   int code = 0;  ///< exit code, or 128 + signal
   int signal = 0;
 };
@@ -56,15 +57,16 @@ struct verdict_inbox {
     uint32_t rank;
     uint32_t incarnation;
     std::string why;
+    uint32_t pid = 0;  ///< the process declared lost (0: any process of the rank)
   };
   std::mutex m;
   std::vector<entry> entries;
   wake_pipe wake;  ///< readable while entries wait
 
-  void push(uint32_t rank, uint32_t incarnation, const std::string& why) {
+  void push(uint32_t rank, uint32_t incarnation, const std::string& why, uint32_t pid = 0) {
     {
       std::lock_guard<std::mutex> g(m);
-      entries.push_back({rank, incarnation, why});
+      entries.push_back({rank, incarnation, why, pid});
     }
     wake.wake();
   }
@@ -236,6 +238,10 @@ private:
   void kill_declared_dead();
   void read_signals();
   void reap(group_end& g, std::optional<std::chrono::steady_clock::time_point>& kill_at, int& live);
+  /// Recovery in place: starts a replacement for lost worker `w` (its spare
+  /// if one is ready) in the same incarnation; false when the policy says
+  /// the group restarts instead (runtime/launch/group_policy.hpp).
+  bool replace_lost(worker_proc& w, exit_effect effect, bool group_ending);
 
   launch_options o_;
   endpoints ep_;

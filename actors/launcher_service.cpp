@@ -77,10 +77,14 @@ coordinator_config launcher::service_config(bool takeover, uint64_t epoch) {
   cc.dead_after = o_.dead_after;
   cc.hung_after = o_.hang_after;
   cc.connection_timeout = system_options{}.connection_timeout;
+  cc.recovery_in_place = o_.in_place;
+  cc.replace_timeout = o_.replace_timeout;
   // Member-lost verdicts come back here, so a worker the coordinator has
   // declared dead (frozen, hung) is killed at once instead of holding the
   // restart until --exit-timeout-ms.
-  cc.on_member_lost = [v = group_.verdicts](uint32_t rank, uint32_t inc, const std::string& why) { v->push(rank, inc, why); };
+  cc.on_member_lost = [v = group_.verdicts](uint32_t rank, uint32_t inc, uint32_t pid, const std::string& why) {
+    v->push(rank, inc, why, pid);
+  };
   // Heartbeats feed the metrics and the goodput account.
   cc.on_progress = [m = monitor_](uint32_t rank, uint64_t completed, int64_t last_step_ns) {
     m->progress(rank, completed, last_step_ns);

@@ -186,6 +186,7 @@ node_relay_actor::behavior_type node_relay(relay_ptr self, node_relay_config cfg
       },
       [self](msg<proto::ClusterError>& m) { fan_out(self, m); },
       [self](msg<proto::DeadlineUpdate>& m) { fan_out(self, m); },
+      [self](msg<proto::Recover>& m) { fan_out(self, m); },
       [self](incarnation_atom, uint32_t inc, uint32_t first_rank) {
         if (self->current_sender() && self->current_sender()->node() == self->node())
           on_incarnation(self, inc, first_rank);

@@ -39,7 +39,8 @@ using node_relay_actor = caf::typed_actor<
     caf::replies_to<relay_atom, uint32_t, uint32_t>::with<bool>, caf::reacts_to<msg<proto::Heartbeat>>,
     caf::reacts_to<msg<proto::Ack>>, caf::reacts_to<msg<proto::CheckpointAt>>, caf::reacts_to<msg<proto::Committed>>,
     caf::reacts_to<msg<proto::PeerLost>>, caf::reacts_to<msg<proto::ClusterError>>,
-    caf::reacts_to<msg<proto::DeadlineUpdate>>, caf::reacts_to<incarnation_atom, uint32_t, uint32_t>,
+    caf::reacts_to<msg<proto::DeadlineUpdate>>, caf::reacts_to<msg<proto::Recover>>,
+    caf::reacts_to<incarnation_atom, uint32_t, uint32_t>,
     caf::reacts_to<coord_atom, caf::actor>, caf::reacts_to<tick_atom>, caf::reacts_to<flush_atom, uint64_t>>;
 
 struct node_relay_config {

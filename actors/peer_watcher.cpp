@@ -414,6 +414,16 @@ peer_watcher_actor::behavior_type peer_watcher(watcher_ptr self, std::shared_ptr
           self->state.cfg.on_commit_parts(r->get().getAgreementId(), r->get().getStep(), std::move(servers));
         }
       },
+      [self](msg<proto::Recover>& m) {
+        if (!from_current(self)) return;
+        if (auto r = decode(m)) {
+          auto c = r->get();
+          recover_order o{c.getAgreementId(), c.getStep(), c.getDonor(), str(c.getDonorEndpoint()),
+                          str(c.getRendezvousPrefix()), {}};
+          for (auto x : c.getReplaced()) o.replaced.push_back(x);
+          self->state.ctl->post_recover(o);
+        }
+      },
       [self](tick_atom) { on_tick(self); },
       [self](follow_atom) { on_follow(self); },
       [self](moved_atom, caf::actor& h, uint64_t epoch, const std::string& why) { on_moved(self, h, epoch, why); },

@@ -21,7 +21,7 @@ using peer_watcher_actor =
     caf::typed_actor<caf::reacts_to<msg<proto::CheckpointAt>>, caf::reacts_to<msg<proto::Committed>>,
                      caf::reacts_to<msg<proto::PeerLost>>, caf::reacts_to<msg<proto::ClusterError>>,
                      caf::reacts_to<msg<proto::DeadlineUpdate>>, caf::reacts_to<msg<proto::Notice>>,
-                     caf::reacts_to<msg<proto::CommitParts>>,
+                     caf::reacts_to<msg<proto::CommitParts>>, caf::reacts_to<msg<proto::Recover>>,
                      caf::replies_to<join_atom, msg<proto::Join>>::with<msg<proto::Welcome>>,
                      caf::reacts_to<tick_atom>, caf::reacts_to<follow_atom>,
                      caf::reacts_to<moved_atom, caf::actor, uint64_t, std::string>>;

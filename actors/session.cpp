@@ -38,8 +38,8 @@ step_result session::impl::stop(int c, std::string why, bool may_throw) {
 std::optional<step_result> session::impl::boundary(uint64_t k, boundary_mode mode, const std::string& error,
                                                   bool may_throw) {
   using ty = worker_decision::type;
-  const uint64_t c = k - 1;
   for (;;) {
+    const uint64_t c = k - 1;
     take_answers(false);  // saves finished meanwhile: the margin's save times
     auto s = wire.ctl->take_snapshot();
     boundary_input in{c, mode, mono_ns(), wall_ns(), error};
@@ -77,6 +77,17 @@ std::optional<step_result> session::impl::boundary(uint64_t k, boundary_mode mod
         wire.ctl->wait_for_change(s.version,
                              std::chrono::steady_clock::time_point(std::chrono::nanoseconds(d.deadline_ns)));
         continue;
+      case ty::recover: {
+        bool torn = false;
+        auto st = recover_in_place(d, torn);
+        if (!st && torn)
+          return stop(opts.restart_exit_code, "recovery in place: " + st.err().message, may_throw);
+        // Recovered: the next step is the one after the donor's. A re-form
+        // that failed waits for the verdict like a failed collective.
+        k = completed + 1;
+        mode = st ? boundary_mode::step_start : boundary_mode::collective_failed;
+        continue;
+      }
       case ty::stop: return stop(d.code, d.message, may_throw);
     }
   }
@@ -122,7 +133,11 @@ step_result session::impl::after_step_error(uint64_t k, bool collective, const s
   if (!collective) collective = wire.ctl->failure_known();
   if (collective) {
     log->warn("step {} failed in a collective: {}", k, what);
+    const auto recoveries = member.recoveries;
     if (auto s = boundary(k, boundary_mode::collective_failed)) return *s;
+    // Recovered in place: step k is abandoned, the trainer goes on with
+    // completed_steps() + 1.
+    if (member.recoveries != recoveries) return step_result::ok;
     return stop(opts.restart_exit_code, "collective failed: " + what);
   }
   log->error("step {} raised: {}", k, what);
@@ -249,8 +264,11 @@ int session::stop_after_failure(const error& e, int no_verdict_code) {
   auto& d = *impl_;
   if (!d.member.attached) return exit_code::usage;
   d.log->warn("outside a step: {}", e.message);
-  if (!d.boundary(d.completed + 1, boundary_mode::collective_failed, {}, false))
+  const auto recoveries = d.member.recoveries;
+  if (!d.boundary(d.completed + 1, boundary_mode::collective_failed, {}, false)) {
+    if (d.member.recoveries != recoveries) return exit_code::success;  // recovered in place: carry on
     d.stop(no_verdict_code >= 0 ? no_verdict_code : d.opts.restart_exit_code, e.message, false);
+  }
   return d.code;
 }
 
@@ -333,6 +351,9 @@ std::shared_ptr<gloo::rendezvous::Store> session::rendezvous_store() { return im
 std::string session::rendezvous_prefix() const { return impl_->member.prefix; }
 
 void session::set_abort_handler(std::function<void()> f) { impl_->wire.ctl->set_abort_handler(std::move(f)); }
+
+void session::on_world_change(std::function<status()> reconnect) { impl_->reg.world_change = std::move(reconnect); }
+uint64_t session::recoveries() const { return impl_->member.recoveries; }
 
 void session::notify(const std::string& detail) {
   auto& d = *impl_;

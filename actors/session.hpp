@@ -177,6 +177,8 @@ public:
   /// error, or the coordinator's loss), leaves, and returns the exit code
   /// for main. Never throws stop_requested. `no_verdict_code`: the exit
   /// code when no verdict comes (no peer was lost); default the restart code.
+  /// 0 when the group recovered in place meanwhile: the collectives were
+  /// formed again (on_world_change) and training goes on.
   int stop_after_failure(const error& why, int no_verdict_code = -1);
 
   /// Ends the process with `code` at once: waits for a checkpoint write in
@@ -206,6 +208,24 @@ public:
   /// waits for an abort already running, and afterwards the handler is never
   /// called, so the communicator may be destroyed once run() returned stop.
   void set_abort_handler(std::function<void()> f);
+  /// Recovery in place (`grace-launch --recovery in-place`, docs/ARCHITECTURE.md):
+  /// when a peer is lost the survivors keep their processes, a replacement
+  /// takes the lost rank, and every member that is not at the most advanced
+  /// survivor's step takes that survivor's registered state (tensors,
+  /// counters, blobs) from its memory. Then `reconnect` is called on the
+  /// trainer thread to form the collectives again from rendezvous_store()
+  /// and rendezvous_prefix() (fresh for the new group): the old
+  /// communicator was aborted and is not used again. In a replacement,
+  /// attach() calls it before it returns. Set before attach(); without it
+  /// (or with sharded or device state) a loss restarts the group. After a
+  /// recovery, run() returns ok for the abandoned step and the trainer
+  /// continues with completed_steps() + 1: loop on completed_steps(), not
+  /// on a counter of its own. A step must not change registered state
+  /// before its last collective can fail (the usual order: gradients,
+  /// all-reduce, then the update).
+  void on_world_change(std::function<status()> reconnect);
+  /// Recoveries in place this process took part in.
+  uint64_t recoveries() const;
   /// A notice from code (tests, or a trainer's own watcher).
   void notify(const std::string& detail);
 

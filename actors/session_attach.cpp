@@ -118,9 +118,12 @@ result<uint64_t> session::attach() {
                                             "' is in device memory but no CUDA device-copy "
                                             "hook is registered (a CUDA build calls register_cuda_device_copy())"};
   if (auto st = d.check_sharding(); !st) return st.err();
+  const char* repl = std::getenv("GRACE_REPLACEMENT");
+  d.member.replacement = repl && std::string(repl) == "1";
   // Restore first, so the join carries the restored step.
   if (auto st = d.restore(); !st) return st.err();
   if (auto st = d.start_actors(); !st) return st.err();
+  d.start_state_server();
   if (auto st = d.join(); !st) return st.err();
   d.member.joined = true;
   if (auto st = d.check_shared_dir(); !st) return d.leave_failed_attach(st.err());
@@ -134,6 +137,8 @@ result<uint64_t> session::attach() {
         d.opts.mtbf_prior_seconds,
         read_failure_history((std::filesystem::path(d.opts.checkpoint_dir) / failure_history_file).string()));
   d.member.attached = true;
+  if (d.member.replacement)
+    if (auto st = d.await_recovery(); !st) return st.err();
   return d.completed;
 }
 
@@ -167,6 +172,11 @@ status session::impl::restore() {
   // and a checkpoint that fails verification never touches the tensors).
   saves.buffers = std::make_shared<snapshot_buffers>(reg.tensors);
   auto t0 = mono_ns();
+  if (member.replacement) {
+    // A replacement takes the group's state from a peer (recover_in_place).
+    start_warmer();
+    return {};
+  }
   auto restored = restore_newest();
   if (!restored) return restored.err();
   for (auto& s : restored->skipped) log->warn("skipped checkpoint {}: {}", s.path.string(), s.reason);
@@ -281,6 +291,9 @@ status session::impl::join() {
     b.setCompletedStep(completed);
     b.setSharded(reg.sharded);
     b.setNodeLocal(node_local_world());
+    b.setInPlace(member.donor != nullptr);
+    if (member.donor) b.setStateEndpoint(member.donor->endpoint());
+    b.setReplacement(member.replacement);
   });
   // A join for the next incarnation is refused (restartable, naming the
   // current one) while the old group still has live members: asked again
@@ -335,6 +348,7 @@ status session::impl::join() {
   pc.save_wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(opts.save_timeout).count();
   pc.margin_factor = opts.margin_factor;
   pc.margin_steps = opts.margin_steps;
+  pc.replacement = member.replacement;
   if (!cluster.coordinator_file.empty()) {
     // A successor service may take the group over: the verdict may come
     // from it, after the failover, and nobody saves without it.

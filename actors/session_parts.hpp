@@ -30,6 +30,7 @@
 #include "runtime/checkpoint/shared_dir.hpp"
 #include "runtime/checkpoint/save_interval.hpp"
 #include "runtime/checkpoint/snapshot.hpp"
+#include "runtime/checkpoint/state_transfer.hpp"
 #include "runtime/worker/standby.hpp"
 #include "actors/actor_runtime.hpp"
 #include "runtime/net/tls.hpp"
@@ -101,6 +102,8 @@ struct session_registry {
     std::function<void(const std::string&)> restore;
   };
   std::map<std::string, blob_hooks> blobs;
+  /// Recovery in place: forms the trainer's collectives again (session::on_world_change).
+  std::function<status()> world_change;
 };
 
 /// The worker's actors and the threads that carry them (the file's top
@@ -133,6 +136,13 @@ struct session_membership {
   bool joined = false;  ///< the coordinator knows this worker as a member
   uint64_t restored_step = 0;
   bool restored_any = false;  ///< attach() restored a checkpoint (at restored_step)
+  /// Recovery in place (runtime/coordination/agreement.hpp): this process
+  /// replaces a lost rank (GRACE_REPLACEMENT), serves its state to peers
+  /// from `donor` (started at attach when it can recover in place), and
+  /// has recovered this many times.
+  bool replacement = false;
+  std::unique_ptr<state_server> donor;
+  uint64_t recoveries = 0;
 };
 
 /// The save pipeline: where checkpoints go, the snapshot buffers, the
@@ -291,6 +301,22 @@ struct session::impl {
                                       bool may_throw = true);
 
   void ack_jit(const worker_decision& d);
+
+  /// Recovery in place: whether this worker can take part (the launcher
+  /// replaces lost workers, the trainer re-forms its collectives, the state
+  /// is replicated and in host memory), and its state server if so.
+  bool can_recover_in_place() const;
+  void start_state_server();
+  /// Carries out recovery order `d` (session_recover.cpp): takes the
+  /// donor's state when not at its step, or serves it as the donor; then
+  /// the collectives are formed again under the order's prefix and the
+  /// service hears this worker recovered. An error of the transfer leaves
+  /// the state torn (errc::failed / disconnected / invalid_input from
+  /// fetch_state, `torn` set): the caller stops; an error of the re-form
+  /// waits for the verdict like a failed collective.
+  status recover_in_place(const worker_decision& d, bool& torn);
+  /// A replacement's attach: waits for its recovery order and carries it out.
+  status await_recovery();
 
   status reach(const worker_decision& d);
 

@@ -134,6 +134,17 @@ int main(int argc, char** argv) {
   app.add_option("--standby-wait-ms", standby_wait_ms,
                  "at a restart, wait this long for a spare still starting before starting its worker from scratch")
       ->check(CLI::Range(0, 3600000));
+  std::string recovery = "restart";
+  int replace_timeout_ms = 10000;
+  app.add_option("--recovery", recovery,
+                 "what a lost worker costs: 'in-place' replaces it (a ready spare, else a new process) while the "
+                 "others train on and hand it their state from memory (trainers that re-form their collectives, "
+                 "replicated state, one node); 'restart' (default) stops the group, saves and restarts it")
+      ->check(CLI::IsMember({"in-place", "restart"}));
+  app.add_option("--replace-timeout-ms", replace_timeout_ms,
+                 "with --recovery in-place: a replacement not joined this long after the loss ends the recovery in "
+                 "a just-in-time save and a restart")
+      ->check(CLI::Range(100, 3600000));
   int takeover_ms = 1500;
   app.add_option("--etcd", o.etcd,
                  "etcd endpoints (http://ADDRESS:PORT,...; default GRACE_ETCD_ENDPOINTS): the launchers elect which "
@@ -178,6 +189,8 @@ int main(int argc, char** argv) {
   o.hang_after = std::chrono::milliseconds(hang_ms);
   o.metrics_linger = std::chrono::milliseconds(linger_ms);
   o.standby_delay = std::chrono::milliseconds(standby_delay_ms);
+  o.in_place = recovery == "in-place";
+  o.replace_timeout = std::chrono::milliseconds(replace_timeout_ms);
   o.standby_ready_wait = std::chrono::milliseconds(standby_wait_ms);
   o.takeover_window = std::chrono::milliseconds(takeover_ms);
   if (o.etcd.empty())

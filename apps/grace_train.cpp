@@ -357,14 +357,21 @@ int attach_failure_code(const grace::error& e, int restart_code) {
 /// and gives the exit code. Without one (no peer lost, e.g. an address the
 /// peers cannot reach) it is no_rendezvous, which the launcher counts
 /// toward giving up; with one the group still never got past its
-/// rendezvous, and the launcher counts it too.
-std::function<grace::status()> connect_or_exit(grace::session& g, trainer_backend& backend, int restart_code) {
+/// rendezvous, and the launcher counts it too. A group that recovered in
+/// place meanwhile formed the collectives again through the session's
+/// world-change hook, which set `allreduce`.
+void connect_or_exit(grace::session& g, trainer_backend& backend, int restart_code,
+                     std::function<grace::status()>& allreduce) {
   const int rank = static_cast<int>(g.rank()), world = static_cast<int>(g.world_size());
-  if (world == 1) return {};
+  if (world == 1) return;
   auto c = backend.connect(g, rank, world);
-  if (c) return std::move(c.value());
+  if (c) {
+    allreduce = std::move(c.value());
+    return;
+  }
   spdlog::error("{} (this worker advertised {}: {})", c.err().message, g.cluster().host, g.cluster().host_source);
   int code = g.stop_after_failure(c.err(), grace::exit_code::no_rendezvous);
+  if (code == grace::exit_code::success) return;
   g.quick_exit(code == restart_code ? grace::exit_code::no_rendezvous : code);
 }
 
@@ -403,6 +410,8 @@ struct tally {
 };
 
 /// Steps from the restored one to the last; returns only when every step ran.
+/// Counted by the session: a recovery in place may abandon a step or take
+/// a peer's newer state.
 void train(grace::session& g, const train_args& a, trainer_backend& backend,
            const std::function<grace::status()>& allreduce, uint64_t start, tally& t) {
   const int rank = static_cast<int>(g.rank()), world = static_cast<int>(g.world_size());
@@ -424,7 +433,7 @@ void train(grace::session& g, const train_args& a, trainer_backend& backend,
     t.step_index_sum += static_cast<int64_t>(step);
     if (a.step_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(a.step_delay_ms));
   };
-  for (uint64_t s = start + 1; s <= a.steps; ++s) {
+  while (g.completed_steps() < a.steps) {
     auto r = g.run([&](uint64_t step) {
       if (repeat) {
         repeat = false;
@@ -442,7 +451,7 @@ void train(grace::session& g, const train_args& a, trainer_backend& backend,
       }
       g.quick_exit(code);  // the checkpoint is committed: skip slow teardown
     }
-    pr.step(s, t.loss * world);
+    pr.step(g.completed_steps(), t.loss * world);
   }
   pr.end_line();
 }
@@ -504,6 +513,15 @@ int main(int argc, char** argv) {
     return backend.err().code == grace::errc::invalid_input ? grace::exit_code::usage : a.restart_code;
   }
   tally t;
+  // Recovery in place (grace-launch --recovery in-place): the collectives
+  // are formed again for the new group; the old communicator was aborted.
+  std::function<grace::status()> allreduce;
+  g.on_world_change([&]() -> grace::status {
+    auto c = backend->connect(g, static_cast<int>(g.rank()), static_cast<int>(g.world_size()));
+    if (!c) return c.err();
+    allreduce = std::move(c.value());
+    return {};
+  });
   for (auto& tr : backend->tensors) g.register_tensor(tr);
   g.register_counter("steps_done", &t.steps_done);
   g.register_counter("step_index_sum", &t.step_index_sum);
@@ -519,7 +537,7 @@ int main(int argc, char** argv) {
         }
     spdlog::warn("--broken-skip-optimizer-restore: optimizer state zeroed after restore (broken on purpose)");
   }
-  auto allreduce = connect_or_exit(g, *backend, a.restart_code);
+  if (!allreduce) connect_or_exit(g, *backend, a.restart_code, allreduce);  // a replacement's attach formed it
   train(g, a, *backend, allreduce, *start, t);
   if (backend->stage_checksum) {
     // The checksum covers every rank's share of the optimizer state.

@@ -157,6 +157,13 @@ struct Recover {
   replaced @5 :List(UInt32);  # the ranks whose processes were replaced
 }
 
+# A member holds the state of recovery round `agreementId` and formed its
+# collectives again.
+struct Recovered {
+  agreementId @0 :UInt64;
+  rank @1 :UInt32;
+}
+
 struct Ack {
   agreementId @0 :UInt64;
   rank @1 :UInt32;

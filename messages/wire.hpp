@@ -39,7 +39,7 @@ constexpr size_t frame_header_bytes = 16;
               X(CommitCheck) X(CommitCheckReply) X(GroupPlanRequest) X(GroupPlan) X(LauncherRegister)          \
                   X(LauncherRegisterReply) X(WorkerExited) X(CheckpointPeers) X(CheckpointPeersReply)          \
                       X(RelayRegister) X(IncarnationQuery) X(IncarnationReply) X(ResizeQuery) X(ResizeReply)   \
-                          X(OwedQuery) X(OwedReply) X(StatusQuery) X(StatusReply) X(Recover)
+                          X(OwedQuery) X(OwedReply) X(StatusQuery) X(StatusReply) X(Recover) X(Recovered)
 
 /// A Cap'n Proto message of schema `S`, framed, as bytes.
 template <class S>

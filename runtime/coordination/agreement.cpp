@@ -598,7 +598,16 @@ actions agreement::fall_back() {
 
 actions agreement::on_replace_timeout() {
   if (!recovery_.round || recovery_.awaited.empty()) return {};
-  return fall_back();
+  // The survivors hear why the recovery ends (their loss was settled).
+  actions out;
+  for (auto r : recovery_.awaited) {
+    agreement_action lost{ty::peer_lost};
+    lost.rank = r;
+    lost.message = "no replacement joined in time";
+    out.push_back(lost);
+  }
+  append(out, fall_back());
+  return out;
 }
 
 actions agreement::on_error(uint32_t rank, uint64_t step, const std::string& message) {

@@ -80,6 +80,9 @@ public:
   /// The group is broken: every pending get and barrier fails with `why`,
   /// and later waits that cannot be answered at once fail too.
   std::vector<reply> break_group(const std::string& why);
+  /// The group was mended in place (a lost member replaced): waits may be
+  /// answered again. The keys stay; the re-formed group uses new ones.
+  void mend() noexcept { broken_.reset(); }
   /// A new incarnation: empty, not broken; pending waiters fail with `why`.
   std::vector<reply> reset(const std::string& why);
 

@@ -12,6 +12,11 @@ exit_effect classify_exit(int code, int signal, int restart_code) {
   return exit_effect::fatal;
 }
 
+bool replace_in_place(const replace_conditions& c) {
+  if (!c.in_place || c.group_ending || c.restarts >= c.max_restarts) return false;
+  return c.effect == exit_effect::restart && c.signal != 0;
+}
+
 void group_end::add(exit_effect e, bool no_rendezvous, const std::string& describe) {
   if (e == exit_effect::finished) return;
   if (cause.empty()) cause = describe;

@@ -104,6 +104,26 @@ struct group_context {
 /// (a membership change is not counted); otherwise restart.
 launcher_decision decide_after_group(const group_end& g, const group_context& c, rendezvous_streak& streak);
 
+/// What the launcher knows when one of its workers exited while the group
+/// trains (recovery in place, runtime/coordination/agreement.hpp).
+struct replace_conditions {
+  bool in_place = false;          ///< --recovery in-place
+  exit_effect effect = exit_effect::finished;
+  int code = 0;                   ///< the worker's exit code (128 + signal)
+  int signal = 0;
+  int restart_code = 42;
+  bool group_ending = false;      ///< another worker exited for a restart or an error, or a notice came
+  int restarts = 0;               ///< restarts and replacements so far
+  int max_restarts = 0;
+};
+
+/// Whether to start a replacement for that worker at once, in the same
+/// incarnation, instead of waiting for the group to end: only for a lost
+/// process (killed by a signal, or declared lost and killed), never for a
+/// worker that chose its exit (0, the restart code, an error, a usage
+/// error) or a group already ending, and only within --max-restarts.
+bool replace_in_place(const replace_conditions& c);
+
 /// Why this node's checkpoints cannot be brought level after a leveling
 /// (`failed`, with `error`), given what an earlier one found (`before`): a
 /// failure names its own reason; one that heard every peer's checkpoint

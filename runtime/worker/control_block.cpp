@@ -4,6 +4,12 @@
 
 namespace grace {
 
+namespace {
+bool replaced_by(const recover_order& o, uint32_t rank) {
+  return std::find(o.replaced.begin(), o.replaced.end(), rank) != o.replaced.end();
+}
+}  // namespace
+
 const char* to_string(loss_kind k) noexcept {
   switch (k) {
     case loss_kind::peer_dead: return "peer dead";
@@ -50,9 +56,26 @@ void control_block::post_loss(const loss_info& l) {
   std::lock_guard<std::mutex> g(m_);
   if (l.kind == loss_kind::coordinator_lost)
     state_.coordinator_gone = true;
-  else if (!state_.lost)
-    state_.lost = l;
+  else if (!state_.lost || (state_.recover && replaced_by(*state_.recover, state_.lost->rank) &&
+                            !replaced_by(*state_.recover, l.rank)))
+    state_.lost = l;  // a loss the recovery in flight does not cover is kept over one it does
   raise_locked();
+}
+
+void control_block::post_recover(const recover_order& o) {
+  std::lock_guard<std::mutex> g(m_);
+  state_.recover = o;
+  raise_locked();
+}
+
+void control_block::end_recovery(uint64_t id) {
+  std::lock_guard<std::mutex> g(m_);
+  if (!state_.recover || state_.recover->id != id) return;
+  if (state_.lost && state_.lost->kind != loss_kind::coordinator_moving && replaced_by(*state_.recover, state_.lost->rank))
+    state_.lost.reset();
+  if (state_.order && state_.order->id <= id) state_.order.reset();
+  state_.recover.reset();
+  ++state_.version;
 }
 
 void control_block::post_deadline(int64_t deadline_ns) {

@@ -51,6 +51,17 @@ struct cluster_failure {
   std::string message;
 };
 
+/// Recovery in place (runtime/coordination/agreement.hpp): resume after
+/// `step` with `donor`'s state, collectives re-formed under `prefix`.
+struct recover_order {
+  uint64_t id = 0;
+  uint64_t step = 0;
+  uint32_t donor = 0;
+  std::string donor_endpoint;
+  std::string prefix;
+  std::vector<uint32_t> replaced{};
+};
+
 /// What this worker lost, as a type (restart policy switches on it).
 enum class loss_kind : uint8_t {
   peer_dead,         ///< the coordinator declared a peer dead
@@ -80,6 +91,7 @@ struct control_state {
   bool coordinator_gone = false;
   int64_t deadline_ns = 0;         ///< grace-period deadline (wall clock)
   uint64_t acked_for_trainer = 0;  ///< the peer watcher acknowledged this jit round for us
+  std::optional<recover_order> recover;  ///< the newest recovery in place not yet carried out
 };
 
 /// The started/completed counters as the peer watcher read them right
@@ -113,6 +125,12 @@ public:
   /// Keeps the first peer loss; a coordinator loss is recorded on its own.
   void post_loss(const loss_info& l);
   void post_deadline(int64_t deadline_ns);
+  /// Recovery in place: the group resumes without a restart.
+  void post_recover(const recover_order& o);
+  /// The trainer carried out recovery `id`: the loss, its round and the
+  /// order are forgotten (the group is whole again), and the flag comes
+  /// down unless something newer is pending.
+  void end_recovery(uint64_t id);
   /// The peer watcher acknowledged jit round `id` for an idle trainer.
   void post_acked_for_trainer(uint64_t id);
   /// The checkpoint writer: this rank's commit of a sharded save's parts at

@@ -24,6 +24,7 @@ const char* to_string(worker_decision::type t) noexcept {
     case ty::continue_grace: return "continue_grace";
     case ty::propose_final: return "propose_final";
     case ty::save_own: return "save_own";
+    case ty::recover: return "recover";
     case ty::wait: return "wait";
     case ty::stop: return "stop";
   }
@@ -33,7 +34,7 @@ const char* to_string(worker_decision::type t) noexcept {
 using ty = worker_decision::type;
 
 worker_policy::worker_policy(worker_policy_config cfg, uint64_t restored_step)
-    : cfg_(cfg), restored_(restored_step), last_saved_(restored_step) {}
+    : cfg_(cfg), restored_(restored_step), last_saved_(restored_step), replacement_(cfg.replacement) {}
 
 void worker_policy::step_time(int64_t ns) {
   // The first step after a start pays for warm-up (first touches, a fresh
@@ -112,7 +113,16 @@ worker_decision worker_policy::next(const control_state& s, const boundary_input
                                        ? std::string(why) + "; just-in-time checkpoint at step " + step + " committed"
                                        : "preempted: checkpoint at step " + step + " committed, restart to resume");
   }
+  if (s.recover && (!s.order || s.order->id <= s.recover->id)) {
+    auto d = make(ty::recover);
+    d.id = s.recover->id;
+    d.step = s.recover->step;
+    return d;
+  }
   if (s.order && s.order->kind == checkpoint_kind::jit) return follow_jit(s, in);
+  if (replacement_ && !s.coordinator_gone)
+    return wait(wait_reason::verdict, in, cfg_.restart_code,
+                "this replacement for rank " + std::to_string(cfg_.rank) + " got no recovery order");
   if (s.coordinator_gone) return coordinator_lost(in);
   if (s.lost) {
     auto& l = *s.lost;

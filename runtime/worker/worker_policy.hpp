@@ -14,6 +14,9 @@
 /// | a cluster error                               | stop 3, naming its origin                    |
 /// | a shutdown order                              | stop with its code                           |
 /// | the current order committed, exit after       | stop with the restart code                   |
+/// | recovery in place ordered (no newer round)    | recover: take the donor's state if not at    |
+/// |                                               | its step, form the collectives again         |
+/// | a replacement without its recovery order      | wait for it (the verdict wait)               |
 /// | just-in-time round, not agreed                | acknowledge the completed step (once), wait  |
 /// | just-in-time round agreed, we save            | save the completed step (sync), wait commit  |
 /// | just-in-time round agreed, another saves      | wait for the commit                          |
@@ -74,6 +77,7 @@ struct worker_decision {
     continue_grace,  ///< grace period: order `id` is handled, training continues
     propose_final,   ///< grace-period margin reached: propose the final save (`step` about to start)
     save_own,        ///< the coordination service is gone: the chief saves `step` on its own
+    recover,         ///< recovery in place `id`: resume after `step` (runtime/coordination/agreement.hpp)
     wait,            ///< wait for a change until `deadline_ns` (monotonic clock)
     stop,            ///< stop with `code`, `message`
   };
@@ -110,6 +114,9 @@ struct worker_policy_config {
   /// Off when a successor service may exist (etcd failover): a worker cut
   /// off from it must not write while the others save under the successor.
   bool save_alone_without_coordinator = true;
+  /// A replacement process (recovery in place): it holds no state until
+  /// its recovery order comes, and waits for it.
+  bool replacement = false;
 };
 
 struct boundary_input {
@@ -134,6 +141,8 @@ public:
   void saved(uint64_t step) { last_saved_ = std::max(last_saved_, step); }
   void proposed_final() { final_proposed_ = true; }
   void grace_continues() { final_proposed_ = false; }
+  /// Recovery in place `id` carried out: this worker holds the group's state.
+  void recovered() { replacement_ = false; }
   /// A step's duration. The first one after a start (warm-up) counts only
   /// until a second is measured.
   void step_time(int64_t ns);
@@ -147,7 +156,7 @@ public:
   /// timings): the protocol model's de-duplication key.
   template <class Put>
   void visit_state(Put&& put) const {
-    put(last_saved_), put(acked_), put(reached_), put(final_proposed_), put(waiting_), put(wait_reason_);
+    put(last_saved_), put(acked_), put(reached_), put(final_proposed_), put(waiting_), put(wait_reason_), put(replacement_);
   }
 
 private:
@@ -166,6 +175,7 @@ private:
   uint64_t acked_ = 0;
   uint64_t reached_ = 0;
   bool final_proposed_ = false;
+  bool replacement_ = false;  ///< no state yet: a replacement before its recovery
   bool waiting_ = false;
   wait_reason wait_reason_ = wait_reason::agreement;
   int64_t wait_deadline_ = 0;

@@ -45,7 +45,7 @@ struct fixture {
     cc.run_id = "run";
     cc.token = std::move(token);
     cc.dead_after = dead_after;
-    cc.on_member_lost = [this](uint32_t rank, uint32_t incarnation, const std::string& why) {
+    cc.on_member_lost = [this](uint32_t rank, uint32_t incarnation, uint32_t, const std::string& why) {
       host_verdicts.emplace_back(rank, incarnation, why);
     };
     if (tweak) tweak(cc);

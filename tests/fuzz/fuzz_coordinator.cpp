@@ -114,6 +114,10 @@ msg<proto::Join> join(uint32_t rank, input& in, bool faithful) {
     b.setIncarnation(faithful ? 0 : in.byte() % 4);
     b.setCompletedStep(faithful ? 0 : in.u64(1));
     b.setRejoin(rejoining || (!faithful && (in.byte() & 1)));
+    // Recovery in place: members that can, and replacements of lost ranks.
+    b.setInPlace(faithful || (in.byte() & 1));
+    b.setStateEndpoint("127.0.0.1:9");
+    b.setReplacement(!faithful && (in.byte() & 1));
   });
 }
 
@@ -136,7 +140,7 @@ struct senders {
 
 /// Messages a member's process sends (protocol structs).
 void send_member_message(uint8_t kind, uint8_t who, senders& s, const coordinator_actor& c, input& in) {
-  switch (kind % 10) {
+  switch (kind % 11) {
     case 0: s.send(who, c, join(in.rank(), in, in.byte() & 1)); break;
     case 1:
       s.send(who, c, make<proto::Claim>([&](auto b) {
@@ -189,6 +193,11 @@ void send_member_message(uint8_t kind, uint8_t who, senders& s, const coordinato
                      b.setKey(in.text(4));
                      auto v = in.text(16);
                      b.setValue(kj::arrayPtr(reinterpret_cast<const kj::byte*>(v.data()), v.size()));
+                   }));
+      break;
+    case 9: s.send(who, c, make<proto::Recovered>([&](auto b) {
+                     b.setAgreementId(in.byte() % 4);
+                     b.setRank(in.rank());
                    }));
       break;
     default:
@@ -334,6 +343,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cc.dead_after = std::chrono::milliseconds(1000);
   cc.hung_after = std::chrono::milliseconds(3000);
   cc.log = spdlog::default_logger();
+  cc.recovery_in_place = true;  // losses recover in place: replacements, recover orders, Recovered
   rejoining = size % 7 == 3;
   elastic = size % 7 == 5;
   cc.takeover = rejoining;

@@ -136,6 +136,9 @@ TEST_CASE("in place: a replacement that never comes ends in the just-in-time sav
   auto a = in_place_group(2);
   lose_and_ack(a, 1, {12, 0});
   auto out = a.on_replace_timeout();
+  auto lost = action_of(out, ty::peer_lost);
+  REQUIRE(lost);
+  CHECK(lost->rank == 1);
   auto p = action_of(out, ty::propose);
   REQUIRE(p);
   auto agreed = action_of(a.on_ack(0, p->id, 12), ty::agreed);

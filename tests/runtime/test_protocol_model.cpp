@@ -411,6 +411,8 @@ private:
           msg.c = commit_info{a.id, a.step, false};
           if (a.rank < w.m.size() && w.m[a.rank].alive) w.m[a.rank].in.push_back(msg);
           break;
+        case ty::recover:
+        case ty::resumed: MODEL_REQUIRE(false); break;  // in-place recovery is not switched on here
       }
     }
   }
@@ -543,6 +545,7 @@ private:
         start_write(x, d.step, 0, true, w);
         x.dirty = true;
         break;
+      case ty::recover: MODEL_REQUIRE(false); break;  // in-place recovery is not switched on here
       case ty::wait: break;
       case ty::stop:
         MODEL_REQUIRE(d.message.find("protocol violation") == std::string::npos);

@@ -144,3 +144,18 @@ TEST_CASE("rendezvous_table: what a member can make it hold is bounded, and a re
   CHECK(t.set("a", std::vector<uint8_t>(16)).ok);
   CHECK(t.set("b", std::vector<uint8_t>(16)).ok);
 }
+
+TEST_CASE("rendezvous_table: a group mended in place answers waits again and keeps its keys", "[rendezvous]") {
+  rendezvous_table t;
+  t.set("inc/gloo/0", bytes("a"));
+  t.break_group("rank 1 lost");
+  CHECK(t.get("inc/r5/gloo/1", 1, true).what == gty::failed);
+  t.mend();
+  CHECK_FALSE(t.broken());
+  CHECK(t.get("inc/gloo/0", 2, true).what == gty::found);
+  auto wait = t.get("inc/r5/gloo/1", 3, true);
+  CHECK(wait.what == gty::pending);
+  auto set = t.set("inc/r5/gloo/1", bytes("b"));
+  REQUIRE(set.woken.size() == 1);
+  CHECK(set.woken[0].ok);
+}
