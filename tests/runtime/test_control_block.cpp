@@ -114,3 +114,35 @@ TEST_CASE("control_block: a handler armed after a loss was posted is called at o
   ctl.set_abort_handler(nullptr);  // clearing never calls anything
   CHECK(calls == 1);
 }
+
+TEST_CASE("control_block: a recovery in place forgets the loss it covers, not a later one", "[control]") {
+  control_block cb;
+  cb.post_loss({loss_kind::peer_dead, 2, 10, "killed"});
+  checkpoint_order jit;
+  jit.id = 4;
+  jit.kind = checkpoint_kind::jit;
+  cb.post_order(jit);
+  cb.post_recover({4, 11, 0, "127.0.0.1:1", "p/r4/", {2}});
+  SECTION("the recovery ends: the group is whole again") {
+    cb.end_recovery(4);
+    auto s = cb.take_snapshot();
+    CHECK_FALSE(s.lost);
+    CHECK_FALSE(s.order);
+    CHECK_FALSE(s.recover);
+    // A handler armed now (the new communicator) is not aborted at once.
+    int aborts = 0;
+    cb.set_abort_handler([&] { ++aborts; });
+    CHECK(aborts == 0);
+  }
+  SECTION("another rank lost before the recovery ended stays known") {
+    cb.post_loss({loss_kind::peer_dead, 1, 11, "killed too"});
+    cb.end_recovery(4);
+    auto s = cb.take_snapshot();
+    REQUIRE(s.lost);
+    CHECK(s.lost->rank == 1);
+  }
+  SECTION("an order of another round is left alone") {
+    cb.end_recovery(3);
+    CHECK(cb.take_snapshot().recover);
+  }
+}

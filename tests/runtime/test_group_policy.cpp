@@ -171,3 +171,31 @@ TEST_CASE("coordination service gone: stop with the restart code, naming the che
         std::string::npos);
   CHECK(unlevel.reason.find("no committed checkpoint") == std::string::npos);
 }
+
+TEST_CASE("recovery in place: only a lost process of a group still training is replaced", "[launcher]") {
+  replace_conditions c;
+  c.in_place = true;
+  c.effect = exit_effect::restart;
+  c.signal = 9;
+  c.code = 137;
+  c.max_restarts = 2;
+  CHECK(replace_in_place(c));
+  auto off = c;
+  off.in_place = false;
+  CHECK_FALSE(replace_in_place(off));
+  auto chose = c;  // exit 42: the worker stops for a restart on purpose
+  chose.signal = 0;
+  chose.code = 42;
+  CHECK_FALSE(replace_in_place(chose));
+  auto ending = c;
+  ending.group_ending = true;
+  CHECK_FALSE(replace_in_place(ending));
+  auto spent = c;
+  spent.restarts = 2;
+  CHECK_FALSE(replace_in_place(spent));
+  auto fatal = c;
+  fatal.effect = exit_effect::fatal;
+  fatal.signal = 0;
+  fatal.code = 3;
+  CHECK_FALSE(replace_in_place(fatal));
+}

@@ -381,3 +381,38 @@ TEST_CASE("worker_policy: the warm-up step stands in for the step time only unti
   for (int i = 0; i < 70; ++i) p.step_time(10 * ms);
   CHECK(p.margin_ns() == 2 * (2 * 10 * ms + 50 * ms) + 5 * ms);
 }
+
+TEST_CASE("worker_policy: a recovery order is carried out, unless a newer round superseded it", "[policy]") {
+  worker_policy p(cfg(), 10);
+  control_state s;
+  s.lost = loss_info{loss_kind::peer_dead, 2, 30, "killed"};
+  s.order = order(7, 0, checkpoint_kind::jit, false);
+  p.acked(7);
+  s.recover = recover_order{7, 31, 0, "127.0.0.1:5", "run/0/r7/", {2}};
+  auto d = p.next(s, at(30, 0, boundary_mode::collective_failed));
+  CHECK(d.what == ty::recover);
+  CHECK(d.id == 7);
+  CHECK(d.step == 31);
+  // The recovery failed over to a just-in-time round: that round rules.
+  s.order = order(8, 0, checkpoint_kind::jit, false);
+  CHECK(p.next(s, at(30)).what == ty::ack_jit);
+}
+
+TEST_CASE("worker_policy: a replacement waits for its recovery order, then trains", "[policy]") {
+  auto c = cfg(2);
+  c.replacement = true;
+  worker_policy p(c, 0);
+  control_state s;
+  auto d = p.next(s, at(0, 0));
+  REQUIRE(d.what == ty::wait);
+  CHECK(d.reason == wait_reason::verdict);
+  // No order within the verdict wait: it stops for a restart.
+  auto late = p.next(s, at(0, 200 * ms));
+  CHECK(late.what == ty::stop);
+  CHECK(late.code == 42);
+  s.recover = recover_order{3, 12, 0, "127.0.0.1:5", "p/", {2}};
+  CHECK(p.next(s, at(0, 0)).what == ty::recover);
+  p.recovered();
+  s.recover.reset();
+  CHECK(p.next(s, at(12, 0)).what == ty::run_clear);
+}
