@@ -491,8 +491,10 @@ actions agreement::member_gone(uint32_t rank) {
 actions agreement::on_member_lost(uint32_t rank, uint64_t completed, loss_reason why, const std::string& detail) {
   if (recovery_.joined_early.erase(rank)) return {};  // a replacement lost before it counted: still awaited
   if (rank >= roster_.world_size || roster_.lost.count(rank) || roster_.gone.count(rank)) return {};
+  // Not for the chief (rank 0): it saves alone when the coordination
+  // service is lost, which a replacement without state could not.
   const bool start_in_place = recovery_.enabled && !shards_.on && round_.phase == agreement_phase::idle &&
-                              roster_.lost.empty() && roster_.gone.empty() && roster_.live.size() > 1;
+                              roster_.lost.empty() && roster_.gone.empty() && roster_.live.size() > 1 && rank != 0;
   roster_.live.erase(rank);
   roster_.lost.insert(rank);
   agreement_action lost{ty::peer_lost};
@@ -505,6 +507,10 @@ actions agreement::on_member_lost(uint32_t rank, uint64_t completed, loss_reason
     recovery_ = recovery{};
     recovery_.enabled = true;
     recovery_.round = true;
+  }
+  if (recovery_.round && round_.phase == agreement_phase::jit_collect && rank == 0) {
+    append(out, fall_back());  // the chief lost before the agreement: save and restart
+    return out;
   }
   if (recovery_.round && round_.phase != agreement_phase::recovering) {
     recovery_.replaced.insert(rank);
@@ -585,6 +591,14 @@ actions agreement::maybe_resumed() {
 
 actions agreement::fall_back() {
   recovery_.round = false;
+  // Replacements that joined before the agreement hold no state: they take
+  // part in the just-in-time round (acknowledging nothing to save) and
+  // stop with everyone else instead of waiting for an order that never comes.
+  for (auto r : recovery_.joined_early) {
+    roster_.lost.erase(r);
+    roster_.joined.insert(r);
+    roster_.live.insert(r);
+  }
   recovery_.awaited.clear();
   recovery_.joined_early.clear();
   recovery_.held_claim.reset();

@@ -157,6 +157,9 @@
 /// are formed again; when all did (and every lost rank was replaced) the
 /// round is over (`resumed`) and training goes on with step S + 1. A
 /// notice during the recovery is held and claimed again once resumed.
+/// The chief (rank 0) is never replaced in place: it saves alone when the
+/// coordination service is lost, which a replacement holding no state yet
+/// could not (its loss, even during the round, is today's save and restart).
 /// Anything that would leave the state incomplete falls back to the
 /// just-in-time save and restart: a loss or a non-zero leave while
 /// recovering, or the replacement's deadline (`on_replace_timeout`).

@@ -77,8 +77,8 @@ TEST_CASE("in place: the replacement gets the order alone, and the round ends wh
   CHECK(a.phase() == agreement_phase::idle);
   CHECK(a.all_joined());
   // A second loss later is again a recovery in place.
-  auto again = lose_and_ack(a, 0, {0, 6, 6});
-  CHECK(again.step == 6);
+  auto again = lose_and_ack(a, 2, {6, 7, 0});
+  CHECK(again.step == 7);
   CHECK(again.saver == 1);
 }
 
@@ -149,7 +149,7 @@ TEST_CASE("in place: a replacement that never comes ends in the just-in-time sav
 
 TEST_CASE("in place: a member leaving with an error during the recovery falls back", "[agreement]") {
   auto a = in_place_group(3);
-  lose_and_ack(a, 0, {0, 3, 3});
+  lose_and_ack(a, 1, {3, 0, 3});
   auto p = action_of(a.on_leave(2, 42), ty::propose);
   REQUIRE(p);
   CHECK(p->kind == checkpoint_kind::jit);
@@ -212,4 +212,28 @@ TEST_CASE("in place: reports of another round, or from a non-member, change noth
   CHECK(a.on_recovered(2, rec.id).empty());  // not yet a member again
   CHECK(a.on_replacement_join(0).empty());   // nobody awaits rank 0
   CHECK(a.phase() == agreement_phase::recovering);
+}
+
+TEST_CASE("in place: the chief is not replaced: its loss saves and restarts", "[agreement]") {
+  SECTION("alone") {
+    auto a = in_place_group(3);
+    auto p = action_of(a.on_member_lost(0, 0, loss_reason::dead, "killed"), ty::propose);
+    REQUIRE(p);
+    a.on_ack(1, p->id, 5);
+    CHECK(action_of(a.on_ack(2, p->id, 5), ty::agreed));
+    CHECK_FALSE(a.awaits_replacement(0));
+  }
+  SECTION("during a recovery's round, with a replacement joined early") {
+    auto a = in_place_group(3);
+    auto first = action_of(a.on_member_lost(2, 0, loss_reason::dead, "killed"), ty::propose);
+    REQUIRE(first);
+    a.on_replacement_join(2);
+    auto out = a.on_member_lost(0, 0, loss_reason::dead, "killed");
+    auto p = action_of(out, ty::propose);
+    REQUIRE(p);
+    CHECK(p->id > first->id);
+    CHECK(a.live().count(2));  // the early replacement takes part and stops with the rest
+    a.on_ack(1, p->id, 5);
+    CHECK(action_of(a.on_ack(2, p->id, 0), ty::agreed));
+  }
 }

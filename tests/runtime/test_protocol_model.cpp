@@ -27,6 +27,8 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <algorithm>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -50,8 +52,9 @@ enum class tstate : uint8_t {
 };
 
 struct to_member {
-  enum kind_t : uint8_t { order, commit, lost, failure, deadline_update, commit_parts } kind;
+  enum kind_t : uint8_t { order, commit, lost, failure, deadline_update, commit_parts, recover } kind;
   checkpoint_order o;
+  recover_order ro;
   commit_info c;
   loss_info l;
   cluster_failure f;
@@ -59,7 +62,7 @@ struct to_member {
 };
 
 struct to_coord {
-  enum kind_t : uint8_t { ack, saved, leave, propose_final } kind;
+  enum kind_t : uint8_t { ack, saved, leave, propose_final, recovered } kind;
   uint64_t id = 0;
   uint64_t step = 0;
   bool ok = true;
@@ -89,7 +92,14 @@ struct member {
   uint64_t shipped = restored;
   int w_replica = -1;
 
-  member(uint32_t r, worker_policy_config c) : rank(r), policy(c, restored) {}
+  /// Recovery in place: a replacement process holds no state until it took
+  /// the donor's; a failed transfer leaves its state torn (never used).
+  bool replacement = false, torn = false;
+  /// The recovery round whose collectives this member formed (0: the
+  /// group's first): a step completes only with every member in the same.
+  uint64_t epoch = 0;
+  member(uint32_t r, worker_policy_config c, uint64_t from = restored)
+      : rank(r), started(from), completed(from), policy(c, from) {}
 };
 
 struct world {
@@ -111,6 +121,8 @@ struct world {
   /// and (step << 8 | node) of every node's commit of its parts.
   uint32_t local_world = 0;
   std::set<uint64_t> node_commits;
+  /// Recovery in place: replacement processes still to come, rounds resumed.
+  int replacements = 0, resumed = 0;
 };
 
 struct scenario {
@@ -133,6 +145,9 @@ struct scenario {
   /// Node-local directories with this many members per node: one
   /// committer per node, the round committed once every node's reported.
   uint32_t local_world = 0;
+  /// Recovery in place with this many replacement processes (the
+  /// replacement deadline may pass at any point while one is awaited).
+  int in_place_replacements = 0;
 };
 
 /// REQUIRE evaluated by Catch only when the condition fails: its assertion
@@ -198,6 +213,8 @@ uint64_t key(const world& w) {
   for (auto p : w.parts_done) k.put(p);
   for (auto p : w.part_steps) k.put(p);
   for (auto p : w.node_commits) k.put(p);
+  k.put(w.replacements);
+  k.put(w.resumed);
   for (auto& x : w.m) {
     auto& c = x.ctl;
     k.put(x.alive);
@@ -225,6 +242,10 @@ uint64_t key(const world& w) {
     k.put(c.coordinator_gone);
     k.put(c.deadline_ns != 0);
     k.put(c.acked_for_trainer);
+    k.put(c.recover ? c.recover->id : 0);
+    k.put(x.replacement);
+    k.put(x.torn);
+    k.put(x.epoch);
     x.policy.visit_state(put);
     k.put(x.writing);
     k.put(x.w_sync);
@@ -242,6 +263,7 @@ uint64_t key(const world& w) {
       k.put_order(q.o);
       k.put(q.c.id);
       k.put(q.c.step);
+      k.put(q.ro.id);
     }
   }
   return XXH3_64bits(k.buf, k.n);
@@ -319,6 +341,10 @@ public:
     w.local_world = sc_.local_world;
     if (sc_.local_world) w.coord.set_node_local(sc_.local_world);
     if (sc_.in_countdown) enter_countdown(w);
+    if (sc_.in_place_replacements) {
+      w.coord.set_in_place(true);
+      w.replacements = sc_.in_place_replacements;
+    }
     explore(w);
   }
 
@@ -411,8 +437,30 @@ private:
           msg.c = commit_info{a.id, a.step, false};
           if (a.rank < w.m.size() && w.m[a.rank].alive) w.m[a.rank].in.push_back(msg);
           break;
-        case ty::recover:
-        case ty::resumed: MODEL_REQUIRE(false); break;  // in-place recovery is not switched on here
+        case ty::recover: {
+          // The donor holds the agreed step (it acknowledged it).
+          auto& donor = w.m[a.saver];
+          if (donor.alive && !donor.stopped)
+            MODEL_REQUIRE_INFO((donor.completed == a.step && !donor.torn),
+                               "donor " << a.saver << " completed " << donor.completed << " torn " << donor.torn
+                                        << " started " << donor.started << " replacement " << donor.replacement
+                                        << " step " << a.step << " to_one " << a.to_one << " agreement "
+                                        << w.coord.state_key());
+          msg.kind = to_member::recover;
+          msg.ro = recover_order{a.id, a.step, a.saver, "", "", a.replaced};
+          if (!a.to_one) {
+            to_live(msg);
+          } else if (a.rank < w.m.size() && w.m[a.rank].alive && !w.m[a.rank].stopped) {
+            w.m[a.rank].in.push_back(msg);
+          }
+          break;
+        }
+        case ty::resumed:
+          // Every member holds the agreed step: the group is whole again.
+          ++w.resumed;
+          for (auto& x : w.m)
+            if (x.alive && !x.stopped) MODEL_REQUIRE((x.joined && !x.torn && x.completed == a.step));
+          break;
       }
     }
   }
@@ -454,6 +502,7 @@ private:
       case to_coord::saved: dispatch(w, w.coord.on_saved(r, msg.id, msg.step, msg.ok, "disk full", msg.part)); break;
       case to_coord::leave: dispatch(w, w.coord.on_leave(r, msg.code)); break;
       case to_coord::propose_final: dispatch(w, w.coord.on_propose_final(r, msg.step)); break;
+      case to_coord::recovered: dispatch(w, w.coord.on_recovered(r, msg.id)); break;
     }
   }
 
@@ -545,7 +594,7 @@ private:
         start_write(x, d.step, 0, true, w);
         x.dirty = true;
         break;
-      case ty::recover: MODEL_REQUIRE(false); break;  // in-place recovery is not switched on here
+      case ty::recover: recover(w, x); break;
       case ty::wait: break;
       case ty::stop:
         MODEL_REQUIRE(d.message.find("protocol violation") == std::string::npos);
@@ -557,7 +606,7 @@ private:
   bool can_complete(const world& w, const member& x) const {
     if (x.aborted || x.started > sc_.horizon) return false;
     for (auto& y : w.m)
-      if (y.started < x.started) return false;  // the allreduce needs everyone's part
+      if (y.started < x.started || y.epoch != x.epoch) return false;  // the allreduce needs everyone's part
     return true;
   }
 
@@ -748,6 +797,10 @@ private:
         y.ctl.deadline_ns = msg.deadline_ns;
         raise(y, false);
         break;
+      case to_member::recover:
+        y.ctl.recover = msg.ro;
+        raise(y, false);
+        break;
       case to_member::commit_parts:  // to the writer (actors/checkpoint_writer.cpp)
         y.committing = true;
         y.c_id = msg.c.id;
@@ -785,6 +838,7 @@ private:
         n.fault = true;
         n.coordinator_alive = false;
       });
+    in_place_events(w, branch);
     if (w.has_deadline && !w.time_up) branch([](world& n) { n.time_up = true; });
     // The coordinator's deadline rescue and its cutoff, once the deadline
     // is near, at any point after that.
@@ -800,10 +854,85 @@ private:
       });
   }
 
+  /// Recovery in place as session::impl::recover_in_place carries it out
+  /// (one step here: the collectives' re-form is the step barrier that
+  /// follows): take the donor's state unless at its step, forget the loss,
+  /// report. A donor that is gone or holds another step fails the
+  /// transfer: the state is torn and the worker stops for a restart.
+  void recover(world& w, member& x) {
+    const auto o = *x.ctl.recover;
+    if (o.donor != x.rank && (x.completed != o.step || x.replacement)) {
+      auto& d = w.m[o.donor];
+      if (!d.alive || d.stopped || d.torn || d.completed != o.step) {
+        x.torn = true;
+        stop(w, x, 42, "recovery in place: the transfer from the donor failed");
+        return;
+      }
+      x.completed = o.step;
+    }
+    MODEL_REQUIRE(x.completed == o.step);
+    x.replacement = false;
+    x.epoch = o.id;
+    x.policy.recovered();
+    auto replaced = [&](uint32_t r) { return std::find(o.replaced.begin(), o.replaced.end(), r) != o.replaced.end(); };
+    if (x.ctl.lost && replaced(x.ctl.lost->rank)) x.ctl.lost.reset();
+    if (x.ctl.order && x.ctl.order->id <= o.id) x.ctl.order.reset();
+    x.ctl.recover.reset();
+    x.started = x.completed;
+    x.t = tstate::between;
+    x.mode = boundary_mode::step_start;
+    x.dirty = true;
+    send(w, x, {to_coord::recovered, o.id, o.step, true, 0});
+  }
+
+  /// A replacement process joins for a lost rank, or its deadline passes.
+  template <class B>
+  void in_place_events(const world& w, B& branch) {
+    if (!w.coordinator_alive) return;
+    bool awaited = false;
+    for (uint32_t r = 0; r < w.m.size(); ++r) {
+      awaited |= w.coord.awaits_replacement(r);
+      if (w.replacements == 0 || !w.coord.awaits_replacement(r) || w.m[r].alive) continue;
+      branch([this, r](world& n) {
+        --n.replacements;
+        worker_policy_config c = n.m[r].policy.config();
+        c.replacement = true;
+        member y(r, c, 0);
+        y.replacement = true;
+        y.t = tstate::boundary;  // attach() waits at the first boundary for its order
+        y.dirty = true;
+        n.m[r] = y;
+        dispatch(n, n.coord.on_replacement_join(r));
+      });
+    }
+    // The deadline runs from the loss and fires once while a replacement is
+    // awaited (a fallback awaits nothing more).
+    if (awaited) branch([this](world& n) { dispatch(n, n.coord.on_replace_timeout()); });
+  }
+
+  /// A group that recovered in place and trained on to the horizon: every
+  /// live member trains on the same state, nobody stopped. (Ends that fall
+  /// back to a restart are judged below like every other fault.)
+  bool in_place_end(const world& w) {
+    if (w.coord.phase() != agreement_phase::idle) return false;  // a later round ran into the horizon
+    std::optional<uint64_t> step;
+    for (auto& x : w.m) {
+      if (!x.alive) continue;
+      MODEL_REQUIRE_INFO((!x.stopped && !x.torn && x.t == tstate::in_step && x.started > sc_.horizon),
+                         "rank " << x.rank << " stopped " << x.stopped << " (" << x.why << ") after the group resumed");
+      MODEL_REQUIRE((!step || *step == x.completed));
+      step = x.completed;
+    }
+    ++checked;
+    outcomes.insert("in place at " + std::to_string(step.value_or(0)));
+    return true;
+  }
+
   void check_end(const world& w) {
     ++terminals;
     for (auto& x : w.m)
       if (x.alive && x.t == tstate::in_step && !x.stopped && x.started > sc_.horizon && !x.aborted) {
+        if (w.resumed && in_place_end(w)) return;
         ++incomplete;  // ran into the model's step horizon: nothing to judge
         return;
       }
@@ -843,8 +972,10 @@ void explore(scenario sc) {
   CAPTURE(sc.notices, sc.deaths, sc.save_failures, sc.coordinator_deaths, sc.deadline, sc.late_join, e.states,
           e.terminals, e.checked, e.incomplete);
   REQUIRE(e.checked > 0);
+  std::string outcomes;
+  for (auto& o : e.outcomes) outcomes += (outcomes.empty() ? "" : "; ") + o;
   WARN("states " << e.states << " terminals " << e.terminals << " checked " << e.checked << " incomplete "
-                 << e.incomplete << " outcomes " << e.outcomes.size());
+                 << e.incomplete << " outcomes " << e.outcomes.size() << " (" << outcomes << ")");
 }
 
 }  // namespace
@@ -910,6 +1041,50 @@ TEST_CASE("protocol model: node-local parts, a death at every phase, and a notic
 // (build/tests/grace_model_tests "[full]").
 TEST_CASE("protocol model full: node-local parts with replicas, a notice and a death", "[.][full]") {
   explore(node_local(1, true));
+}
+
+// Recovery in place (runtime/coordination/agreement.hpp): a loss while the
+// group trains ends in a recover order; replacement processes join for the
+// lost ranks (or their deadline passes first), members behind the donor
+// take its state, and the group trains on - or, when a loss, a failed
+// transfer or a missing replacement leaves state incomplete, everyone
+// stops at a committed checkpoint at most one step behind.
+scenario in_place(int notices, int deaths, int replacements, int coordinator_deaths = 0, uint64_t room = 2) {
+  scenario s{notices, deaths, 0, coordinator_deaths, false, false, restored + room};
+  s.in_place_replacements = replacements;
+  return s;
+}
+
+TEST_CASE("protocol model: in place: a death with a replacement or its deadline", "[model][in_place]") {
+  explore(in_place(0, 1, 1));
+}
+
+// One step of room: a second death anywhere before the group trains on
+// (the donor during a transfer, the replacement before or after it joined).
+// Tens of millions of states: outside CI (build/tests/grace_model_tests "[full]").
+TEST_CASE("protocol model full: in place: a second death (the replacement or the donor)", "[.][full][in_place]") {
+  explore(in_place(0, 2, 1, 0, 1));
+}
+
+// Two members (the survivor is the donor): with three, tens of millions of
+// states (the "[full]" versions below, outside CI).
+scenario in_place_pair(int notices, int coordinator_deaths) {
+  auto s = in_place(notices, 1, 1, coordinator_deaths);
+  s.members = 2;
+  return s;
+}
+
+TEST_CASE("protocol model: in place: a notice during the recovery or the coordinator lost", "[model][in_place]") {
+  explore(in_place_pair(1, 0));
+  explore(in_place_pair(0, 1));
+}
+
+TEST_CASE("protocol model full: in place: three members and the coordinator lost", "[.][full][in_place]") {
+  explore(in_place(0, 1, 1, 1, 1));
+}
+
+TEST_CASE("protocol model full: in place: three members with a notice and a death", "[.][full][in_place]") {
+  explore(in_place(1, 1, 1, 0, 1));
 }
 
 TEST_CASE("protocol model: two notices and a death", "[model]") { explore({2, 1, 0, 0, false, false}); }
