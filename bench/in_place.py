@@ -109,6 +109,7 @@ def main():
     p.add_argument("--work", default="/tmp/grace-bench-in-place")
     p.add_argument("--jsonl", help="append one JSON object per sample here")
     a = p.parse_args()
+    a.launch, a.train = os.path.abspath(a.launch), os.path.abspath(a.train)
     modes = ["in place, spare", "in place, new", "restart"]
     samples = {m: [] for m in modes}
     for r in range(a.reps):  # interleaved: the machine's noise hits every row alike
