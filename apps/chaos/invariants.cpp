@@ -595,6 +595,72 @@ std::vector<size_phase> size_phases(const std::vector<event>& events, uint64_t s
   return out;
 }
 
+namespace {
+
+/// grace-launch --recovery in-place (given with --launcher-arg).
+bool recovers_in_place(const run_config& cfg) {
+  auto& a = cfg.launcher_args;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] == "--recovery=in-place" || (a[i] == "--recovery" && i + 1 < a.size() && a[i + 1] == "in-place"))
+      return true;
+  return false;
+}
+
+/// The first event named `name` at or after `t_ns`, if any.
+const event* first_after(const run_result& res, const char* name, int64_t t_ns) {
+  for (auto& e : res.events)
+    if (e.name == name && e.t_ns >= t_ns) return &e;
+  return nullptr;
+}
+
+/// Recovery in place: every SIGKILL (or freeze for good) of a worker other
+/// than the chief with no other fault from 2 s before it until its
+/// recovery was recovered without a restart:
+/// the launcher replaced that worker, the group resumed, and none of the
+/// group's other processes exited in between (their pids are the ones the
+/// group started with).
+verdict survivors_kept(const check_input& in) {
+  auto& res = *in.res;
+  verdict v{"survivors_kept", verdict_status::skip, "no lone worker loss to recover in place"};
+  std::vector<std::string> bad, good;
+  for (auto& f : res.faults) {
+    const bool lost = f.f.kind == fault_kind::sigkill_worker ||
+                      (f.f.kind == fault_kind::sigstop_worker && f.f.duration_ms == 0);  // killed on the verdict
+    if (!injected(f) || !lost) continue;
+    if (std::find(f.ranks.begin(), f.ranks.end(), 0) != f.ranks.end()) continue;  // the chief restarts the group
+    auto* resumed = first_after(res, "resumed", f.t_ns);
+    // Alone: no other fault from 2 s before it until its recovery ended.
+    const int64_t until = resumed ? resumed->t_ns : INT64_MAX;
+    bool alone = true;
+    for (auto& g : res.faults)
+      if (&g != &f && injected(g) && g.t_ns >= f.t_ns - 2'000'000'000 && g.t_ns <= until) alone = false;
+    if (!alone) continue;
+    const std::string name = "f" + std::to_string(f.index);
+    auto* replaced = first_after(res, "worker_replaced", f.t_ns);
+    auto* regroup = first_after(res, "group_started", f.t_ns);
+    if (!replaced || !resumed || (regroup && regroup->t_ns < resumed->t_ns)) {
+      bad.push_back(name + ": the group restarted instead of recovering in place");
+      continue;
+    }
+    std::set<int64_t> survivors;
+    for (auto& e : res.events)
+      if (e.name == "group_started" && e.incarnation == f.incarnation && e.j.contains("pids"))
+        for (auto& [rank, pid] : e.j["pids"].items())
+          if (std::find(f.ranks.begin(), f.ranks.end(), std::stoi(rank)) == f.ranks.end()) survivors.insert(pid.get<int64_t>());
+    for (auto& e : res.events)
+      if (e.name == "worker_exit" && e.t_ns >= f.t_ns && e.t_ns <= resumed->t_ns && survivors.count(e.num("pid")))
+        bad.push_back(name + ": survivor pid " + std::to_string(e.num("pid")) + " exited during the recovery");
+    good.push_back(name + " resumed after " + std::to_string((resumed->t_ns - f.t_ns) / 1000000) + " ms");
+  }
+  if (bad.empty() && good.empty()) return v;
+  v.status = bad.empty() ? verdict_status::pass : verdict_status::fail;
+  v.detail.clear();
+  for (auto& d : bad.empty() ? good : bad) v.detail += (v.detail.empty() ? "" : "; ") + d;
+  return v;
+}
+
+}  // namespace
+
 check_output check_invariants(const check_input& in) {
   check_output out;
   out.verdicts.push_back(job_finished(in));
@@ -605,6 +671,7 @@ check_output check_invariants(const check_input& in) {
   out.verdicts.push_back(exit_codes(in));
   out.verdicts.push_back(work_lost(in, out.losses));
   if (in.cfg->hosts >= 2) out.verdicts.push_back(no_split_brain(in));
+  if (recovers_in_place(*in.cfg)) out.verdicts.push_back(survivors_kept(in));
   return out;
 }
 

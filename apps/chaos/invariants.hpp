@@ -10,6 +10,10 @@
 ///   work_lost           steps re-run after each fault within its bound
 ///                       (notice 0, kill/freeze 1, damaged checkpoint: the periodic interval, or
 ///                       after a full disk back to the newest periodic save its window spared)
+///   survivors_kept      (--launcher-arg=--recovery --launcher-arg=in-place) every lone SIGKILL (or
+///                       freeze for good) of a worker other than rank 0, alone (no other fault
+///                       from 2 s before it until its recovery), was recovered in place: replaced, resumed, and
+///                       no other process of the group exited in between
 ///   no_split_brain      (--hosts) a host cut off or frozen past dead-after never commits a
 ///                       checkpoint in the incarnation it was declared dead in
 

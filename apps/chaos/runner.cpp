@@ -464,6 +464,13 @@ private:
                        [&](const event& e) { return e.name == "save_failed" && e.t_ns >= t_ns; });
   }
 
+  /// The group recovered in place (grace-launch --recovery in-place) after
+  /// `t_ns`: the fault is over without a new incarnation.
+  bool resumed_since(int64_t t_ns) const {
+    return std::any_of(res_.events.begin(), res_.events.end(),
+                       [&](const event& e) { return e.name == "resumed" && e.t_ns >= t_ns; });
+  }
+
   /// Advances one fault in progress; true once it is over.
   bool progress_one(active_fault& a, launch_record& lr, const std::vector<pid_t>& kids, int64_t now) {
     auto& r = res_.faults[a.idx];
@@ -491,7 +498,8 @@ private:
       }
     }
     switch (a.until) {
-      case active_fault::wait_for::restart: return view_.incarnation > r.incarnation && view_.running();
+      case active_fault::wait_for::restart:
+        return (view_.incarnation > r.incarnation || resumed_since(r.t_ns)) && view_.running();
       case active_fault::wait_for::launcher_exit: return false;  // handled after the launcher exits
       case active_fault::wait_for::timer:
         if (now < a.timer_ns && !(r.f.kind == fault_kind::fs_full && save_failed_since(r.t_ns))) return false;
