@@ -192,9 +192,7 @@ bool launcher::replace_lost(worker_proc& w, exit_effect effect, bool group_endin
   replace_conditions c;
   c.in_place = o_.in_place;
   c.effect = effect;
-  c.code = w.code;
   c.signal = w.signal;
-  c.restart_code = o_.restart_code;
   c.group_ending = group_ending;
   c.restarts = shape_.restarts;
   c.max_restarts = o_.max_restarts;

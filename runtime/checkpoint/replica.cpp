@@ -97,16 +97,6 @@ void no_delay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-template <class T>
-void put(std::string& s, T v) {
-  s.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-template <class T>
-bool get(int fd, T& v) {
-  return tcp::recv_all(fd, &v, sizeof v);
-}
-
 }  // namespace
 
 replica_keeper::replica_keeper(config cfg) : cfg_(std::move(cfg)) {
@@ -285,15 +275,15 @@ bool replica_keeper::connect_holder() {
 bool replica_keeper::push(const kept_slot& s) {
   if (!connect_holder()) return false;
   std::string head;
-  put(head, version);
-  put(head, cfg_.rank);
-  put(head, s.copy.step);
-  put(head, static_cast<uint32_t>(layout_text_.size()));
+  tcp::append_raw(head, version);
+  tcp::append_raw(head, cfg_.rank);
+  tcp::append_raw(head, s.copy.step);
+  tcp::append_raw(head, static_cast<uint32_t>(layout_text_.size()));
   head += layout_text_;
   const auto state = state_to_text(s.copy.meta);
-  put(head, static_cast<uint32_t>(state.size()));
+  tcp::append_raw(head, static_cast<uint32_t>(state.size()));
   head += state;
-  put(head, static_cast<uint64_t>(s.copy.buffers->total_bytes()));
+  tcp::append_raw(head, static_cast<uint64_t>(s.copy.buffers->total_bytes()));
   bool ok = tcp::send_all(holder_.fd, head);
   for (auto& t : s.copy.buffers->view())
     ok = ok && tcp::send_all(holder_.fd, static_cast<const char*>(t.data), t.bytes);
@@ -341,22 +331,23 @@ std::optional<size_t> replica_keeper::begin_receive() {
 bool replica_keeper::receive_one(int fd) {
   uint32_t ver = 0, rank = 0, layout_len = 0;
   uint64_t step = 0, bytes = 0;
-  if (!get(fd, ver) || ver != version) return false;
-  if (!get(fd, rank) || !get(fd, step) || !get(fd, layout_len) || layout_len > max_layout) return false;
+  if (!tcp::recv_raw(fd, ver) || ver != version) return false;
+  if (!tcp::recv_raw(fd, rank) || !tcp::recv_raw(fd, step) || !tcp::recv_raw(fd, layout_len) || layout_len > max_layout)
+    return false;
   if (rank != source()) {
     cfg_.log->warn("replicas: a transfer from rank {} was refused (this rank keeps rank {}'s)", rank, source());
     return false;
   }
   std::string layout_text(layout_len, '\0');
   uint32_t state_len = 0;
-  if (!tcp::recv_all(fd, layout_text.data(), layout_len) || !get(fd, state_len)) return false;
+  if (!tcp::recv_all(fd, layout_text.data(), layout_len) || !tcp::recv_raw(fd, state_len)) return false;
   if (state_len > max_state) {
     cfg_.log->warn("replicas: rank {}'s transfer refused: {} bytes of counters and blobs, above {}", rank, state_len,
                    max_state);
     return false;
   }
   std::string state_text(state_len, '\0');
-  if (!tcp::recv_all(fd, state_text.data(), state_len) || !get(fd, bytes)) return false;
+  if (!tcp::recv_all(fd, state_text.data(), state_len) || !tcp::recv_raw(fd, bytes)) return false;
   auto state = state_from_text(state_text);
   if (!state) {
     cfg_.log->warn("replicas: rank {}'s transfer refused: {}", rank, state.err().message);

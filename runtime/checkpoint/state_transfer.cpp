@@ -27,16 +27,6 @@ uint64_t xxh3_of(const void* p, size_t n) {
   return h.digest();
 }
 
-template <class T>
-void put_raw(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-template <class T>
-bool get_raw(int fd, T& v) {
-  return tcp::recv_all(fd, &v, sizeof v);
-}
-
 nlohmann::json header_of(const donor_state& s) {
   nlohmann::json tensors = nlohmann::json::array();
   for (auto& t : s.tensors)
@@ -50,8 +40,8 @@ nlohmann::json header_of(const donor_state& s) {
 
 bool send_reply(int fd, uint8_t code, const std::string& body) {
   std::string head;
-  put_raw(head, code);
-  put_raw(head, static_cast<uint32_t>(body.size()));
+  tcp::append_raw(head, code);
+  tcp::append_raw(head, static_cast<uint32_t>(body.size()));
   return tcp::send_all(fd, head) && tcp::send_all(fd, body);
 }
 
@@ -145,7 +135,8 @@ void state_server::handle(int fd, int stop_fd) {
   (void)stop_fd;  // every wait here is bounded by the I/O timeout
   char magic[4];
   uint64_t round = 0, step = 0;
-  if (!tcp::recv_all(fd, magic, 4) || std::memcmp(magic, request_magic, 4) != 0 || !get_raw(fd, round) || !get_raw(fd, step)) {
+  if (!tcp::recv_all(fd, magic, 4) || std::memcmp(magic, request_magic, 4) != 0 || !tcp::recv_raw(fd, round) ||
+      !tcp::recv_raw(fd, step)) {
     send_reply(fd, 1, "not a state request");
     return;
   }
@@ -168,14 +159,14 @@ result<fetched_state> fetch_state(const std::string& endpoint, const std::string
   if (!conn) return conn.err();
   const int fd = conn.value().fd;
   std::string req(request_magic, 4);
-  put_raw(req, round);
-  put_raw(req, step);
+  tcp::append_raw(req, round);
+  tcp::append_raw(req, step);
   uint8_t code = 0;
   uint32_t len = 0;
   auto lost = [&](const char* what) {
     return error{errc::disconnected, std::string("state transfer from ") + endpoint + ": " + what};
   };
-  if (!tcp::send_all(fd, req) || !get_raw(fd, code) || !get_raw(fd, len)) return lost("no answer");
+  if (!tcp::send_all(fd, req) || !tcp::recv_raw(fd, code) || !tcp::recv_raw(fd, len)) return lost("no answer");
   if (len > max_header_bytes) return lost("header too large");
   std::string body(len, '\0');
   if (!tcp::recv_all(fd, body.data(), len)) return lost("header cut short");

@@ -109,9 +109,7 @@ launcher_decision decide_after_group(const group_end& g, const group_context& c,
 struct replace_conditions {
   bool in_place = false;          ///< --recovery in-place
   exit_effect effect = exit_effect::finished;
-  int code = 0;                   ///< the worker's exit code (128 + signal)
-  int signal = 0;
-  int restart_code = 42;
+  int signal = 0;                 ///< the signal that ended the worker (0: it exited)
   bool group_ending = false;      ///< another worker exited for a restart or an error, or a notice came
   int restarts = 0;               ///< restarts and replacements so far
   int max_restarts = 0;

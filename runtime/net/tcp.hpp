@@ -32,6 +32,17 @@ bool send_all(int fd, const char* p, size_t n);
 /// early close.
 bool recv_all(int fd, void* p, size_t n);
 
+/// A plain value's bytes (host order: both ends are this program), appended
+/// to a message being built / read from `fd` (recv_all).
+template <class T>
+void append_raw(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+template <class T>
+bool recv_raw(int fd, T& v) {
+  return recv_all(fd, &v, sizeof v);
+}
+
 /// A listening socket on "a.b.c.d" and an ephemeral port: (fd, port). The
 /// caller closes it.
 result<std::pair<int, uint16_t>> listen_on(const std::string& address, int backlog = 16);
