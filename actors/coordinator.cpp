@@ -574,7 +574,7 @@ msg<proto::Welcome> on_join(coordinator_ptr self, msg<proto::Join>& m) {
   if (!sender) return refuse("join without a sender to reply to");
   auto rank = j.getRank();
   auto handle = caf::actor_cast<peer_watcher_actor>(sender);
-  if (st.peers.workers.empty() && st.gone.lost.empty()) {
+  if (st.peers.workers.empty()) {
     st.agree->set_parts(j.getSharded());
     st.node_local = j.getNodeLocal();
     st.agree->set_node_local(st.node_local);
