@@ -75,6 +75,12 @@ struct options {
   std::string notice_file;                ///< a file whose appearance is a notice
   std::string notice_command;             ///< a command whose exit 0 is a notice
   std::function<bool()> notice_callback;  ///< polled; true is a notice
+  /// Told of every notice this process receives itself (source "signal",
+  /// "file", "command" or "callback"; detail such as "SIGTERM"), on Grace's
+  /// signal thread, before the notice goes to the coordination service.
+  /// Must not block: hand it to the trainer thread (the Python module runs
+  /// its callbacks at the next step boundary).
+  std::function<void(const std::string& source, const std::string& detail)> notice_observer;
   std::chrono::milliseconds poll_interval{1000};
   std::chrono::milliseconds grace_period{0};  ///< time from notice to kill (0: none)
   double margin_factor = 2.0;  ///< final-save margin = factor * (margin_steps * p95 step + p95 save) + 5 ms

@@ -371,7 +371,9 @@ void session::impl::start_signal_watcher() {
   sc.grace_period = opts.grace_period;
   auto w = wire.watcher;
   auto r = cluster.rank;
-  wire.signals = std::make_unique<signal_watcher>(sc, [w, r](const notice_info& n) {
+  auto observer = opts.notice_observer;
+  wire.signals = std::make_unique<signal_watcher>(sc, [w, r, observer](const notice_info& n) {
+    if (observer) observer(notice_source_name(n.source), n.detail);
     caf::anon_send(w, make<proto::Notice>([&](auto b) {
                      b.setRank(r);
                      b.setSource(static_cast<proto::NoticeSource>(n.source));

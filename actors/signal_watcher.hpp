@@ -7,6 +7,8 @@
 /// exits 0, a user callback (the hook for cloud maintenance-event queries).
 /// Each notice goes to the sink (the peer watcher) once per source.
 
+#include "runtime/base/notice_source.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -15,8 +17,6 @@
 #include <thread>
 
 namespace grace {
-
-enum class notice_source : uint8_t { signal = 0, file = 1, command = 2, callback = 3, launcher = 4, test = 5 };
 
 struct notice_info {
   notice_source source;

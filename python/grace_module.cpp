@@ -11,8 +11,10 @@
 // Signals: grace::session blocks SIGTERM/SIGINT in the thread that creates it
 // and in the threads started after; attach() starts the signal watcher,
 // whose handler replaces Python's. While attached, Ctrl-C is a notice (save,
-// exit with the restart code), never a KeyboardInterrupt. close() puts back
-// the handlers and the signal mask found at construction.
+// exit with the restart code), never a KeyboardInterrupt. Notice callbacks
+// (on_notice; grace.Session chains the Python handlers installed before it
+// through them) run on the trainer thread at the next step boundary. close()
+// puts back the handlers and the signal mask found at construction.
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/base/cancel_token.hpp"
 #include "runtime/train/gloo_comm.hpp"
@@ -28,6 +30,8 @@
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <deque>
@@ -35,6 +39,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace py = pybind11;
@@ -49,6 +54,32 @@ struct grace_error : std::runtime_error {
 struct collective_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+/// A stop Grace decided (a notice, a lost peer, an error elsewhere) with
+/// exit_on_stop: raised in Python as grace.Preempted (the restart code) or
+/// grace.Stopped, SystemExit subclasses carrying the exit code, so finally
+/// blocks, context managers and atexit handlers run as the process ends.
+struct session_stopped {
+  int code;
+  std::string reason;
+  bool restart;
+};
+
+/// grace.Stopped and grace.Preempted, handed over by python/grace/session.py
+/// at import. Never released: the translator may run until the interpreter
+/// ends.
+PyObject* g_stop_classes[2] = {nullptr, nullptr};
+
+void translate_stop(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const session_stopped& s) {
+    PyObject* cls = g_stop_classes[s.restart ? 1 : 0];
+    if (!cls) cls = PyExc_SystemExit;
+    py::object exc = py::reinterpret_borrow<py::object>(cls)(s.code, s.reason);
+    PyErr_SetObject(cls, exc.ptr());
+  }
+}
 
 /// Flushes sys.stdout and sys.stderr (before an _Exit skips Python's own).
 void flush_python_stdio() {
@@ -158,12 +189,45 @@ grace::dtype dtype_from_format(std::string fmt, ssize_t itemsize, const std::str
   throw bad();
 }
 
+/// Notices this process received (grace::options::notice_observer), from
+/// Grace's signal thread to the trainer thread, which runs the Python
+/// callbacks at its next step boundary.
+struct notice_queue {
+  std::mutex m;
+  std::deque<std::pair<std::string, std::string>> items;  ///< (source, detail)
+  std::atomic<bool> any{false};
+  void push(const std::string& source, const std::string& detail) {
+    std::lock_guard<std::mutex> g(m);
+    items.emplace_back(source, detail);
+    any.store(true, std::memory_order_release);
+  }
+  std::deque<std::pair<std::string, std::string>> take() {
+    std::lock_guard<std::mutex> g(m);
+    any.store(false, std::memory_order_relaxed);
+    return std::move(items);
+  }
+};
+
 class py_session {
 public:
-  explicit py_session(grace::options o, bool exit_on_stop, int collective_timeout_ms)
-      : exit_on_stop_(exit_on_stop), collective_timeout_(collective_timeout_ms), restart_code_(o.restart_exit_code) {
+  py_session(grace::options o, bool exit_on_stop, int collective_timeout_ms, int stop_deadline_ms)
+      : exit_on_stop_(exit_on_stop),
+        collective_timeout_(collective_timeout_ms),
+        stop_deadline_(stop_deadline_ms),
+        restart_code_(o.restart_exit_code) {
     signals_.save();
+    o.notice_observer = [q = notices_](const std::string& source, const std::string& detail) {
+      q->push(source, detail);
+    };
     s_ = std::make_unique<grace::session>(std::move(o));
+  }
+
+  /// `callback(source, detail)` for every notice this process receives
+  /// (a signal, the notice file or command), run on the trainer thread at
+  /// the next step boundary, before Grace acts on the notice there.
+  void on_notice(py::function callback) {
+    alive();
+    notice_callbacks_.push_back(std::move(callback));
   }
   ~py_session() { close(); }
 
@@ -371,6 +435,31 @@ public:
     std::_Exit(code);
   }
 
+  /// The session stopped and Python was told (grace.Stopped): the process
+  /// ends with `code` within the stop deadline even if the trainer catches
+  /// the exception or its teardown hangs (a non-daemon thread, a stuck
+  /// flush). A detached thread that never touches Python; once per session.
+  void arm_stop_deadline(int code) {
+    if (deadline_armed_ || stop_deadline_.count() <= 0) return;
+    deadline_armed_ = true;
+    std::thread([code, after = stop_deadline_] {
+      std::this_thread::sleep_for(after);
+      const std::string msg = "grace: the process was still running " + std::to_string(after.count()) +
+                              " ms (stop_deadline_ms) after the session stopped: ending it with exit code " +
+                              std::to_string(code) + "\n";
+      ssize_t ignored = ::write(2, msg.data(), msg.size());
+      (void)ignored;
+      std::fflush(nullptr);
+      std::_Exit(code);
+    }).detach();
+  }
+
+  /// The exception that tells Python the session stopped with `code`.
+  [[noreturn]] void raise_stop(int code) {
+    arm_stop_deadline(code);
+    throw session_stopped{code, status().stop_reason, code == restart_code_};
+  }
+
   /// In-place sum over the workers (Grace's abortable Gloo ring); float32.
   void all_reduce(uintptr_t ptr, size_t n) {
     alive();
@@ -409,6 +498,7 @@ public:
       aborts_->fds.clear();
     }
     blobs_.clear();
+    notice_callbacks_.clear();
     keepalive_.clear();
     signals_.restore();
   }
@@ -439,7 +529,20 @@ private:
     py::object snapshot, encode, restore, cached;
     bool have;
   };
+  /// At a step boundary (trainer thread, GIL held): the notice callbacks.
+  /// One that raises is reported and the others still run: a tracker's
+  /// flush must not keep the save from happening.
+  void deliver_notices() {
+    if (!notices_->any.load(std::memory_order_acquire)) return;
+    for (auto& [source, detail] : notices_->take())
+      for (auto& cb : notice_callbacks_) try {
+          cb(source, detail);
+        } catch (py::error_already_set& e) {
+          e.discard_as_unraisable("grace: a notice callback");
+        }
+  }
   void capture_blobs() {
+    deliver_notices();
     for (auto& b : blobs_) {
       b->cached = b->snapshot();
       b->have = true;
@@ -457,8 +560,9 @@ private:
     keepalive_.push_back(std::move(owner));
   }
   void on_stop() {
+    deliver_notices();  // a notice that arrived while the boundary waited
     stopped_ = true;
-    if (exit_on_stop_) quick_exit(s_->exit_code());
+    if (exit_on_stop_) raise_stop(s_->exit_code());
   }
   void connect() {
     grace::result<std::unique_ptr<grace::gloo_comm>> c = grace::error{};
@@ -514,10 +618,14 @@ private:
   std::unique_ptr<grace::session> s_;
   bool exit_on_stop_ = true;
   std::chrono::milliseconds collective_timeout_;
+  std::chrono::milliseconds stop_deadline_;
+  bool deadline_armed_ = false;
   int restart_code_;
   std::optional<int> attach_exit_code_;
   std::shared_ptr<grace::gloo_comm> comm_;
   std::shared_ptr<abort_targets> aborts_ = std::make_shared<abort_targets>();
+  std::shared_ptr<notice_queue> notices_ = std::make_shared<notice_queue>();
+  std::vector<py::function> notice_callbacks_;
   std::deque<int64_t> counters_;
   std::vector<py::object> keepalive_;
   std::vector<std::unique_ptr<blob>> blobs_;
@@ -627,6 +735,15 @@ PYBIND11_MODULE(_grace, m) {
   m.doc() = "Grace's embedding API (the C++ grace::session); use the `grace` package, not this module.";
   auto& base = py::register_exception<grace_error>(m, "GraceError");
   py::register_exception<collective_error>(m, "CollectiveError", base.ptr());
+  py::register_exception_translator(&translate_stop);
+  m.def(
+      "_set_stop_classes",
+      [](py::object stopped, py::object preempted) {
+        for (PyObject* c : g_stop_classes) Py_XDECREF(c);
+        g_stop_classes[0] = stopped.inc_ref().ptr();
+        g_stop_classes[1] = preempted.inc_ref().ptr();
+      },
+      "grace.Stopped and grace.Preempted, which a stop raises (set by the grace package at import).");
   m.attr("RESTART") = grace::exit_code::restart;
   m.attr("FATAL") = grace::exit_code::fatal;
   m.attr("USAGE") = grace::exit_code::usage;
@@ -659,10 +776,12 @@ PYBIND11_MODULE(_grace, m) {
       });
 
   py::class_<py_session>(m, "Session")
-      .def(py::init([](bool exit_on_stop, int collective_timeout_ms, py::kwargs kw) {
-             return std::make_unique<py_session>(make_options(kw), exit_on_stop, collective_timeout_ms);
+      .def(py::init([](bool exit_on_stop, int collective_timeout_ms, int stop_deadline_ms, py::kwargs kw) {
+             return std::make_unique<py_session>(make_options(kw), exit_on_stop, collective_timeout_ms,
+                                                 stop_deadline_ms);
            }),
-           py::arg("exit_on_stop") = true, py::arg("collective_timeout_ms") = 30000)
+           py::arg("exit_on_stop") = true, py::arg("collective_timeout_ms") = 30000,
+           py::arg("stop_deadline_ms") = 10000)
       .def("register_memory", &py_session::register_memory, py::arg("name"), py::arg("dtype"), py::arg("shape"),
            py::arg("ptr"), py::arg("owner"), py::arg("global_shape") = std::vector<int64_t>{},
            py::arg("offsets") = std::vector<int64_t>{})
@@ -688,9 +807,11 @@ PYBIND11_MODULE(_grace, m) {
       .def("fail_step", &py_session::fail_step, py::arg("what"), py::arg("collective") = false)
       .def("finish", &py_session::finish)
       .def("quick_exit", &py_session::quick_exit, py::arg("code"))
+      .def("arm_stop_deadline", &py_session::arm_stop_deadline, py::arg("code"))
       .def("all_reduce", &py_session::all_reduce, py::arg("ptr"), py::arg("n"))
       .def("add_abort_sockets", &py_session::add_abort_sockets, py::arg("fds"), py::arg("skip_port") = -1)
       .def("notify", &py_session::notify, py::arg("detail") = "notify() from Python")
+      .def("on_notice", &py_session::on_notice, py::arg("callback"))
       .def("close", &py_session::close)
       .def_property_readonly("attached", &py_session::attached)
       .def_property_readonly("in_step", &py_session::in_step)

@@ -42,9 +42,13 @@ targets="grace_unit_tests grace_actor_tests grace-launch grace-train grace-ckpt 
 for f in messages safetensors manifest config checkpoint coordinator; do targets="$targets fuzz_replay_$f"; done
 case "$kind" in
   thread)
+    # -O1 (ThreadSanitizer's documentation: -O1 or -O2): the CAF-heavy
+    # batches compile about a third faster than at -O2, and the tests it
+    # runs stay well within their deadlines.
     dir=build-tsan; flags="-fsanitize=thread"
-    echo "==> configuring $dir ($flags -O2)"
+    echo "==> configuring $dir ($flags -O1)"
     grace_configure "$dir" "$dir.configure.log" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRACE_CUDA=OFF -DGRACE_PYTHON=OFF \
+      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
       -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" -DCMAKE_C_FLAGS="$flags -fno-omit-frame-pointer" \
       -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags"
     echo "==> building $targets in $dir (-j2)"

@@ -9,8 +9,8 @@ losing work, and resume bit for bit.
         g.register_rng()                       # torch, numpy and Python RNG states
         g.register_stateful("sampler", sampler)
         g.attach()                             # join the cluster, restore the newest valid checkpoint
-        for step in g.steps(total):            # a notice: save, exit 42; grace-launch restarts us
-            train_step(step)                   #   (grace.all_reduce_ for the gradients)
+        for step in g.steps(total):            # a notice: save, raise grace.Preempted (exit 42);
+            train_step(step)                   #   grace-launch restarts us (finally/atexit still run)
     # here: finished, the final checkpoint is on disk
 
     state = grace.load("grace-checkpoints", prefix="model.")   # no runtime needed
@@ -38,10 +38,10 @@ _take_standby_release()
 
 from ._grace import CollectiveError, Counter, GraceError, MAX_BLOB_BYTES, RESTART, FATAL, USAGE, set_log_level
 from .checkpoint import checkpoint_path, load, load_numpy, optimizer_state_dict, read_manifest
-from .session import Session, all_reduce_, current
+from .session import Preempted, Session, Stopped, all_reduce_, current, is_collective_failure
 
 __all__ = [
-    "Session", "GraceError", "CollectiveError", "Counter", "all_reduce_", "current",
+    "Session", "Stopped", "Preempted", "is_collective_failure", "GraceError", "CollectiveError", "Counter", "all_reduce_", "current",
     "load", "load_numpy", "optimizer_state_dict", "read_manifest", "checkpoint_path",
     "MAX_BLOB_BYTES", "RESTART", "FATAL", "USAGE", "set_log_level",
 ]

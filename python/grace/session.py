@@ -1,16 +1,36 @@
 """grace.Session: the embedding API (actors/session.hpp) with Python idioms.
 
+Stops are exceptions. When the session stops (a notice, a lost peer, an
+error on another rank), the next step boundary raises grace.Preempted (exit
+code 42: restart me) or grace.Stopped (any other code), both SystemExit
+subclasses: `finally` blocks, context managers and atexit handlers run, and
+the interpreter exits with the code grace-launch reads. If the trainer
+catches it, or its teardown hangs, the process still ends with that code
+stop_deadline_ms later. An exception that escapes the training code with
+no `with` block around it (sys.excepthook) still ends in the agreed or
+just-in-time path: a collective's failure (grace.CollectiveError, or
+torch.distributed's Gloo/NCCL errors) waits for the coordinator's verdict
+and exits 42; any other error stops every rank with exit 3, as inside a
+`with` block.
+
 Signals: a Session blocks SIGTERM and SIGINT in the thread that creates it
 (create it in the main thread, before starting threads of your own), and
 attach() starts Grace's signal watcher, which takes both. From then until
 close(), Ctrl-C and SIGTERM are preemption notices: the workers agree on a
 step, save it and exit with the restart code. Python's KeyboardInterrupt
-does not happen meanwhile, and a handler installed with signal.signal()
-would take the signals away from Grace: install none while a session is
-open. close() (the end of the `with` block) puts Python's handlers back.
+does not happen meanwhile. Handlers are shared, not lost: a Python handler
+for SIGTERM or SIGINT installed before the Session (a framework's: Lightning,
+accelerate, submitit) is chained, called as handler(signum, None) on the
+trainer thread at the next step boundary after the signal; code of your own
+registers g.on_notice(callback) the same way. A handler installed with
+signal.signal() while the session is open would take the signals away from
+Grace: install it before, or use on_notice. close() (the end of the `with`
+block) puts Python's handlers back.
 """
+import atexit
 import contextlib
 import os
+import signal
 import sys
 import traceback
 
@@ -19,6 +39,42 @@ from . import state as _state
 from ._grace import CollectiveError, GraceError
 
 _current = None
+
+
+class Stopped(SystemExit):
+    """The session stopped: leave, and exit with `code` (what grace-launch
+    reads). `reason` says why (the notice, the lost rank, the error)."""
+
+    def __init__(self, code, reason=""):
+        super().__init__(code)
+        self.reason = reason
+
+    def __str__(self):
+        return "grace stopped the session with exit code %s: %s" % (self.code, self.reason)
+
+
+class Preempted(Stopped):
+    """A stop to be restarted from the saved step (exit code 42 by default):
+    a preemption notice, a lost peer (after the just-in-time save)."""
+
+
+_grace._set_stop_classes(Stopped, Preempted)
+
+# What torch.distributed's Gloo and NCCL groups raise when a peer is lost or
+# its connections are shut down (torch 1.13 raises plain RuntimeErrors).
+_COLLECTIVE_MARKERS = ("gloo", "nccl", "connection closed by peer", "connection reset by peer", "broken pipe",
+                       "processgroup", "timed out in call to")
+
+
+def is_collective_failure(exc):
+    """Whether an exception is a failed collective (a peer lost, a group
+    aborted) rather than a bug in the step."""
+    if isinstance(exc, CollectiveError):
+        return True
+    if type(exc).__name__ in ("DistBackendError", "DistNetworkError"):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(m in text for m in _COLLECTIVE_MARKERS)
 
 
 def current():
@@ -59,9 +115,12 @@ class Session:
     preemption, final or just-in-time save goes when checkpoint_dir cannot take it (a restart
     restores the newest of both). grace_period_ms: time from a notice to
     the kill (0: save and exit at once). exit_on_stop: when the session stops
-    (a notice, a lost peer, an error elsewhere), end the process with its exit
-    code (42: restart me); False leaves the loop instead, and the caller exits
-    with g.exit_code. collective_timeout_ms bounds the rendezvous and every
+    (a notice, a lost peer, an error elsewhere), raise grace.Preempted or
+    grace.Stopped (SystemExit with its exit code, 42: restart me) at the step
+    boundary; False leaves the loop instead, and the caller exits with
+    g.exit_code. stop_deadline_ms: after that exception, the process ends
+    with the code within this time whatever the code around it does (0:
+    never forced). collective_timeout_ms bounds the rendezvous and every
     all_reduce_ (a lost peer aborts one at once). connect_timeout_ms: how long
     attach() tries to reach the coordination service before it stops with
     exit code 45. replicas: with sharded
@@ -75,13 +134,15 @@ class Session:
                  poll_interval_ms=1000, restart_exit_code=None, exit_on_stop=True, wait_timeout_ms=60000,
                  heartbeat_ms=200, dead_after_ms=3000, collective_timeout_ms=30000, mtbf_prior_hours=6.0,
                  save_retry_max_ms=300000, prune_on_save_failure=False, fallback_checkpoint_dir=None,
-                 replicas=True, connect_timeout_ms=30000):
+                 replicas=True, connect_timeout_ms=30000, stop_deadline_ms=10000):
         checkpoint_dir = checkpoint_dir or os.environ.get("GRACE_CHECKPOINT_DIR") or "grace-checkpoints"
         if restart_exit_code is None:
             restart_exit_code = int(os.environ.get("GRACE_RESTART_CODE", _grace.RESTART))
         self.exit_on_stop = exit_on_stop
+        self._restart_code = restart_exit_code
         self._s = _grace.Session(
             exit_on_stop=exit_on_stop, collective_timeout_ms=collective_timeout_ms,
+            stop_deadline_ms=int(stop_deadline_ms),
             checkpoint_dir=str(checkpoint_dir), keep_last=keep_last, restart_exit_code=restart_exit_code,
             save_every_steps=0 if save_every == "auto" else save_every, save_every_auto=save_every == "auto",
             mtbf_prior_seconds=float(mtbf_prior_hours) * 3600, save_every_seconds=save_every_seconds,
@@ -92,9 +153,36 @@ class Session:
             wait_timeout_ms=wait_timeout_ms, heartbeat_ms=heartbeat_ms, dead_after_ms=dead_after_ms,
             replicas=bool(replicas), connect_timeout_ms=connect_timeout_ms)
         self.checkpoint_dir = str(checkpoint_dir)
+        self._chain_signal_handlers()
         self._checks = []       # callables raising GraceError when registered memory moved
         self._after_attach = []  # callables(restored_step)
         self._blobs = []        # (name, save) for the size check at attach
+        self._hook = None       # the sys.excepthook this session replaced while attached
+
+    def _chain_signal_handlers(self):
+        """The Python handlers of SIGTERM/SIGINT in place before Grace takes
+        the signals, called at the step boundary after such a signal."""
+        chained = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            h = signal.getsignal(signum)
+            if callable(h) and h is not signal.default_int_handler:
+                chained[signal.Signals(signum).name] = (int(signum), h)
+        if chained:
+            def chain(source, detail):
+                if source == "signal" and detail in chained:
+                    signum, handler = chained[detail]
+                    handler(signum, None)
+            self._s.on_notice(chain)
+
+    def on_notice(self, callback):
+        """callback(source, detail) for every preemption notice this process
+        receives itself (source "signal" with detail "SIGTERM"/"SIGINT",
+        "file", "command" or "callback"), run on the trainer thread at the
+        next step boundary, before Grace saves and stops. For work a notice
+        should start at once (flush an experiment tracker, tell a scheduler);
+        keep it short: it runs inside the grace period. An exception in it
+        is reported and does not stop the save."""
+        self._s.on_notice(callback)
 
     # ------------------------------------------------------------ registering
 
@@ -195,7 +283,40 @@ class Session:
         for hook in self._after_attach:
             hook(start)
         _current = self
+        if self.exit_on_stop:
+            self._hook = sys.excepthook
+            sys.excepthook = self._uncaught
+            atexit.register(self.close)
         return start
+
+    def _uncaught(self, exc_type, exc, tb):
+        """sys.excepthook while attached: an exception no `with` block saw
+        ends in Grace's path (as __exit__ does), then the process exits with
+        the stop's code after the atexit handlers ran."""
+        hook = self._hook or sys.__excepthook__
+        if issubclass(exc_type, SystemExit) or not self._failing_step_is_ours():
+            return hook(exc_type, exc, tb)
+        code = self._report_failure(exc_type, exc, tb, hook)
+        self.close()
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            self._s.quick_exit(code)
+
+    def _failing_step_is_ours(self):
+        return self._s.attached and not self._s.closed and not self._s.stopped and not self._s.finished
+
+    def _report_failure(self, exc_type, exc, tb, print_hook):
+        """An exception out of the training code: Grace's verdict (a failed
+        collective waits for the coordinator, anything else stops every
+        rank), printed; returns the exit code."""
+        collective = is_collective_failure(exc)
+        code = self._s.fail_step("%s: %s" % (exc_type.__name__, exc), collective)
+        if collective:
+            print("grace: %s: %s; %s" % (exc_type.__name__, exc, self._s.stop_reason), file=sys.stderr, flush=True)
+        else:
+            print_hook(exc_type, exc, tb)
+        return code
 
     def steps(self, total):
         """Iterates over the steps still to run, completed_steps + 1 .. total.
@@ -265,6 +386,10 @@ class Session:
         global _current
         if _current is self:
             _current = None
+        if self._hook is not None and sys.excepthook == self._uncaught:
+            sys.excepthook = self._hook
+        self._hook = None
+        atexit.unregister(self.close)
         self._s.close()
 
     # ----------------------------------------------------------------- status
@@ -292,15 +417,14 @@ class Session:
                 if self._s.attached and not self._s.stopped and not self._s.finished:
                     self.finish()
                 return False
-            if self._s.attached and not self._s.stopped:
-                collective = isinstance(exc, CollectiveError)
-                code = self._s.fail_step("%s: %s" % (exc_type.__name__, exc), collective)
-                if self.exit_on_stop:
-                    if collective:
-                        print("grace: %s; %s" % (exc, self._s.stop_reason), file=sys.stderr)
-                    else:
-                        traceback.print_exception(exc_type, exc, tb)
-                    self._s.quick_exit(code)
-            return False
+            if isinstance(exc, Stopped) or not self._failing_step_is_ours():
+                return False
+            if not self.exit_on_stop:
+                self._s.fail_step("%s: %s" % (exc_type.__name__, exc), is_collective_failure(exc))
+                return False
+            code = self._report_failure(exc_type, exc, tb, traceback.print_exception)
+            self._s.arm_stop_deadline(code)
+            cls = Preempted if code == self._restart_code else Stopped
+            raise cls(code, self._s.stop_reason) from None
         finally:
             self.close()

@@ -1,4 +1,5 @@
 #include "runtime/ops/metrics.hpp"
+#include "runtime/base/notice_source.hpp"
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -23,12 +24,6 @@ Histogram::BucketBoundaries exponential(double start, double factor, int n) {
   Histogram::BucketBoundaries b;
   for (int i = 0; i < n; ++i, start *= factor) b.push_back(start);
   return b;
-}
-
-/// messages/grace.capnp NoticeSource, by value.
-const char* notice_source_name(int64_t v) {
-  static const char* names[] = {"signal", "file", "command", "callback", "launcher", "test"};
-  return v >= 0 && v < 6 ? names[v] : "unknown";
 }
 
 }  // namespace

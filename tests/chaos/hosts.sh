@@ -7,7 +7,9 @@
 #      no_split_brain;
 #   2. a random schedule of host and worker faults (fixed seed): PASS;
 #   3. a broken-on-purpose trainer (no just-in-time save) under a host loss:
-#      the harness must catch it (work_lost FAIL, exit 1);
+#      the harness must catch it (work_lost FAIL, exit 1); the loss comes 70
+#      steps before the first periodic save, so a late injection on a loaded
+#      machine cannot land just after that save and hide the lost work;
 #   4. --etcd --node-local with schedules/hosts-etcd.json: the coordination
 #      host (whichever launcher etcd elected) cut off, lost with its disk
 #      and frozen past its lease, each time a successor takes over;
@@ -84,12 +86,12 @@ run_expect_pass scripted --steps 400 --schedule "$HERE/schedules/hosts.json"
 run_expect_pass random --may-skip no_split_brain --steps 400 --seed 4 --faults 3
 
 cat > "$OUT/lost.json" <<'JSON'
-[{"at_step": 90, "fault": "host_lost", "host": 2, "duration_ms": 300}]
+[{"at_step": 30, "fault": "host_lost", "host": 2, "duration_ms": 300}]
 JSON
 if ! "$GRACE_TRAIN" --help | grep -q -- --broken-no-jit-save; then
   echo "mutant under a host loss: not run (grace-train built without the test seam, -DGRACE_MUTANTS=OFF)"
 else
-  "$GRACE_CHAOS" "${BED[@]}" --steps 200 --save-every 50 --schedule "$OUT/lost.json" \
+  "$GRACE_CHAOS" "${BED[@]}" --steps 200 --save-every 100 --schedule "$OUT/lost.json" \
     --mutant-arg=--broken-no-jit-save --out "$OUT/mutant" > "$OUT/mutant.log" 2>&1
   rc=$?
   if [ $rc -eq 1 ] && [ "$(verdict "$OUT/mutant.log" work_lost)" = FAIL ]; then

@@ -467,6 +467,89 @@ class AttachRefused(unittest.TestCase):
         self.assertEqual(p.stdout.splitlines()[-1].split(), ["raised", "45"])  # after Grace's log lines
 
 
+class StopsAreExceptions(unittest.TestCase):
+    """Two workers under grace-launch with no `with` block: a stop raises
+    grace.Preempted (finally blocks and atexit handlers run, exit 42, the
+    group restarts and finishes); a peer's SIGKILL makes all_reduce_ raise a
+    CollectiveError that nothing catches, and the excepthook still takes
+    the just-in-time path (exit 42, not a fatal 1); a trainer that swallows
+    Preempted is ended by the stop deadline with exit 42. A SIGTERM handler
+    installed before the session and an on_notice callback both run on the
+    rank that received the signal."""
+
+    WORKER = """
+import atexit, os, signal, sys, time
+import numpy as np
+import grace
+mode, out = sys.argv[1], sys.argv[2]
+rank, inc = int(os.environ["RANK"]), os.environ["GRACE_INCARNATION"]
+def mark(what):
+    open(os.path.join(out, "%s-%s-%d" % (what, inc, rank)), "w").close()
+atexit.register(mark, "atexit")
+signal.signal(signal.SIGTERM, lambda signum, frame: mark("handler%d" % signum))  # a framework's, before Grace
+w = np.zeros(4, np.float32)
+g = grace.Session(os.path.join(out, "ck"), stop_deadline_ms=1500)
+g.on_notice(lambda source, detail: mark("notice%s%s" % (source, detail)))
+g.register_array("w", w)
+g.attach()
+try:
+    for step in g.steps(30):
+        if inc == "0" and rank == 1 and step == 10:  # rank 0 is in step 10 too: its collective must fail
+            os.kill(os.getpid(), signal.SIGKILL if mode == "kill" else signal.SIGTERM)
+        time.sleep(0.01)
+        grad = np.ones(4, np.float32)
+        grace.all_reduce_(grad)
+        w += grad
+    g.finish()
+except grace.Preempted as e:
+    mark("preempted%d" % e.code)
+    while mode == "swallow":
+        time.sleep(0.1)  # caught and never left: the stop deadline ends the process
+    raise
+finally:
+    mark("finally")
+"""
+
+    def launch(self, d, mode):
+        script = os.path.join(d, "worker.py")
+        with open(script, "w") as f:
+            f.write(self.WORKER)
+        out = subprocess.run([os.environ["GRACE_LAUNCH"], "--nproc", "2", "--", sys.executable, script, mode, d],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-3000:])
+        self.assertEqual(grace.load(os.path.join(d, "ck"))["w"].tolist(), [60.0] * 4)  # 30 steps of 2
+        marks = sorted(n for n in os.listdir(d) if n[0] in "afhnp")
+        return marks, out.stdout + out.stderr
+
+    FINISHED = ["atexit-1-0", "atexit-1-1", "finally-1-0", "finally-1-1"]
+    NOTICED = ["handler15-0-1", "noticesignalSIGTERM-0-1"]  # rank 1 received the SIGTERM
+
+    @unittest.skipUnless(os.environ.get("GRACE_LAUNCH"), "needs grace-launch (GRACE_LAUNCH)")
+    def test_a_notice_raises_preempted_and_teardown_runs(self):
+        with TempDir() as d:
+            marks, _ = self.launch(d, "notice")
+            self.assertEqual(marks, ["atexit-0-0", "atexit-0-1"] + self.FINISHED[:2] +
+                             ["finally-0-0", "finally-0-1"] + self.FINISHED[2:] + self.NOTICED +
+                             ["preempted42-0-0", "preempted42-0-1"])
+
+    @unittest.skipUnless(os.environ.get("GRACE_LAUNCH"), "needs grace-launch (GRACE_LAUNCH)")
+    def test_an_uncaught_collective_error_takes_the_just_in_time_path(self):
+        with TempDir() as d:
+            marks, log = self.launch(d, "kill")
+            self.assertEqual(marks, ["atexit-0-0"] + self.FINISHED[:2] + ["finally-0-0"] + self.FINISHED[2:])
+            self.assertIn("CollectiveError", log)
+            self.assertNotIn("Traceback", log)
+            self.assertIn("restart 1/", log)
+
+    @unittest.skipUnless(os.environ.get("GRACE_LAUNCH"), "needs grace-launch (GRACE_LAUNCH)")
+    def test_a_swallowed_stop_still_ends_the_process_with_its_code(self):
+        with TempDir() as d:
+            marks, log = self.launch(d, "swallow")
+            self.assertEqual(marks, self.FINISHED + self.NOTICED + ["preempted42-0-0", "preempted42-0-1"])
+            self.assertIn("stop_deadline_ms", log)
+            self.assertIn("restart 1/", log)
+
+
 class Standby(unittest.TestCase):
     """A warm spare of grace-launch --standby waits at `import grace`, and
     the script goes on with os.environ holding what the launcher sent."""
