@@ -4,9 +4,9 @@ with Grace, and resumes bit for bit.
 
     grace-launch --nproc 4 --checkpoint-dir ck -- /usr/bin/python3 examples/pytorch_train.py --steps 300
 
-An nn.Module MLP (LayerNorm, GELU, dropout, an int64 buffer), AdamW, a
-DataLoader over a deterministic synthetic dataset with a resumable
-distributed sampler, gradients averaged with grace.all_reduce_ (Grace's
+An nn.Module MLP (LayerNorm, GELU, dropout, an int64 buffer), AdamW,
+grace.data.ResumableLoader over a deterministic synthetic dataset (exact
+after a restart with prefetching workers too), gradients averaged with grace.all_reduce_ (Grace's
 abortable Gloo ring) or, with --collective torch, torch.distributed's gloo
 group (init_process_group from grace-launch's torchrun variables). Takes
 grace-train's flags, so grace-chaos drives it:
@@ -48,6 +48,7 @@ def parse_args():
     p.add_argument("--samples", type=int, default=4096, help="dataset size (an epoch)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--loader-workers", type=int, default=0, help="DataLoader worker processes (prefetching)")
     p.add_argument("--checkpoint-dir", default=None, help="default $GRACE_CHECKPOINT_DIR")
     p.add_argument("--save-every", type=int, default=0, help="periodic checkpoint every N steps (0: off)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep backups after a successful finish")
@@ -98,36 +99,6 @@ class SyntheticData(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
-class ResumableSampler(torch.utils.data.Sampler):
-    """Each global batch is a run of a per-epoch permutation; this rank takes
-    its slice. The position moves when a batch is drawn, so after step k the
-    state says "batch k+1 next" (DataLoader with num_workers=0 draws on demand).
-    The state is the same on every rank; the slice is set after attach()."""
-
-    def __init__(self, n, global_batch, seed):
-        self.n, self.global_batch, self.seed = n, global_batch, seed
-        self.epoch, self.position = 0, 0
-        self.place(0, 1)
-
-    def place(self, rank, world):
-        self.rank, self.local = rank, self.global_batch // world
-
-    def __iter__(self):
-        while True:
-            perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 7919 + self.epoch))
-            while self.position + self.global_batch <= self.n:
-                start = self.position + self.rank * self.local
-                self.position += self.global_batch
-                yield from perm[start:start + self.local].tolist()
-            self.epoch, self.position = self.epoch + 1, 0
-
-    def state_dict(self):
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, s):
-        self.epoch, self.position = s["epoch"], s["position"]
-
-
 def flat_gradients(model):
     """One contiguous buffer with every parameter's .grad a view into it:
     one allreduce per step, and zero_grad keeps the views."""
@@ -167,18 +138,21 @@ def main():
         flat = flat_gradients(model)
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
         data = SyntheticData(a.samples, a.input_dim, a.classes, a.seed)
-        sampler = ResumableSampler(len(data), a.batch, a.seed)
+        # Resumable and exact with prefetching workers: its position is the
+        # batches the loop took, not what the workers drew ahead.
+        loader = grace.data.ResumableLoader(data, a.batch, seed=a.seed, num_workers=a.loader_workers,
+                                            generator=torch.Generator().manual_seed(a.seed))
         g.register_module(model)
         g.register_optimizer(opt)
         g.register_rng()
-        g.register_stateful("sampler", sampler)
+        g.register_stateful("loader", loader)
         steps_done, index_sum = g.counter("steps_done"), g.counter("step_index_sum")
         start = g.attach()  # from here on: rank, world size; the state of the newest checkpoint
         rank, world = g.rank, g.world_size
         if a.batch % world:
             print("--batch %d must be a multiple of the %d workers" % (a.batch, world), file=sys.stderr)
             g.quick_exit(grace.USAGE)
-        sampler.place(rank, world)
+        loader.place(rank, world)
         if a.collective == "torch" and world > 1:
             import torch.distributed as dist
             timeout = datetime.timedelta(seconds=a.torch_timeout_s)
@@ -187,9 +161,7 @@ def main():
             else:
                 with g.abortable_sockets():  # a lost peer shuts the group's connections down
                     dist.init_process_group("gloo", timeout=timeout)
-        loader = torch.utils.data.DataLoader(data, batch_size=a.batch // world, sampler=sampler,
-                                             generator=torch.Generator().manual_seed(a.seed))
-        batches = iter(loader)
+        batches = loader.batches()
         t0, loss = time.time(), torch.zeros(())
         for step in g.steps(a.steps):
             if step == a.fail_at_step and rank == a.fail_rank:

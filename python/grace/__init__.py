@@ -45,3 +45,11 @@ __all__ = [
     "load", "load_numpy", "optimizer_state_dict", "read_manifest", "checkpoint_path",
     "MAX_BLOB_BYTES", "RESTART", "FATAL", "USAGE", "set_log_level",
 ]
+
+
+def __getattr__(name):
+    """grace.data (it imports torch) loads on first use."""
+    if name == "data":
+        import importlib
+        return importlib.import_module(".data", __name__)
+    raise AttributeError("module 'grace' has no attribute %r" % name)

@@ -233,7 +233,8 @@ class Session:
 
     def register_stateful(self, name, obj):
         """An object with state_dict() / load_state_dict() whose state is
-        JSON (a data sampler's position): saved as a blob."""
+        small (a data loader's position, a scheduler): saved as a blob, JSON
+        when it is JSON, else pickled."""
         _state.register_stateful(self, name, obj)
 
     def register_blob(self, name, save, restore, snapshot=None):

@@ -1,5 +1,5 @@
 """What a Session registers from torch and numpy: tensors by memory, an
-optimizer's state, RNG states and JSON-able objects as blobs.
+optimizer's state, RNG states and objects with a state_dict() as blobs.
 
 torch is imported lazily: a numpy-only trainer never loads it.
 
@@ -23,6 +23,7 @@ otherwise. Frozen parameters (requires_grad=False) get no state.
 import base64
 import functools
 import json
+import pickle
 import random
 
 import numpy as np
@@ -277,13 +278,31 @@ def register_rng(session, prefix, use_torch, use_numpy, use_python):
         session.register_blob(prefix + "python", py_save, py_restore, snapshot=random.getstate)
 
 
+def encode_state(state):
+    """JSON when the state is JSON (readable in the manifest, nothing to
+    unpickle), else a pickle (protocol 4, which starts with 0x80: no JSON
+    text does, so decode_state tells them apart)."""
+    try:
+        return json.dumps(state).encode()
+    except (TypeError, ValueError):
+        return pickle.dumps(state, protocol=4)
+
+
+def decode_state(blob):
+    """A checkpoint's pickled state runs code on load, as torch.load does:
+    restore only checkpoints your job wrote (docs/SECURITY.md)."""
+    return pickle.loads(blob) if blob[:1] == b"\x80" else json.loads(blob)
+
+
 def register_stateful(session, name, obj):
-    """obj.state_dict() as JSON, encoded at every step boundary (a state_dict
-    may return the object's live containers, so no lazy copy)."""
+    """obj.state_dict(), encoded at every step boundary (a state_dict may
+    return the object's live containers, so no lazy copy): JSON, or a
+    pickle when it is not JSON."""
     def save():
-        return json.dumps(obj.state_dict()).encode()
+        return encode_state(obj.state_dict())
     try:
         save()
-    except (TypeError, ValueError) as e:
-        raise TypeError("'%s': state_dict() must be JSON (numbers, strings, lists, dicts): %s" % (name, e)) from None
-    session.register_blob(name, save, lambda b: obj.load_state_dict(json.loads(b)))
+    except Exception as e:
+        raise TypeError("'%s': state_dict() must return JSON or picklable values: %s: %s"
+                        % (name, type(e).__name__, e)) from None
+    session.register_blob(name, save, lambda b: obj.load_state_dict(decode_state(b)))

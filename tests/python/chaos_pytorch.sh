@@ -6,7 +6,9 @@
 # multi-host test bed: tests/chaos/hosts.sh), every invariant checked.
 #  1. pytorch.json: the coordination service killed, a full disk across a
 #     periodic save, the newest checkpoint flipped, truncated and deleted, a
-#     stale temporary planted: every invariant PASS, bit_identical included.
+#     stale temporary planted: every invariant PASS, bit_identical included,
+#     with two prefetching DataLoader workers per rank
+#     (grace.data.ResumableLoader: no sample skipped or repeated).
 #  2. pytorch-standby.json under grace-launch --standby: notices (one, two at
 #     once, the launcher's), a SIGKILL and a pause of a worker, the restarts
 #     on warm spares; then a step error ends the job (exit 3, bit_identical
@@ -47,7 +49,7 @@ OUT="$WORK/chaos"
 mkdir -p "$OUT"
 set +e
 "$GRACE_CHAOS" "${COMMON[@]}" --schedule "$SCHEDULES/pytorch.json" --out "$OUT" \
-  -- "${TRAINER[@]}" >"$OUT/chaos.log" 2>&1
+  -- "${TRAINER[@]}" --loader-workers 2 >"$OUT/chaos.log" 2>&1
 rc=$?
 set -e
 sed -n '/^faults:/,$p' "$OUT/chaos.log"
@@ -56,7 +58,7 @@ kinds1=$(check_run "$OUT" "") || fail "grace-chaos with the PyTorch trainer: $ki
 # Not asserted: the disk is full for save_every + 3 steps of the harness's
 # step estimate, and a job slowed down meanwhile may save after it.
 full=$(count_events "$OUT/run/events.jsonl" "e['event']=='save_failed'")
-pass "grace-chaos -- python3 examples/pytorch_train.py: all $(wc -w <<<"$kinds1") faults injected ($kinds1; $full save(s) failed on the full disk), every invariant PASS"
+pass "grace-chaos -- python3 examples/pytorch_train.py --loader-workers 2: all $(wc -w <<<"$kinds1") faults injected ($kinds1; $full save(s) failed on the full disk), every invariant PASS"
 
 OUT="$WORK/chaos-standby"
 mkdir -p "$OUT"

@@ -467,6 +467,84 @@ class AttachRefused(unittest.TestCase):
         self.assertEqual(p.stdout.splitlines()[-1].split(), ["raised", "45"])  # after Grace's log lines
 
 
+class IndexData(torch.utils.data.Dataset):
+    """Sample i is i: what a step took says which samples it saw."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return i
+
+
+class ResumableData(unittest.TestCase):
+    """grace.data.ResumableLoader with two prefetching workers: a run
+    stopped by a notice and resumed sees exactly the samples, in the order,
+    of an uninterrupted run (each sample once per epoch), although the
+    workers had drawn batches ahead when it stopped."""
+
+    def run_steps(self, d, seen, total, notify_at=None):
+        loader = grace.data.ResumableLoader(IndexData(), 4, seed=3, num_workers=2)
+        with session(d) as g:
+            g.register_stateful("loader", loader)
+            g.attach()
+            loader.place(g.rank, g.world_size)
+            batches = loader.batches()
+            for step in g.steps(total):
+                seen[step] = next(batches).tolist()
+                if step == notify_at:
+                    g.notify("test")
+                time.sleep(0.01)  # the workers prefetch meanwhile
+            return g.completed_steps
+
+    def test_a_restart_sees_every_sample_once_in_the_uninterrupted_order(self):
+        with TempDir() as ref, TempDir() as d:
+            expected, seen = {}, {}
+            self.run_steps(ref, expected, 25)
+            epochs = [sum((expected[s] for s in range(1 + 10 * e, 11 + 10 * e)), []) for e in (0, 1)]
+            self.assertEqual([sorted(e) for e in epochs], [list(range(40))] * 2)
+            self.assertNotEqual(epochs[0], epochs[1])  # a new permutation every epoch
+            stopped = self.run_steps(d, seen, FOREVER, notify_at=6)
+            self.assertGreaterEqual(stopped, 6)
+            self.assertEqual(sorted(seen), list(range(1, stopped + 1)))
+            self.assertEqual(self.run_steps(d, seen, 25), 25)
+            self.assertEqual(seen, expected)
+
+    def test_a_loader_of_another_configuration_is_refused(self):
+        with TempDir() as d:
+            self.run_steps(d, {}, 3)
+            loader = grace.data.ResumableLoader(IndexData(), 8, seed=3)
+            with session(d) as g:
+                g.register_stateful("loader", loader)
+                with self.assertRaisesRegex(grace.GraceError, "global_batch 4 and seed 3, this one 8 and 3"):
+                    g.attach()
+
+    def test_state_that_is_not_json_is_pickled(self):
+        class Tracker:
+            def __init__(self):
+                self.seen = set()
+
+            def state_dict(self):
+                return {"seen": self.seen, "pair": (1, 2)}
+
+            def load_state_dict(self, s):
+                self.seen = s["seen"]
+                self.pair = s["pair"]
+
+        with TempDir() as d:
+            t = Tracker()
+            with session(d) as g:
+                g.register_stateful("tracker", t)
+                g.attach()
+                for step in g.steps(3):
+                    t.seen.add(step)
+            t = Tracker()
+            with session(d) as g:
+                g.register_stateful("tracker", t)
+                self.assertEqual(g.attach(), 3)
+            self.assertEqual((t.seen, t.pair), ({1, 2, 3}, (1, 2)))
+
+
 class StopsAreExceptions(unittest.TestCase):
     """Two workers under grace-launch with no `with` block: a stop raises
     grace.Preempted (finally blocks and atexit handlers run, exit 42, the
