@@ -126,8 +126,11 @@ def checksum(model, opt):
 def main():
     a = parse_args()
     torch.set_num_threads(1)  # deterministic, and leaves cores to the other workers
+    # recover_in_place: under grace-launch --recovery in-place a lost peer is
+    # replaced while this process trains on (Grace's all_reduce_ only).
     with grace.Session(a.checkpoint_dir, save_every=a.save_every, grace_period_ms=a.grace_period_ms,
-                       keep_checkpoints_on_success=a.keep_checkpoints, notice_file=a.notice_file) as g:
+                       keep_checkpoints_on_success=a.keep_checkpoints, notice_file=a.notice_file,
+                       recover_in_place=a.collective == "grace") as g:
         # The same seeds on every rank: dropout draws (and any numpy or
         # Python random draws) stay identical, so the saver's RNG states are
         # every rank's (grace saves one copy, like the parameters).
@@ -176,6 +179,8 @@ def main():
                         dist.all_reduce(flat)
                 else:
                     grace.all_reduce_(flat)
+                if not g.should_commit():  # a peer was replaced in place: this step runs again
+                    continue
                 flat.div_(world)
             opt.step()
             model.updates += 1

@@ -210,7 +210,8 @@ struct notice_queue {
 
 class py_session {
 public:
-  py_session(grace::options o, bool exit_on_stop, int collective_timeout_ms, int stop_deadline_ms)
+  py_session(grace::options o, bool exit_on_stop, int collective_timeout_ms, int stop_deadline_ms,
+             bool recover_in_place)
       : exit_on_stop_(exit_on_stop),
         collective_timeout_(collective_timeout_ms),
         stop_deadline_(stop_deadline_ms),
@@ -220,6 +221,11 @@ public:
       q->push(source, detail);
     };
     s_ = std::make_unique<grace::session>(std::move(o));
+    // Recovery in place (grace-launch --recovery in-place): Grace's ring is
+    // formed again for the new group, on the trainer thread inside the step
+    // boundary (the GIL released), or in a replacement's attach().
+    if (recover_in_place) s_->on_world_change([this] { return reconnect(); });
+    in_place_ = recover_in_place;
   }
 
   /// `callback(source, detail)` for every notice this process receives
@@ -349,6 +355,8 @@ public:
     grace::step_result r = grace::step_result::ok;
     uint64_t k = 0;
     capture_blobs();
+    require_checked();
+    abandoned_ = checked_ = false;
     {
       py::gil_scoped_release nogil;
       if (in_step_) {
@@ -372,6 +380,8 @@ public:
     alive();
     if (!attached_) throw grace_error("begin_step() before attach()");
     if (in_step_) throw grace_error("begin_step() while a step is in flight: end_step() first");
+    require_checked();
+    abandoned_ = checked_ = false;
     capture_blobs();
     grace::step_result r;
     {
@@ -388,6 +398,7 @@ public:
 
   void end_step() {
     alive();
+    if (abandoned_) return require_checked();  // recovered in place: the step did not happen, begin it again
     if (!in_step_) throw grace_error("end_step() without begin_step()");
     capture_blobs();
     in_step_ = false;
@@ -461,17 +472,58 @@ public:
   }
 
   /// In-place sum over the workers (Grace's abortable Gloo ring); float32.
+  /// In a step abandoned by a recovery in place it does nothing (the step
+  /// runs again; should_commit() says so).
   void all_reduce(uintptr_t ptr, size_t n) {
     alive();
     if (!attached_) throw grace_error("all_reduce_ before attach()");
-    if (s_->world_size() == 1 || n == 0) return;
+    if (abandoned_ || s_->world_size() == 1 || n == 0) return;
     if (!comm_) connect();
     grace::status st;
     {
       py::gil_scoped_release nogil;
       st = comm_->allreduce_sum(reinterpret_cast<float*>(ptr), n);
     }
-    if (!st) throw collective_error("all_reduce_: " + st.err().what());
+    if (!st && !recover_after(st.err().what())) throw collective_error("all_reduce_: " + st.err().what());
+  }
+
+  /// A collective failed in a session that recovers in place: the session
+  /// decides at once. Recovered: the step is abandoned (the registered
+  /// state untouched, the blobs put back to the last boundary's snapshot)
+  /// and true. A stop: raised (exit_on_stop) or false for the caller to
+  /// raise CollectiveError. Without in place: false.
+  bool recover_after(const std::string& what) {
+    if (!in_place_ || !in_step_) return false;
+    const auto before = s_->recoveries();
+    grace::step_result r;
+    {
+      py::gil_scoped_release nogil;
+      r = s_->fail_step("all_reduce_: " + what, true);
+    }
+    in_step_ = false;
+    if (r == grace::step_result::ok && s_->recoveries() > before) {
+      abandoned_ = true;
+      restore_snapshots();
+      return true;
+    }
+    on_stop();
+    return false;
+  }
+
+  /// False in a step that a recovery in place abandoned: skip the update.
+  bool should_commit() {
+    checked_ = true;
+    return !abandoned_;
+  }
+  /// At the boundary after an abandoned step: the trainer must have asked
+  /// should_commit(), else it may have applied half-reduced gradients.
+  void require_checked() {
+    if (!abandoned_ || checked_) return;
+    abandoned_ = false;
+    throw grace_error(
+        "a recovery in place abandoned this step, but the step never asked g.should_commit(): its update may "
+        "have used half-reduced gradients, so this worker's state cannot be trusted. With recover_in_place=True, "
+        "skip the rest of the step when g.should_commit() is False (after the last collective, before the update)");
   }
 
   void notify(const std::string& detail) {
@@ -484,6 +536,7 @@ public:
   void close() {
     if (!s_) return;
     last_ = {s_->exit_code(), s_->stop_reason(), s_->rank(), s_->world_size(), s_->completed_steps()};
+    recoveries_at_close_ = s_->recoveries();
     if (_Py_IsFinalizing()) {
       s_.reset();  // the interpreter is going away: no other thread runs Python
       comm_.reset();
@@ -515,6 +568,7 @@ public:
     return {s_->exit_code(), s_->stop_reason(), s_->rank(), s_->world_size(), s_->completed_steps()};
   }
   bool is_chief() const { return status().rank == 0; }
+  uint64_t recoveries() const { return s_ ? s_->recoveries() : recoveries_at_close_; }
   bool attached() const { return attached_; }
   bool in_step() const { return in_step_; }
   bool stopped() const { return stopped_; }
@@ -565,30 +619,54 @@ private:
     if (exit_on_stop_) raise_stop(s_->exit_code());
   }
   void connect() {
-    grace::result<std::unique_ptr<grace::gloo_comm>> c = grace::error{};
+    grace::status st;
+    {
+      py::gil_scoped_release nogil;
+      st = connect_ring();
+    }
+    if (!st) throw collective_error("all_reduce_: gloo rendezvous failed: " + st.err().what());
+  }
+  /// Forms Grace's ring for the current group (no GIL needed).
+  grace::status connect_ring() {
     auto token = std::make_shared<grace::cancel_token>();
     {
       std::lock_guard<std::mutex> g(aborts_->m);
       aborts_->rendezvous = token;  // a peer lost meanwhile ends the rendezvous at once
     }
     arm_abort();
-    {
-      py::gil_scoped_release nogil;
-      c = grace::gloo_comm::connect(s_->rendezvous_store(), s_->rendezvous_prefix() + "py.gloo",
-                                    static_cast<int>(s_->rank()), static_cast<int>(s_->world_size()),
-                                    collective_timeout_, s_->cluster().host, token);
-    }
+    auto c = grace::gloo_comm::connect(s_->rendezvous_store(), s_->rendezvous_prefix() + "py.gloo",
+                                       static_cast<int>(s_->rank()), static_cast<int>(s_->world_size()),
+                                       collective_timeout_, s_->cluster().host, token);
+    if (c) comm_ = std::move(c.value());
     {
       std::lock_guard<std::mutex> g(aborts_->m);
       aborts_->rendezvous.reset();
+      if (c) aborts_->comm = comm_;
     }
-    if (!c) throw collective_error("all_reduce_: gloo rendezvous failed: " + c.err().what());
-    comm_ = std::move(c.value());
+    if (!c) return c.err();
+    arm_abort();
+    return {};
+  }
+  /// on_world_change: the aborted ring is dropped and a new one formed.
+  grace::status reconnect() {
     {
       std::lock_guard<std::mutex> g(aborts_->m);
-      aborts_->comm = comm_;
+      aborts_->comm.reset();
     }
-    arm_abort();
+    comm_.reset();
+    return connect_ring();
+  }
+  /// After a recovery in place: every blob back to its snapshot of the last
+  /// completed step (what the abandoned step drew from the RNGs, the batch
+  /// it took), so the step runs again as it first ran.
+  void restore_snapshots() {
+    for (auto& b : blobs_) {
+      if (!b->have) continue;
+      py::object r = b->encode.is_none() ? b->cached : b->encode(b->cached);
+      auto bytes = py::reinterpret_steal<py::object>(PyBytes_FromObject(r.ptr()));
+      if (!bytes) throw py::error_already_set();
+      b->restore(bytes);
+    }
   }
   void arm_abort() {
     auto targets = aborts_;
@@ -632,7 +710,11 @@ private:
   std::set<std::string> names_;
   signal_state signals_;
   final_status last_;
+  uint64_t recoveries_at_close_ = 0;
   bool attached_ = false, in_step_ = false, stopped_ = false, finished_ = false;
+  bool in_place_ = false;   ///< on_world_change registered: a failed collective may recover in place
+  bool abandoned_ = false;  ///< the step in flight was abandoned by a recovery in place
+  bool checked_ = false;    ///< the trainer asked should_commit() in this step
 };
 
 /// grace.Counter: an int64 saved in every checkpoint's manifest.
@@ -776,12 +858,13 @@ PYBIND11_MODULE(_grace, m) {
       });
 
   py::class_<py_session>(m, "Session")
-      .def(py::init([](bool exit_on_stop, int collective_timeout_ms, int stop_deadline_ms, py::kwargs kw) {
+      .def(py::init([](bool exit_on_stop, int collective_timeout_ms, int stop_deadline_ms, bool recover_in_place,
+                       py::kwargs kw) {
              return std::make_unique<py_session>(make_options(kw), exit_on_stop, collective_timeout_ms,
-                                                 stop_deadline_ms);
+                                                 stop_deadline_ms, recover_in_place);
            }),
            py::arg("exit_on_stop") = true, py::arg("collective_timeout_ms") = 30000,
-           py::arg("stop_deadline_ms") = 10000)
+           py::arg("stop_deadline_ms") = 10000, py::arg("recover_in_place") = false)
       .def("register_memory", &py_session::register_memory, py::arg("name"), py::arg("dtype"), py::arg("shape"),
            py::arg("ptr"), py::arg("owner"), py::arg("global_shape") = std::vector<int64_t>{},
            py::arg("offsets") = std::vector<int64_t>{})
@@ -808,6 +891,8 @@ PYBIND11_MODULE(_grace, m) {
       .def("finish", &py_session::finish)
       .def("quick_exit", &py_session::quick_exit, py::arg("code"))
       .def("arm_stop_deadline", &py_session::arm_stop_deadline, py::arg("code"))
+      .def("should_commit", &py_session::should_commit)
+      .def_property_readonly("recoveries", [](py_session& s) { return s.recoveries(); })
       .def("all_reduce", &py_session::all_reduce, py::arg("ptr"), py::arg("n"))
       .def("add_abort_sockets", &py_session::add_abort_sockets, py::arg("fds"), py::arg("skip_port") = -1)
       .def("notify", &py_session::notify, py::arg("detail") = "notify() from Python")

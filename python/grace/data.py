@@ -66,6 +66,7 @@ class ResumableLoader:
                              % (len(dataset), self.global_batch))
         self.loader_kwargs = loader_kwargs
         self.epoch, self.batch = 0, 0   # the next global batch the trainer takes
+        self._generation = 0            # load_state_dict calls: ends an iteration begun before one
         self.rank, self.world = 0, 1
 
     def place(self, rank, world_size):
@@ -92,13 +93,17 @@ class ResumableLoader:
         as each batch is handed out (not as workers prefetch)."""
         loader = torch.utils.data.DataLoader(self.dataset, batch_size=self.global_batch // self.world,
                                              sampler=_EpochSampler(self), drop_last=True, **self.loader_kwargs)
+        generation = self._generation
         for item in loader:
+            if self._generation != generation:
+                return  # load_state_dict moved the position (a recovery in place): iterate again from there
             self.batch += 1
             yield item
         self.epoch, self.batch = self.epoch + 1, 0
 
     def batches(self):
-        """Every batch, epoch after epoch, without end."""
+        """Every batch, epoch after epoch, without end; after a
+        load_state_dict it goes on from the restored position."""
         while True:
             yield from self
 
@@ -112,3 +117,4 @@ class ResumableLoader:
                              "resuming would read other samples" % (state.get("global_batch"), state.get("seed"),
                                                                      self.global_batch, self.seed))
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        self._generation += 1

@@ -120,7 +120,13 @@ class Session:
     boundary; False leaves the loop instead, and the caller exits with
     g.exit_code. stop_deadline_ms: after that exception, the process ends
     with the code within this time whatever the code around it does (0:
-    never forced). collective_timeout_ms bounds the rendezvous and every
+    never forced). recover_in_place: under `grace-launch --recovery
+    in-place`, a lost peer is replaced while this process keeps running: the
+    grace.all_reduce_ that failed returns after the group formed again, the
+    step is abandoned (blobs such as RNG states and the loader's position
+    are put back to the last completed step) and runs again; the step must
+    skip its update when g.should_commit() is False (Grace's all_reduce_
+    only: a torch.distributed group is not formed again). collective_timeout_ms bounds the rendezvous and every
     all_reduce_ (a lost peer aborts one at once). connect_timeout_ms: how long
     attach() tries to reach the coordination service before it stops with
     exit code 45. replicas: with sharded
@@ -134,7 +140,7 @@ class Session:
                  poll_interval_ms=1000, restart_exit_code=None, exit_on_stop=True, wait_timeout_ms=60000,
                  heartbeat_ms=200, dead_after_ms=3000, collective_timeout_ms=30000, mtbf_prior_hours=6.0,
                  save_retry_max_ms=300000, prune_on_save_failure=False, fallback_checkpoint_dir=None,
-                 replicas=True, connect_timeout_ms=30000, stop_deadline_ms=10000):
+                 replicas=True, connect_timeout_ms=30000, stop_deadline_ms=10000, recover_in_place=False):
         checkpoint_dir = checkpoint_dir or os.environ.get("GRACE_CHECKPOINT_DIR") or "grace-checkpoints"
         if restart_exit_code is None:
             restart_exit_code = int(os.environ.get("GRACE_RESTART_CODE", _grace.RESTART))
@@ -142,7 +148,7 @@ class Session:
         self._restart_code = restart_exit_code
         self._s = _grace.Session(
             exit_on_stop=exit_on_stop, collective_timeout_ms=collective_timeout_ms,
-            stop_deadline_ms=int(stop_deadline_ms),
+            stop_deadline_ms=int(stop_deadline_ms), recover_in_place=bool(recover_in_place),
             checkpoint_dir=str(checkpoint_dir), keep_last=keep_last, restart_exit_code=restart_exit_code,
             save_every_steps=0 if save_every == "auto" else save_every, save_every_auto=save_every == "auto",
             mtbf_prior_seconds=float(mtbf_prior_hours) * 3600, save_every_seconds=save_every_seconds,
@@ -369,6 +375,18 @@ class Session:
         ptr, n = _state.float32_memory(t)
         self._s.all_reduce(ptr, n)
         return t
+
+    def should_commit(self):
+        """After the step's collectives: False when a recovery in place
+        abandoned the step (a peer was replaced; the gradients are not
+        whole). Skip the rest of the step (`continue`): the same step runs
+        again, with the state, RNGs and batch it first had. With
+        recover_in_place=True a step that skips this check stops the worker
+        with an error rather than risk a wrong update."""
+        return self._s.should_commit()
+
+    recoveries = property(lambda self: self._s.recoveries,
+                          doc="Recoveries in place this process took part in.")
 
     def finish(self):
         """After the last step: final checkpoint, backups removed, leave.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The PyTorch trainer (examples/pytorch_train.py: nn.Module, AdamW, a
-# DataLoader with a resumable sampler, grace.all_reduce_) under
+# The PyTorch trainer (examples/pytorch_train.py: nn.Module, AdamW,
+# grace.data.ResumableLoader, grace.all_reduce_) under
 # grace-launch --nproc 4 survives every fault and ends byte for byte in the
 # state of an uninterrupted run: SIGTERM to a random worker, two notices at
-# once, SIGTERM to the launcher, a notice with a grace period, SIGKILL and
+# once, SIGTERM to the launcher, a notice with a grace period, SIGKILL of a
+# worker (restart, and in place: the survivors keep their processes) and
 # SIGSTOP of a worker; an exception in one rank's step stops everyone with
 # exit 3 and no restart. Faults are placed after a periodic checkpoint event.
 source "$(dirname "$0")/lib.sh"
@@ -71,6 +72,19 @@ jit=$(first_step_of "$D" agreed jit)
 restored=$(first_step_of "$D" restored)
 [ "$jit" = "$restored" ] || fail "SIGKILL: restored $restored, the just-in-time save was $jit"
 pass "SIGKILL of rank $victim: just-in-time save at step $jit restored; $same"
+
+D="$WORK/in-place"
+start_py_job "$D" 4 --recovery in-place -- "${ARGS[@]}"
+wait_saved "$D" 15
+kill -KILL "$(pid_of "$D" 2)"
+wait_job
+same=$(same_as_reference "$REF" "$D" $STEPS)
+[ "$(count_events "$D/events.jsonl" "e['event']=='group_started'")" -eq 1 ] || fail "in place: the group was restarted"
+[ "$(count_events "$D/events.jsonl" "e['event']=='worker_replaced'")" -eq 1 ] || fail "in place: expected one replacement"
+[ "$(count_events "$D/events.jsonl" "e['event']=='recovered'")" -eq 4 ] || fail "in place: expected 4 recovered reports"
+[ "$(count_events "$D/events.jsonl" "e['event']=='worker_exit' and e['code']==0")" -eq 4 ] ||
+  fail "in place: the 3 survivors and the replacement must run to the end (exit 0)"
+pass "SIGKILL of rank 2 with --recovery in-place: replaced, the 3 survivors never restarted (no torch import again); $same"
 
 D="$WORK/sigstop"
 start_py_job "$D" 4 --dead-after-ms 1500 -- "${ARGS[@]}"
