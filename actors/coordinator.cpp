@@ -69,12 +69,13 @@ uint32_t verdict_wait_ms(const coordinator_config& c) {
 /// with the restart code and its launcher restarts the group in the
 /// incarnation it then asks for (it may have counted on its own while away);
 /// a join for current + 1 waits for the old group instead.
-msg<proto::Welcome> refuse_for_now(const std::string& reason, uint32_t current) {
+msg<proto::Welcome> refuse_for_now(const std::string& reason, uint32_t current, bool steps_differ = false) {
   return make<proto::Welcome>([&](auto b) {
     b.setAccepted(false);
     b.setReason(reason);
     b.setRestartable(true);
     b.setIncarnation(current);
+    b.setStepsDiffer(steps_differ);
   });
 }
 
@@ -507,7 +508,7 @@ std::optional<msg<proto::Welcome>> join_refusal(coordinator_ptr self, proto::Joi
     st.gone.refused.insert(req.rank);
     if (st.agree->refusal_ends_group(j.getCompletedStep()))
       member_lost(self, req.rank, loss_reason::dead, "not level: " + *why, j.getCompletedStep(), false);
-    return refuse_for_now(*why, st.cfg.incarnation);
+    return refuse_for_now(*why, st.cfg.incarnation, st.agree->restored_differs(j.getCompletedStep()));
   }
   return std::nullopt;
 }

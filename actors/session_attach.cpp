@@ -315,9 +315,13 @@ status session::impl::join() {
                 auto wr = r->get();
                 if (!wr.getAccepted()) {
                   wait_for_old_group = wr.getRestartable() && wr.getIncarnation() + 1 == cluster.incarnation;
-                  failure = error{wr.getRestartable() ? errc::preempted : errc::invalid_input,
-                                  "the coordination service refused rank " + std::to_string(cluster.rank) + ": " +
-                                      str(wr.getReason())};
+                  // Steps that differ: this group cannot form (its launcher
+                  // counts a failed rendezvous and names the leveling).
+                  const errc why = wr.getStepsDiffer()  ? errc::disconnected
+                                   : wr.getRestartable() ? errc::preempted
+                                                         : errc::invalid_input;
+                  failure = error{why, "the coordination service refused rank " + std::to_string(cluster.rank) +
+                                           ": " + str(wr.getReason())};
                   return;
                 }
                 if (wr.getRank() != cluster.rank || wr.getWorldSize() != cluster.world_size ||

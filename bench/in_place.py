@@ -15,6 +15,7 @@ per sample. Also checks what each row claims: in place, one group for the
 whole job and a replacement that took the state; restart, two groups.
 
   bench/in_place.py --launch build/grace-launch --train build/grace-train --nproc 8 --reps 10
+  bench/in_place.py --launch build/grace-launch --python examples/pytorch_train.py --nproc 4 --dim 1024
 """
 import argparse
 import json
@@ -58,9 +59,13 @@ def one(a, mode, work):
     largs = ["--recovery", "in-place" if mode != "restart" else "restart", "--max-restarts", "3"]
     if mode == "in place, spare":
         largs += ["--standby", "--standby-delay-ms", "0"]
-    cmd = [a.launch, "--nproc", str(a.nproc), "--checkpoint-dir", "ck", "--quiet"] + largs + [
-        "--", a.train, "--device", "cpu", "--steps", str(a.steps), "--step-delay-ms", str(a.step_delay_ms),
-        "--save-every", "100000", "--input-dim", str(a.dim), "--hidden", str(a.dim), str(a.dim)]
+    common = ["--device", "cpu", "--steps", str(a.steps), "--step-delay-ms", str(a.step_delay_ms),
+              "--save-every", "100000", "--input-dim", str(a.dim)]
+    if a.python:  # the PyTorch example: one hidden width, Grace's all_reduce_ (recover_in_place on)
+        trainer = ["/usr/bin/python3", a.python] + common + ["--hidden", str(a.dim)]
+    else:
+        trainer = [a.train] + common + ["--hidden", str(a.dim), str(a.dim)]
+    cmd = [a.launch, "--nproc", str(a.nproc), "--checkpoint-dir", "ck", "--quiet"] + largs + ["--"] + trainer
     env = dict(os.environ, GRACE_EVENTS_FILE=ev)
     with open(os.path.join(work, "log.txt"), "w") as log:
         job = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -99,7 +104,8 @@ def one(a, mode, work):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--launch", required=True)
-    p.add_argument("--train", required=True)
+    p.add_argument("--train", help="grace-train (or --python)")
+    p.add_argument("--python", help="a PyTorch trainer such as examples/pytorch_train.py instead of grace-train")
     p.add_argument("--nproc", type=int, default=8)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--dim", type=int, default=1024, help="--input-dim and two --hidden layers of this width")
@@ -109,7 +115,11 @@ def main():
     p.add_argument("--work", default="/tmp/grace-bench-in-place")
     p.add_argument("--jsonl", help="append one JSON object per sample here")
     a = p.parse_args()
-    a.launch, a.train = os.path.abspath(a.launch), os.path.abspath(a.train)
+    if not a.train and not a.python:
+        p.error("give --train grace-train or --python TRAINER.py")
+    a.launch = os.path.abspath(a.launch)
+    a.train = os.path.abspath(a.train) if a.train else None
+    a.python = os.path.abspath(a.python) if a.python else None
     modes = ["in place, spare", "in place, new", "restart"]
     samples = {m: [] for m in modes}
     for r in range(a.reps):  # interleaved: the machine's noise hits every row alike
@@ -120,7 +130,7 @@ def main():
             if a.jsonl:
                 with open(a.jsonl, "a") as f:
                     f.write(json.dumps(dict(s, bench="in_place")) + "\n")
-    print(f"recovery after a SIGKILL, {a.nproc} workers, "
+    print(f"recovery after a SIGKILL, {a.nproc} {'PyTorch' if a.python else 'grace-train'} workers, "
           f"{max((s['state_bytes'] for v in samples.values() for s in v), default=0) / 2**20:.1f} MiB of state per rank:"
           " kill -> end of the first step of the group that trains on, less that step")
     print(f"{'':18} {'median ms':>10} {'p90 ms':>8} {'samples':>8} {'checks':>8}")

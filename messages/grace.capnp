@@ -52,6 +52,9 @@ struct Welcome {
   verdictWaitMs @8 :UInt32;   # longest the service takes to decide after a
                               # failure (dead-after + its check + the connection
                               # timeout): a member's waits at a boundary end by then
+  stepsDiffer @9 :Bool;       # refused because it restored another step than the
+                              # group (checkpoint directories not level): this group
+                              # cannot form, a failed rendezvous (exit 45), not a restart
 }
 
 struct Heartbeat {

@@ -283,6 +283,8 @@ public:
   /// member lost (on_member_lost): everyone restarts, and every node brings
   /// its directory level again first. Any other refusal is for now only.
   bool refusal_ends_group(uint64_t completed) const;
+  /// A member that restored `completed` holds another state than the group.
+  bool restored_differs(uint64_t completed) const;
   /// A member joined with `completed` steps restored (call only when
   /// join_refusal() said yes).
   actions on_join(uint32_t rank, uint64_t completed);
@@ -418,8 +420,6 @@ private:
   actions on_part(uint32_t rank, uint64_t id, uint64_t step, bool ok, const std::string& error);
   actions on_periodic(uint32_t rank, uint64_t step, bool ok, bool part);
   bool all_live_in(const std::set<uint32_t>& s) const;
-  /// A member that restored `completed` holds another state than the group.
-  bool restored_differs(uint64_t completed) const;
   uint32_t chief() const;
   std::set<uint32_t> committers(const std::set<uint32_t>& writers, uint32_t single) const;
   static actions order_commits(uint64_t id, uint64_t step, const std::set<uint32_t>& committers);

@@ -159,6 +159,42 @@ bool take_reply(caf::scoped_actor& self, Take take) {
 
 }  // namespace
 
+TEST_CASE("coordinator: a join with another restored step is refused as a failed rendezvous", "[coordinator]") {
+  // Node-local directories not level: rank 0 restored step 40, rank 1 an
+  // empty disk. The refusal says the steps differ, so the worker stops as
+  // a failed rendezvous (its launcher counts the streak and names the
+  // leveling) instead of a restart that could commit the wrong step.
+  fixture f(3);
+  auto with_step = [](uint32_t rank, uint64_t completed) {
+    auto m = fixture::join_msg(rank);
+    return make<proto::Join>([&](auto b) {
+      auto r = decode(m)->get();
+      b.setRank(r.getRank());
+      b.setWorldSize(r.getWorldSize());
+      b.setRunId(r.getRunId());
+      b.setToken(r.getToken());
+      b.setProtocolVersion(r.getProtocolVersion());
+      b.setIncarnation(r.getIncarnation());
+      b.setCompletedStep(completed);
+    });
+  };
+  f.w(0)->send(f.coord, with_step(0, 40));
+  f.run();
+  REQUIRE(f.expect<proto::Welcome>(0)->getAccepted());
+  f.w(1)->send(f.coord, with_step(1, 0));
+  f.run();
+  auto refused = f.expect<proto::Welcome>(1);
+  CHECK_FALSE(refused->getAccepted());
+  CHECK(refused->getStepsDiffer());
+  CHECK(str(refused->getReason()).find("restored step 0 but the group restored step 40") != std::string::npos);
+  // A refusal for another reason does not say so.
+  f.w(2)->send(f.coord, with_step(0, 40));
+  f.run();
+  auto dup = f.expect<proto::Welcome>(2);
+  CHECK_FALSE(dup->getAccepted());
+  CHECK_FALSE(dup->getStepsDiffer());
+}
+
 TEST_CASE("coordinator: joins are refused with a reason", "[coordinator]") {
   fixture f(3);
   f.w(0)->send(f.coord, fixture::join_msg(0, 3, "wrong"));
