@@ -75,8 +75,9 @@ void translate_stop(std::exception_ptr p) {
     if (p) std::rethrow_exception(p);
   } catch (const session_stopped& s) {
     PyObject* cls = g_stop_classes[s.restart ? 1 : 0];
+    py::object exc = cls ? py::reinterpret_borrow<py::object>(cls)(s.code, s.reason)
+                         : py::reinterpret_borrow<py::object>(PyExc_SystemExit)(s.code);
     if (!cls) cls = PyExc_SystemExit;
-    py::object exc = py::reinterpret_borrow<py::object>(cls)(s.code, s.reason);
     PyErr_SetObject(cls, exc.ptr());
   }
 }
@@ -202,9 +203,11 @@ struct notice_queue {
     any.store(true, std::memory_order_release);
   }
   std::deque<std::pair<std::string, std::string>> take() {
+    std::deque<std::pair<std::string, std::string>> out;
     std::lock_guard<std::mutex> g(m);
     any.store(false, std::memory_order_relaxed);
-    return std::move(items);
+    out.swap(items);
+    return out;
   }
 };
 
@@ -354,9 +357,10 @@ public:
     if (!attached_) throw grace_error("steps() before attach()");
     grace::step_result r = grace::step_result::ok;
     uint64_t k = 0;
-    capture_blobs();
     require_checked();
     abandoned_ = checked_ = false;
+    restore_abandoned();
+    capture_blobs();
     {
       py::gil_scoped_release nogil;
       if (in_step_) {
@@ -382,6 +386,7 @@ public:
     if (in_step_) throw grace_error("begin_step() while a step is in flight: end_step() first");
     require_checked();
     abandoned_ = checked_ = false;
+    restore_abandoned();
     capture_blobs();
     grace::step_result r;
     {
@@ -413,11 +418,17 @@ public:
     alive();
     if (!attached_ || stopped_) return s_->exit_code();
     in_step_ = false;
+    grace::step_result r;
     {
       py::gil_scoped_release nogil;
-      s_->fail_step(what, collective);
+      r = s_->fail_step(what, collective);
     }
     stopped_ = true;
+    // Recovered in place, but Python already left the loop (the exception
+    // escaped it): this worker cannot go on with the repaired group, so it
+    // stops with the restart code (never 0: the launcher would take it for
+    // a finished worker).
+    if (r == grace::step_result::ok) return restart_code_;
     return s_->exit_code();
   }
 
@@ -458,9 +469,8 @@ public:
       const std::string msg = "grace: the process was still running " + std::to_string(after.count()) +
                               " ms (stop_deadline_ms) after the session stopped: ending it with exit code " +
                               std::to_string(code) + "\n";
-      ssize_t ignored = ::write(2, msg.data(), msg.size());
+      ssize_t ignored = ::write(2, msg.data(), msg.size());  // no stdio: its lock may be what hangs
       (void)ignored;
-      std::fflush(nullptr);
       std::_Exit(code);
     }).detach();
   }
@@ -495,6 +505,7 @@ public:
   bool recover_after(const std::string& what) {
     if (!in_place_ || !in_step_) return false;
     const auto before = s_->recoveries();
+    const auto completed = s_->completed_steps();
     grace::step_result r;
     {
       py::gil_scoped_release nogil;
@@ -503,7 +514,10 @@ public:
     in_step_ = false;
     if (r == grace::step_result::ok && s_->recoveries() > before) {
       abandoned_ = true;
-      restore_snapshots();
+      checked_ = false;
+      // Behind the donor, this rank took the donor's tensors and blobs
+      // (its completed step moved): nothing of its own to put back.
+      restore_pending_ = s_->completed_steps() == completed;
       return true;
     }
     on_stop();
@@ -588,12 +602,14 @@ private:
   /// flush must not keep the save from happening.
   void deliver_notices() {
     if (!notices_->any.load(std::memory_order_acquire)) return;
+    const auto callbacks = notice_callbacks_;  // a callback may register another, or close the session
     for (auto& [source, detail] : notices_->take())
-      for (auto& cb : notice_callbacks_) try {
+      for (auto& cb : callbacks) try {
           cb(source, detail);
         } catch (py::error_already_set& e) {
           e.discard_as_unraisable("grace: a notice callback");
         }
+    alive();  // closed by a callback: the boundary cannot go on
   }
   void capture_blobs() {
     deliver_notices();
@@ -656,10 +672,13 @@ private:
     comm_.reset();
     return connect_ring();
   }
-  /// After a recovery in place: every blob back to its snapshot of the last
-  /// completed step (what the abandoned step drew from the RNGs, the batch
-  /// it took), so the step runs again as it first ran.
-  void restore_snapshots() {
+  /// At the boundary after a step a recovery in place abandoned: every blob
+  /// back to its snapshot of the last completed step (what the abandoned
+  /// step drew from the RNGs, the batch it took), so the step runs again as
+  /// it first ran.
+  void restore_abandoned() {
+    if (!restore_pending_) return;
+    restore_pending_ = false;
     for (auto& b : blobs_) {
       if (!b->have) continue;
       py::object r = b->encode.is_none() ? b->cached : b->encode(b->cached);
@@ -715,6 +734,7 @@ private:
   bool in_place_ = false;   ///< on_world_change registered: a failed collective may recover in place
   bool abandoned_ = false;  ///< the step in flight was abandoned by a recovery in place
   bool checked_ = false;    ///< the trainer asked should_commit() in this step
+  bool restore_pending_ = false;  ///< blobs to put back at the next boundary (restore_abandoned)
 };
 
 /// grace.Counter: an int64 saved in every checkpoint's manifest.

@@ -99,7 +99,8 @@ class ResumableLoader:
                 return  # load_state_dict moved the position (a recovery in place): iterate again from there
             self.batch += 1
             yield item
-        self.epoch, self.batch = self.epoch + 1, 0
+        if self._generation == generation:  # else the restored position stands
+            self.epoch, self.batch = self.epoch + 1, 0
 
     def batches(self):
         """Every batch, epoch after epoch, without end; after a

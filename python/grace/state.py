@@ -279,13 +279,18 @@ def register_rng(session, prefix, use_torch, use_numpy, use_python):
 
 
 def encode_state(state):
-    """JSON when the state is JSON (readable in the manifest, nothing to
-    unpickle), else a pickle (protocol 4, which starts with 0x80: no JSON
-    text does, so decode_state tells them apart)."""
+    """JSON when the state comes back from JSON unchanged (readable in the
+    manifest, nothing to unpickle); else a pickle (protocol 4, which starts
+    with 0x80: no JSON text does, so decode_state tells them apart). Int
+    keys and tuples, which JSON would turn into strings and lists, take
+    the pickle."""
     try:
-        return json.dumps(state).encode()
+        text = json.dumps(state)
+        if json.loads(text) == state:
+            return text.encode()
     except (TypeError, ValueError):
-        return pickle.dumps(state, protocol=4)
+        pass
+    return pickle.dumps(state, protocol=4)
 
 
 def decode_state(blob):

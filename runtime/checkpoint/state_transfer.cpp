@@ -81,11 +81,7 @@ result<std::unique_ptr<state_server>> state_server::start(const std::string& add
 }
 
 state_server::~state_server() {
-  {
-    std::lock_guard<std::mutex> g(m_);
-    armed_.reset();
-  }
-  cv_.notify_all();
+  disarm();         // a transfer in flight still reads the tensors: it ends first
   server_.reset();  // joins the serving thread
 }
 
@@ -99,8 +95,13 @@ void state_server::arm(donor_state s) {
 
 void state_server::disarm() {
   std::unique_lock<std::mutex> g(m_);
-  armed_.reset();
+  // No new transfer starts; the ones in flight hold a pointer into armed_,
+  // which goes only after the last of them ended.
+  disarming_ = true;
+  cv_.notify_all();
   cv_.wait(g, [&] { return in_flight_ == 0; });
+  armed_.reset();
+  disarming_ = false;
 }
 
 uint64_t state_server::served() const {
@@ -110,9 +111,9 @@ uint64_t state_server::served() const {
 
 const donor_state* state_server::begin_serving(uint64_t round, uint64_t step, std::string& why) {
   std::unique_lock<std::mutex> g(m_);
-  auto matches = [&] { return armed_ && armed_->round == round && armed_->step == step; };
+  auto matches = [&] { return !disarming_ && armed_ && armed_->round == round && armed_->step == step; };
   if (!cv_.wait_for(g, io_timeout_, matches)) {
-    why = armed_ ? "this worker serves round " + std::to_string(armed_->round) + " step " + std::to_string(armed_->step) +
+    why = armed_ && !disarming_ ? "this worker serves round " + std::to_string(armed_->round) + " step " + std::to_string(armed_->step) +
                        ", not round " + std::to_string(round) + " step " + std::to_string(step)
                  : "this worker serves no state (round " + std::to_string(round) + " step " + std::to_string(step) +
                        " was asked for)";

@@ -76,6 +76,7 @@ private:
   std::condition_variable cv_;
   std::optional<donor_state> armed_;  ///< guarded by m_
   int in_flight_ = 0;                 ///< guarded by m_
+  bool disarming_ = false;            ///< guarded by m_: disarm() waits for the transfers in flight
   uint64_t served_ = 0;               ///< guarded by m_
   std::unique_ptr<bulk_server> server_;
 };

@@ -62,7 +62,8 @@ struct fixture {
   caf::scoped_actor& w(size_t r) { return *workers[r]; }
 
   static msg<proto::Join> join_msg(uint32_t rank, uint32_t world = 3, std::string token = "tok",
-                                   uint32_t version = proto::PROTOCOL_VERSION, uint32_t incarnation = 0) {
+                                   uint32_t version = proto::PROTOCOL_VERSION, uint32_t incarnation = 0,
+                                   uint64_t completed = 0) {
     return make<proto::Join>([&](auto b) {
       b.setRank(rank);
       b.setWorldSize(world);
@@ -70,6 +71,7 @@ struct fixture {
       b.setToken(token);
       b.setProtocolVersion(version);
       b.setIncarnation(incarnation);
+      b.setCompletedStep(completed);
     });
   }
 
@@ -166,17 +168,7 @@ TEST_CASE("coordinator: a join with another restored step is refused as a failed
   // leveling) instead of a restart that could commit the wrong step.
   fixture f(3);
   auto with_step = [](uint32_t rank, uint64_t completed) {
-    auto m = fixture::join_msg(rank);
-    return make<proto::Join>([&](auto b) {
-      auto r = decode(m)->get();
-      b.setRank(r.getRank());
-      b.setWorldSize(r.getWorldSize());
-      b.setRunId(r.getRunId());
-      b.setToken(r.getToken());
-      b.setProtocolVersion(r.getProtocolVersion());
-      b.setIncarnation(r.getIncarnation());
-      b.setCompletedStep(completed);
-    });
+    return fixture::join_msg(rank, 3, "tok", proto::PROTOCOL_VERSION, 0, completed);
   };
   f.w(0)->send(f.coord, with_step(0, 40));
   f.run();

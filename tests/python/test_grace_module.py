@@ -510,6 +510,23 @@ class ResumableData(unittest.TestCase):
             self.assertEqual(self.run_steps(d, seen, 25), 25)
             self.assertEqual(seen, expected)
 
+    def test_a_restore_during_an_iteration_goes_on_from_the_restored_batch(self):
+        """What a recovery in place does: load_state_dict while batches() is
+        being iterated, mid-epoch and after the epoch's last batch."""
+        def loader():
+            return grace.data.ResumableLoader(IndexData(), 4, seed=3, num_workers=2)
+        it = loader().batches()
+        first = [next(it).tolist() for _ in range(12)]  # 10 batches an epoch
+        for taken in (5, 10):  # mid-epoch; right after the epoch's last batch
+            l = loader()
+            it = l.batches()
+            for _ in range(taken):
+                next(it)
+            # Back to before the last batch taken, as a recovery in place does.
+            l.load_state_dict(dict(l.state_dict(), epoch=(taken - 1) // 10, batch=(taken - 1) % 10))
+            self.assertEqual(next(it).tolist(), first[taken - 1])
+            self.assertEqual(next(it).tolist(), first[taken])
+
     def test_a_loader_of_another_configuration_is_refused(self):
         with TempDir() as d:
             self.run_steps(d, {}, 3)
@@ -525,11 +542,12 @@ class ResumableData(unittest.TestCase):
                 self.seen = set()
 
             def state_dict(self):
-                return {"seen": self.seen, "pair": (1, 2)}
+                return {"seen": self.seen, "pair": (1, 2), 7: "int key"}
 
             def load_state_dict(self, s):
                 self.seen = s["seen"]
                 self.pair = s["pair"]
+                self.key = s[7]
 
         with TempDir() as d:
             t = Tracker()
@@ -542,7 +560,10 @@ class ResumableData(unittest.TestCase):
             with session(d) as g:
                 g.register_stateful("tracker", t)
                 self.assertEqual(g.attach(), 3)
-            self.assertEqual((t.seen, t.pair), ({1, 2, 3}, (1, 2)))
+            self.assertEqual((t.seen, t.pair, t.key), ({1, 2, 3}, (1, 2), "int key"))
+        # JSON-able but not kept by JSON (a tuple, an int key): pickled too.
+        self.assertEqual(grace.state.decode_state(grace.state.encode_state({1: (2, 3)})), {1: (2, 3)})
+        self.assertEqual(grace.state.encode_state({"a": [1]}), b'{"a": [1]}')
 
 
 class StopsAreExceptions(unittest.TestCase):
@@ -626,6 +647,63 @@ finally:
             self.assertEqual(marks, self.FINISHED + self.NOTICED + ["preempted42-0-0", "preempted42-0-1"])
             self.assertIn("stop_deadline_ms", log)
             self.assertIn("restart 1/", log)
+
+
+class InPlace(unittest.TestCase):
+    """grace-launch --recovery in-place with Session(recover_in_place=True):
+    rank 2 SIGKILLed at step 10, a replacement takes its place and the two
+    survivors keep their processes. With the should_commit() check every
+    step is applied exactly once (w = 3 per step); a trainer that skips the
+    check is stopped (exit 3) instead of applying a half-reduced sum."""
+
+    WORKER = """
+import os, signal, sys, time
+import numpy as np
+import grace
+mode, out = sys.argv[1], sys.argv[2]
+rank = int(os.environ["RANK"])
+w = np.zeros(4, np.float32)
+g = grace.Session(os.path.join(out, "ck"), recover_in_place=True)
+g.register_array("w", w)
+g.attach()
+for step in g.steps(30):
+    if rank == 2 and step == 10 and not os.environ.get("GRACE_REPLACEMENT"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.01)
+    grad = np.ones(4, np.float32)
+    grace.all_reduce_(grad)
+    if mode == "check" and not g.should_commit():
+        continue
+    w += grad
+g.finish()
+print("RECOVERED rank %d pid %d: %d" % (rank, os.getpid(), g.recoveries), flush=True)
+"""
+
+    def launch(self, d, mode):
+        script = os.path.join(d, "worker.py")
+        with open(script, "w") as f:
+            f.write(self.WORKER)
+        return subprocess.run([os.environ["GRACE_LAUNCH"], "--nproc", "3", "--recovery", "in-place", "--",
+                               sys.executable, script, mode, d], capture_output=True, text=True, timeout=120)
+
+    @unittest.skipUnless(os.environ.get("GRACE_LAUNCH"), "needs grace-launch (GRACE_LAUNCH)")
+    def test_survivors_keep_their_processes_and_every_step_counts_once(self):
+        with TempDir() as d:
+            out = self.launch(d, "check")
+            log = out.stdout + out.stderr
+            self.assertEqual(out.returncode, 0, log[-3000:])
+            self.assertEqual(grace.load(os.path.join(d, "ck"))["w"].tolist(), [90.0] * 4)
+            recovered = sorted(re.findall(r"RECOVERED rank (\d) pid \d+: (\d)", log))
+            self.assertEqual(recovered, [("0", "1"), ("1", "1"), ("2", "1")], log[-3000:])
+            self.assertNotIn("restart 1/", log)
+
+    @unittest.skipUnless(os.environ.get("GRACE_LAUNCH"), "needs grace-launch (GRACE_LAUNCH)")
+    def test_a_step_that_never_asks_should_commit_is_stopped(self):
+        with TempDir() as d:
+            out = self.launch(d, "no-check")
+            log = out.stdout + out.stderr
+            self.assertEqual(out.returncode, 3, log[-3000:])
+            self.assertIn("never asked g.should_commit()", log)
 
 
 class Standby(unittest.TestCase):
