@@ -41,13 +41,18 @@ from ._grace import CollectiveError, GraceError
 _current = None
 
 
+_stop_code = None  # set once Grace raised a stop: the exit code the process ends with
+
+
 class Stopped(SystemExit):
     """The session stopped: leave, and exit with `code` (what grace-launch
     reads). `reason` says why (the notice, the lost rank, the error)."""
 
     def __init__(self, code, reason=""):
+        global _stop_code
         super().__init__(code)
         self.reason = reason
+        _stop_code = code
 
     def __str__(self):
         return "grace stopped the session with exit code %s: %s" % (self.code, self.reason)
@@ -59,6 +64,26 @@ class Preempted(Stopped):
 
 
 _grace._set_stop_classes(Stopped, Preempted)
+
+
+def _end_after_stop():
+    """Registered at `import grace`, so it runs after the atexit handlers
+    registered later (the trainer's): once a stop was raised, the process
+    ends here with its code. What is left is the interpreter's own teardown
+    of native objects (torch, DataLoader workers, Grace's threads), which a
+    stopped worker does not need and which must not turn exit 42 into an
+    abort."""
+    if _stop_code is None:
+        return
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    os._exit(int(_stop_code))
+
+
+atexit.register(_end_after_stop)
 
 # What torch.distributed's Gloo and NCCL groups raise when a peer is lost or
 # its connections are shut down (torch 1.13 raises plain RuntimeErrors).
