@@ -260,8 +260,14 @@ except grace.CollectiveError:
         with open(script, "w") as f:
             f.write(self.PER_RANK_WORKER)
         extra = [str(kill_at)] if kill_at else []
-        out = subprocess.run([os.environ["GRACE_LAUNCH"], "--nproc", str(nproc), "--", sys.executable, script,
-                              str(total), os.path.join(d, "ck")] + extra, capture_output=True, text=True, timeout=120)
+        try:
+            out = subprocess.run([os.environ["GRACE_LAUNCH"], "--nproc", str(nproc), "--", sys.executable, script,
+                                  str(total), os.path.join(d, "ck")] + extra, capture_output=True, text=True,
+                                 timeout=120)
+        except subprocess.TimeoutExpired as e:  # say what the job was doing
+            self.fail("grace-launch did not end within 120 s:\n%s\n%s" % (
+                (e.stdout or b"")[-3000:].decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")[-3000:],
+                (e.stderr or b"")[-3000:].decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")[-3000:]))
         self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
         # Two workers share the pipe: a log line may land right after a
         # RESTORED line's last field, so fields are matched, not split.
