@@ -61,6 +61,24 @@ def session(d, **kw):
     return grace.Session(os.path.join(d, "ck"), **kw)
 
 
+def launch_script(test, d, source, nproc, args, launcher_args=()):
+    """Writes `source` to d/worker.py and runs it under grace-launch with
+    `nproc` workers; returns (exit code, stdout + stderr). A job that does
+    not end within 120 s fails the test with what it printed."""
+    script = os.path.join(d, "worker.py")
+    with open(script, "w") as f:
+        f.write(source)
+    cmd = [os.environ["GRACE_LAUNCH"], "--nproc", str(nproc)] + list(launcher_args) + \
+        ["--", sys.executable, script] + [str(a) for a in args]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as e:
+        def text(b):
+            return (b.decode(errors="replace") if isinstance(b, bytes) else b or "")[-3000:]
+        test.fail("grace-launch did not end within 120 s:\n%s\n%s" % (text(e.stdout), text(e.stderr)))
+    return out.returncode, out.stdout + out.stderr
+
+
 class NumpyState(unittest.TestCase):
     def run_steps(self, d, total, notify_at=None):
         """Steps that add their index to an array, a counter and a blob;
@@ -256,22 +274,12 @@ except grace.CollectiveError:
 """
 
     def launch_per_rank(self, d, nproc, total, kill_at=None):
-        script = os.path.join(d, "worker.py")
-        with open(script, "w") as f:
-            f.write(self.PER_RANK_WORKER)
-        extra = [str(kill_at)] if kill_at else []
-        try:
-            out = subprocess.run([os.environ["GRACE_LAUNCH"], "--nproc", str(nproc), "--", sys.executable, script,
-                                  str(total), os.path.join(d, "ck")] + extra, capture_output=True, text=True,
-                                 timeout=120)
-        except subprocess.TimeoutExpired as e:  # say what the job was doing
-            self.fail("grace-launch did not end within 120 s:\n%s\n%s" % (
-                (e.stdout or b"")[-3000:].decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")[-3000:],
-                (e.stderr or b"")[-3000:].decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")[-3000:]))
-        self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
+        extra = [kill_at] if kill_at else []
+        rc, log = launch_script(self, d, self.PER_RANK_WORKER, nproc, [total, os.path.join(d, "ck")] + extra)
+        self.assertEqual(rc, 0, log[-4000:])
         # Two workers share the pipe: a log line may land right after a
         # RESTORED line's last field, so fields are matched, not split.
-        found = re.findall(r"RESTORED (\d+) (\d+) (\d+) (\d+) (none|rank\d+-step\d+)", out.stdout)
+        found = re.findall(r"RESTORED (\d+) (\d+) (\d+) (\d+) (none|rank\d+-step\d+)", log)
         return sorted(list(f) for f in found)
 
     @unittest.skipUnless(os.environ.get("GRACE_LAUNCH"), "needs grace-launch (GRACE_LAUNCH)")
@@ -616,15 +624,11 @@ finally:
 """
 
     def launch(self, d, mode):
-        script = os.path.join(d, "worker.py")
-        with open(script, "w") as f:
-            f.write(self.WORKER)
-        out = subprocess.run([os.environ["GRACE_LAUNCH"], "--nproc", "2", "--", sys.executable, script, mode, d],
-                             capture_output=True, text=True, timeout=120)
-        self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-3000:])
+        rc, log = launch_script(self, d, self.WORKER, 2, [mode, d])
+        self.assertEqual(rc, 0, log[-4000:])
         self.assertEqual(grace.load(os.path.join(d, "ck"))["w"].tolist(), [60.0] * 4)  # 30 steps of 2
         marks = sorted(n for n in os.listdir(d) if n[0] in "afhnp")
-        return marks, out.stdout + out.stderr
+        return marks, log
 
     FINISHED = ["atexit-1-0", "atexit-1-1", "finally-1-0", "finally-1-1"]
     NOTICED = ["handler15-0-1", "noticesignalSIGTERM-0-1"]  # rank 1 received the SIGTERM
@@ -686,18 +690,13 @@ print("RECOVERED rank %d pid %d: %d" % (rank, os.getpid(), g.recoveries), flush=
 """
 
     def launch(self, d, mode):
-        script = os.path.join(d, "worker.py")
-        with open(script, "w") as f:
-            f.write(self.WORKER)
-        return subprocess.run([os.environ["GRACE_LAUNCH"], "--nproc", "3", "--recovery", "in-place", "--",
-                               sys.executable, script, mode, d], capture_output=True, text=True, timeout=120)
+        return launch_script(self, d, self.WORKER, 3, [mode, d], ["--recovery", "in-place"])
 
     @unittest.skipUnless(os.environ.get("GRACE_LAUNCH"), "needs grace-launch (GRACE_LAUNCH)")
     def test_survivors_keep_their_processes_and_every_step_counts_once(self):
         with TempDir() as d:
-            out = self.launch(d, "check")
-            log = out.stdout + out.stderr
-            self.assertEqual(out.returncode, 0, log[-3000:])
+            rc, log = self.launch(d, "check")
+            self.assertEqual(rc, 0, log[-3000:])
             self.assertEqual(grace.load(os.path.join(d, "ck"))["w"].tolist(), [90.0] * 4)
             recovered = sorted(re.findall(r"RECOVERED rank (\d) pid \d+: (\d)", log))
             self.assertEqual(recovered, [("0", "1"), ("1", "1"), ("2", "1")], log[-3000:])
@@ -706,9 +705,8 @@ print("RECOVERED rank %d pid %d: %d" % (rank, os.getpid(), g.recoveries), flush=
     @unittest.skipUnless(os.environ.get("GRACE_LAUNCH"), "needs grace-launch (GRACE_LAUNCH)")
     def test_a_step_that_never_asks_should_commit_is_stopped(self):
         with TempDir() as d:
-            out = self.launch(d, "no-check")
-            log = out.stdout + out.stderr
-            self.assertEqual(out.returncode, 3, log[-3000:])
+            rc, log = self.launch(d, "no-check")
+            self.assertEqual(rc, 3, log[-3000:])
             self.assertIn("never asked g.should_commit()", log)
 
 
