@@ -99,6 +99,11 @@ struct options {
   std::chrono::milliseconds heartbeat{200};
   std::chrono::milliseconds dead_after{3000};  ///< coordinator's failure verdict (local/--workers modes)
   std::optional<cluster_config> cluster;       ///< default: from the environment
+  /// A --workers/TF_CONFIG member's secret file (else GRACE_TOKEN or
+  /// GRACE_TOKEN_FILE), and whether a job across hosts may run without a
+  /// secret (else refused; GRACE_INSECURE=1 too): resolve_member_secret.
+  std::string token_file;
+  bool insecure = false;
   std::shared_ptr<spdlog::logger> log;
 };
 

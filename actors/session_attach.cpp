@@ -98,6 +98,13 @@ result<uint64_t> session::attach() {
     if (!c) return c.err();
     d.cluster = *c;
   }
+  auto secret = resolve_member_secret(d.cluster, {d.opts.token_file, d.opts.insecure},
+                                      [](const char* v) -> const char* { return std::getenv(v); });
+  if (!secret) return secret.err();
+  if (*secret == secret_mode::insecure)
+    d.log->warn("grace: INSECURE: {} spans hosts and this job has no secret (--insecure / GRACE_INSECURE=1): "
+                "anyone who reaches {}:{} can join it", d.cluster.source, d.cluster.coordinator_host,
+                d.cluster.coordinator_port);
   set_event_identity(d.cluster.rank, d.cluster.incarnation);
   d.wire.tls = tls_files_from({}, [](const char* v) { return std::getenv(v); });
   if (auto st = check_tls_files(d.wire.tls, "GRACE_TLS_"); !st) return st.err();

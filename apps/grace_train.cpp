@@ -155,14 +155,14 @@ struct train_args {
   uint64_t steps = 200;
   std::string checkpoint_dir =
       std::getenv("GRACE_CHECKPOINT_DIR") ? std::getenv("GRACE_CHECKPOINT_DIR") : "grace-checkpoints";
-  std::string workers, output, device = "auto", notice_file, notice_command, fallback_dir;
+  std::string workers, output, device = "auto", notice_file, notice_command, fallback_dir, token_file;
   int index = -1, keep = 3, restart_code = 42, step_delay_ms = 0, grace_ms = 0, commit_delay_ms = 0;
   uint64_t save_every = 0, fail_at = 0, commit_delay_step = 0;
   int fail_rank = 0;
   double save_every_seconds = 0, mtbf_prior_hours = 6;
   bool save_every_auto = false, keep_checkpoints = false, prune_on_save_failure = false;
   bool shard_optimizer = false;
-  bool no_replicas = false;
+  bool no_replicas = false, insecure = false;
   int save_retry_max_ms = 300000;
   int collective_timeout_ms = 30000;
   grace::mutants::switches broken;  ///< the test seam's --broken-* flags (runtime/base/mutants.hpp)
@@ -238,6 +238,9 @@ void add_grace_options(CLI::App& app, train_args& a) {
   app.add_option("--restart-code", a.restart_code, "exit code after a preemption save");
   app.add_option("--workers", a.workers, "host:port,... of every worker (without grace-launch)");
   app.add_option("--index", a.index, "this worker's index in --workers");
+  app.add_option("--token-file", a.token_file,
+                 "the job's secret (mode 600; else GRACE_TOKEN): required with --workers across hosts");
+  app.add_flag("--insecure", a.insecure, "let a --workers job across hosts run without a secret (anyone may join)");
 }
 
 /// Only in a build with the test seam (GRACE_MUTANTS).
@@ -309,6 +312,8 @@ grace::result<grace::options> make_options(const train_args& a) {
   opts.notice_file = a.notice_file;
   opts.notice_command = a.notice_command;
   opts.grace_period = std::chrono::milliseconds(a.grace_ms);
+  opts.token_file = a.token_file;
+  opts.insecure = a.insecure;
   if (!a.workers.empty()) {
     auto c = grace::cluster_from_workers(a.workers, a.index);
     if (!c) return c.err();

@@ -1,6 +1,7 @@
 #include "runtime/coordination/cluster_config.hpp"
 
 #include "runtime/coordination/leader_rules.hpp"
+#include "runtime/net/job_token.hpp"
 
 #include <fstream>
 
@@ -72,6 +73,7 @@ result<cluster_config> cluster_from_workers(const std::string& workers, int inde
   for (auto& w : list) {
     auto hp = parse_host_port(w);
     if (!hp) return hp.err();
+    if (!is_loopback_host(hp->first)) c.spans_hosts = true;
   }
   c.rank = static_cast<uint32_t>(index);
   c.local_rank = c.rank;
@@ -80,8 +82,40 @@ result<cluster_config> cluster_from_workers(const std::string& workers, int inde
     c.coordinator_host = hp.first;
     c.coordinator_port = hp.second;
   }
-  if (auto t = env("GRACE_TOKEN")) c.token = t;
-  return c;
+  return c;  // the secret: resolve_member_secret
+}
+
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "ip6-localhost" || host == "::1" || host == "[::1]" ||
+         host.rfind("127.", 0) == 0;
+}
+
+result<secret_mode> resolve_member_secret(cluster_config& c, const secret_inputs& in,
+                                          const char* (*getenv)(const char*)) {
+  if (c.source != "--workers" && c.source != "TF_CONFIG") return secret_mode::launcher;
+  auto set = [getenv](const char* name) -> std::string {
+    const char* v = getenv(name);
+    return v ? v : "";
+  };
+  if (auto t = set("GRACE_TOKEN"); !t.empty()) {
+    if (auto st = check_token(t, "GRACE_TOKEN"); !st) return st.err();
+    c.token = t;
+    return secret_mode::given;
+  }
+  const std::string file = !in.token_file.empty() ? in.token_file : set("GRACE_TOKEN_FILE");
+  if (!file.empty()) {
+    auto t = read_token_file(file);
+    if (!t) return t.err();
+    c.token = *t;
+    return secret_mode::given;
+  }
+  c.token.clear();
+  if (!c.spans_hosts) return secret_mode::loopback_only;
+  if (in.insecure || set("GRACE_INSECURE") == "1") return secret_mode::insecure;
+  return invalid_input(c.source + " lists workers on other hosts but this worker has no job secret: give every "
+                       "worker the same secret with GRACE_TOKEN or a token file (--token-file or GRACE_TOKEN_FILE, "
+                       "mode 600), or pass --insecure (GRACE_INSECURE=1) to let anyone who reaches the "
+                       "coordination port join");
 }
 
 result<cluster_config> cluster_from_tf_config(const std::string& text) {

@@ -51,6 +51,9 @@ struct cluster_config {
   /// sharded checkpoints, replica holders mirror their source's parts there
   /// (runtime/checkpoint/replica.hpp). Empty: none.
   std::string memory_dir;
+  /// Whether some worker of a --workers/TF_CONFIG list is not on a
+  /// loopback address (its job crosses hosts: it needs a secret).
+  bool spans_hosts = false;
   bool is_chief() const noexcept { return rank == 0; }
   bool local_mode() const noexcept { return world_size == 1 && coordinator_host.empty(); }
 };
@@ -62,6 +65,28 @@ result<std::pair<std::string, uint16_t>> parse_host_port(const std::string& s);
 /// 1 to 256 printable ASCII characters without blanks. `origin` names where
 /// it came from in the error.
 status check_run_id(const std::string& id, const std::string& origin);
+
+/// Whether `host` names this machine's loopback (127.0.0.0/8, ::1, localhost).
+bool is_loopback_host(const std::string& host);
+
+/// How a member started without grace-launch (--workers, TF_CONFIG) got its secret.
+enum class secret_mode {
+  launcher,       ///< a GRACE_* cluster: the launcher handed it over
+  given,          ///< GRACE_TOKEN or a token file
+  loopback_only,  ///< none, and every worker is on this machine's loopback
+  insecure,       ///< none across hosts, allowed by --insecure / GRACE_INSECURE=1
+};
+struct secret_inputs {
+  std::string token_file;  ///< --token-file (empty: GRACE_TOKEN_FILE, if set)
+  bool insecure = false;   ///< --insecure (or GRACE_INSECURE=1)
+};
+/// Fills `c.token` for a --workers/TF_CONFIG member: GRACE_TOKEN, else the
+/// token file. Without either a job across hosts is refused with an error
+/// naming both, unless insecure (the caller prints that at every start);
+/// a job on loopback addresses alone may run without a secret. `getenv`
+/// reads the environment (a parameter for tests).
+result<secret_mode> resolve_member_secret(cluster_config& c, const secret_inputs& in,
+                                          const char* (*getenv)(const char*));
 
 /// From explicit flags. `workers` is the comma-separated list; index -1 means
 /// "not given" (an error when there is more than one worker). The first

@@ -26,6 +26,10 @@ expect_exit 2 "no --index" "$GRACE_TRAIN" --workers 127.0.0.1:7001,127.0.0.1:700
 expect_exit 2 "out of range" "$GRACE_TRAIN" --workers 127.0.0.1:7001 --index 3 --steps 5
 expect_exit 2 "global_batch" env GRACE_WORLD_SIZE=3 GRACE_RANK=0 GRACE_COORDINATOR=127.0.0.1:1 "$GRACE_TRAIN" --batch 64 --steps 5
 expect_exit 2 "TF_CONFIG" env TF_CONFIG='{broken' "$GRACE_TRAIN" --steps 5
+# A job across hosts without a secret is refused before anything listens.
+expect_exit 2 "GRACE_TOKEN or a token file" env -u GRACE_TOKEN "$GRACE_TRAIN" --workers 192.0.2.1:7001,192.0.2.2:7001 --index 1 --steps 5
+expect_exit 2 "no job secret" env -u GRACE_TOKEN TF_CONFIG='{"cluster":{"worker":["192.0.2.1:1","192.0.2.2:1"]},"task":{"index":0}}' "$GRACE_TRAIN" --steps 5
+expect_exit 2 "GRACE_TOKEN is 5 characters" env GRACE_TOKEN=short "$GRACE_TRAIN" --workers 192.0.2.1:7001,192.0.2.2:7001 --index 1 --steps 5
 expect_exit 2 "no program" "$GRACE_LAUNCH" --nproc 2
 expect_exit 2 "node-rank" "$GRACE_LAUNCH" --nproc 2 --nnodes 2 --node-rank 5 -- true
 expect_exit 2 "not a directory" "$GRACE_TRAIN" --steps 5 --checkpoint-dir /etc/passwd

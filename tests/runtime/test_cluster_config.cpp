@@ -3,8 +3,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <fstream>
+#include <map>
 
 using namespace grace;
 
@@ -133,4 +136,82 @@ TEST_CASE("cluster: GRACE_COORDINATOR_FILE (etcd failover) names the service and
   CHECK(bad.err().message.find(file) != std::string::npos);
   for (auto v : {"GRACE_WORLD_SIZE", "GRACE_RANK", "GRACE_COORDINATOR", "GRACE_COORDINATOR_FILE", "GRACE_FAILOVER_WAIT_MS"})
     ::unsetenv(v);
+}
+
+namespace {
+std::map<std::string, std::string> fake_env;
+const char* fake_getenv(const char* name) {
+  auto it = fake_env.find(name);
+  return it == fake_env.end() ? nullptr : it->second.c_str();
+}
+}  // namespace
+
+TEST_CASE("cluster: --workers across hosts without a secret is refused, naming both ways to give one", "[cluster][token]") {
+  fake_env.clear();
+  auto c = cluster_from_workers("10.0.0.1:5000,10.0.0.2:5000", 1);
+  REQUIRE(c);
+  CHECK(c->spans_hosts);
+  auto r = resolve_member_secret(*c, {}, fake_getenv);
+  REQUIRE_FALSE(r);
+  CHECK(r.err().code == errc::invalid_input);
+  CHECK(r.err().message.find("GRACE_TOKEN") != std::string::npos);
+  CHECK(r.err().message.find("--token-file") != std::string::npos);
+  CHECK(r.err().message.find("--insecure") != std::string::npos);
+
+  fake_env["GRACE_INSECURE"] = "1";
+  auto insecure = resolve_member_secret(*c, {}, fake_getenv);
+  REQUIRE(insecure);
+  CHECK(*insecure == secret_mode::insecure);
+  CHECK(c->token.empty());
+  fake_env.clear();
+  CHECK(*resolve_member_secret(*c, {"", true}, fake_getenv) == secret_mode::insecure);
+}
+
+TEST_CASE("cluster: a loopback-only --workers job may run without a secret", "[cluster][token]") {
+  fake_env.clear();
+  auto c = cluster_from_workers("127.0.0.1:5000,localhost:5001", 0);
+  REQUIRE(c);
+  CHECK_FALSE(c->spans_hosts);
+  auto r = resolve_member_secret(*c, {}, fake_getenv);
+  REQUIRE(r);
+  CHECK(*r == secret_mode::loopback_only);
+  CHECK(is_loopback_host("127.3.2.1"));
+  CHECK(is_loopback_host("::1"));
+  CHECK_FALSE(is_loopback_host("128.0.0.1"));
+  CHECK_FALSE(is_loopback_host("node7"));
+}
+
+TEST_CASE("cluster: a member's secret comes from GRACE_TOKEN, else the token file, and is checked", "[cluster][token]") {
+  fake_env.clear();
+  auto tf = cluster_from_tf_config(R"({"cluster": {"worker": ["10.0.0.1:1", "10.0.0.2:1"]}, "task": {"index": 1}})");
+  REQUIRE(tf);
+  CHECK(tf->spans_hosts);
+  fake_env["GRACE_TOKEN"] = "short";
+  auto bad = resolve_member_secret(*tf, {}, fake_getenv);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.err().message.find("GRACE_TOKEN is 5") != std::string::npos);
+  fake_env["GRACE_TOKEN"] = "0123456789abcdef0123";
+  auto given = resolve_member_secret(*tf, {}, fake_getenv);
+  REQUIRE(given);
+  CHECK(*given == secret_mode::given);
+  CHECK(tf->token == "0123456789abcdef0123");
+
+  fake_env.clear();
+  grace::testing::temp_dir dir;
+  const auto file = (dir.path / "token").string();
+  std::ofstream(file) << "fedcba9876543210fedcba\n";
+  ::chmod(file.c_str(), 0644);
+  auto open = resolve_member_secret(*tf, {file, false}, fake_getenv);
+  REQUIRE_FALSE(open);  // others may read it
+  ::chmod(file.c_str(), 0600);
+  fake_env["GRACE_TOKEN_FILE"] = file;
+  auto from_env_file = resolve_member_secret(*tf, {}, fake_getenv);
+  REQUIRE(from_env_file);
+  CHECK(tf->token == "fedcba9876543210fedcba");
+
+  cluster_config launched;
+  launched.source = "GRACE_*";
+  launched.token = "from-the-launcher-0000";
+  CHECK(*resolve_member_secret(launched, {}, fake_getenv) == secret_mode::launcher);
+  CHECK(launched.token == "from-the-launcher-0000");
 }
