@@ -190,10 +190,26 @@ status launcher::setup_addresses() {
   auto token = launcher_token(o_.token_file, std::getenv("GRACE_TOKEN"), o_.nnodes);
   if (!token) return token.err();
   token_ = *token;
+  if (auto st = choose_signing(); !st) return st;
   tls_ = tls_files_from(o_.tls, [](const char* v) { return std::getenv(v); });
   if (auto st = check_tls_files(tls_); !st) return st.err();
   if (const char* inc = std::getenv("GRACE_INCARNATION")) shape_.incarnation = static_cast<uint32_t>(std::atoi(inc));
   shape_.initial_incarnation = shape_.incarnation;
+  return {};
+}
+
+/// The job's checkpoint key (--checkpoint-key-file, --checkpoint-signing),
+/// said once so a newcomer knows what restores.
+status launcher::choose_signing() {
+  auto mode = parse_signing_mode(o_.checkpoint_signing, "--checkpoint-signing");
+  if (!mode) return mode.err();
+  const bool given = !o_.token_file.empty() || std::getenv("GRACE_TOKEN");
+  auto key = choose_checkpoint_key(o_.checkpoint_key_file, *mode, token_, given);
+  if (!key) return key.err();
+  ckpt_key_ = std::move(*key);
+  if (ckpt_key_)
+    say("checkpoints are signed with key " + ckpt_key_->id + " (" + ckpt_key_->origin +
+        "): a step without its signature is never restored");
   return {};
 }
 
@@ -266,7 +282,7 @@ std::optional<launcher_decision> launcher::await_coordinator() {
     return svc_.host + ":" + std::to_string(svc_.port) +
            (svc_.elector ? " (the last one elected through etcd)" : std::string(" (node 0)"));
   };
-  auto newest = [&] { return o_.checkpoint_dir.empty() ? 0 : checkpoint_store(o_.checkpoint_dir).newest_valid_step(); };
+  auto newest = [&] { return o_.checkpoint_dir.empty() ? 0 : local_store().newest_valid_step(); };
   bool said = false;
   for (;;) {
     if (svc_.elector) take_leadership_events();
@@ -324,6 +340,8 @@ std::map<std::string, std::string> launcher::worker_environment(int rank, int lo
     env["GRACE_FAILOVER_WAIT_MS"] = std::to_string(failover_wait().count());
   }
   if (!o_.checkpoint_dir.empty()) env["GRACE_CHECKPOINT_DIR"] = o_.checkpoint_dir;
+  if (!o_.checkpoint_key_file.empty()) env["GRACE_CHECKPOINT_KEY_FILE"] = o_.checkpoint_key_file;
+  env["GRACE_CHECKPOINT_SIGNING"] = ckpt_key_ ? "job" : "off";  // the key file, if any, wins over "job"
   if (o_.in_place) env["GRACE_RECOVERY"] = "in-place";
   if (o_.node_local_checkpoints) env["GRACE_NODE_LOCAL_CHECKPOINTS"] = "1";
   if (!node_.memory_dir.empty()) env["GRACE_MEMORY_DIR"] = node_.memory_dir;

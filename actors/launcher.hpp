@@ -31,6 +31,10 @@ struct launch_options {
   int node_rank = 0;
   std::string coordinator;  ///< host:port (multi-node); default 127.0.0.1, any free port
   std::string token_file;   ///< the job's secret (runtime/net/job_token.hpp); several nodes need it or GRACE_TOKEN
+  /// Signed checkpoints (runtime/checkpoint/signing.hpp): a long-lived key,
+  /// and --checkpoint-signing auto|job|off.
+  std::string checkpoint_key_file;
+  std::string checkpoint_signing = "auto";
   tls_files tls;            ///< mutual TLS to the coordination service (runtime/net/tls.hpp); default GRACE_TLS_*
   int max_restarts = 3;
   int restart_code = 42;

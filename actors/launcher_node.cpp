@@ -31,11 +31,12 @@ void launcher::fetch_newer_checkpoint() {
   std::vector<peer_checkpoints> peers;
   for (auto& ep : checkpoint_peers(sys, svc_.coord, o_, own_checkpoint_endpoint()).value_or(std::vector<std::string>{}))
     if (auto steps = list_remote(ep, token_, std::chrono::seconds(2))) peers.push_back({ep, *steps});
-  const uint64_t local = checkpoint_store(o_.checkpoint_dir).newest_valid_step();
+  const uint64_t local = local_store().newest_valid_step();
   auto plan = plan_fetch(local, peers);
   if (!plan) return;
   auto t0 = mono_ns();
-  auto r = fetch_remote(plan->endpoint, token_, plan->step, o_.checkpoint_dir, std::chrono::seconds(30));
+  auto r = fetch_remote(plan->endpoint, token_, plan->step, o_.checkpoint_dir, std::chrono::seconds(30), true,
+                        ckpt_key_ ? &*ckpt_key_ : nullptr);
   if (!r) {
     say("could not fetch checkpoint step " + std::to_string(plan->step) + ": " + r.err().message);
     return;
@@ -108,7 +109,8 @@ void launcher::start_checkpoint_server() {
   node_.sync = o_.nnodes > 1 && !o_.checkpoint_dir.empty();
   if (!node_.sync) return;
   setup_memory_dir();
-  auto s = checkpoint_server::start(o_.checkpoint_dir, ep_.adv.address, token_, std::chrono::seconds(10), node_.memory_dir);
+  auto s = checkpoint_server::start(o_.checkpoint_dir, ep_.adv.address, token_, std::chrono::seconds(10), node_.memory_dir,
+                                    ckpt_key_);
   if (!s) {
     say("not serving this node's checkpoints to peers: " + s.err().message);
     return;
@@ -130,6 +132,7 @@ void launcher::level_checkpoints() {
   for (int i = 0; i < o_.nproc; ++i) c.ranks.push_back(static_cast<uint32_t>(rank_of(i)));
   c.world = shape_.world;
   c.memory_dir = node_.memory_dir;
+  c.key = ckpt_key_;
   auto t0 = mono_ns();
   auto r = level_node_local(c, [this](const std::string& l) { say(l); });
   node_.level_problem = level_problem_after(node_.level_problem, !r, r ? std::string() : r.err().message,

@@ -178,6 +178,7 @@ public:
 private:
   // launcher.cpp: the incarnation loop
   status setup_addresses();
+  status choose_signing();
   status start_monitor();
   void report_goodput(const goodput_account& a) const;
   std::optional<launcher_decision> enter_incarnation();
@@ -246,6 +247,13 @@ private:
   launch_options o_;
   endpoints ep_;
   std::string token_;
+  std::optional<checkpoint_key> ckpt_key_;  ///< what this job's checkpoints are signed with (none: unsigned)
+  /// The checkpoint directory, reading with the job's key.
+  checkpoint_store local_store() const {
+    checkpoint_store s(o_.checkpoint_dir);
+    s.set_signing_key(ckpt_key_);
+    return s;
+  }
   tls_files tls_;
   int sfd_ = -1;  ///< SIGTERM, SIGINT, SIGCHLD (block_launcher_signals)
   std::unique_ptr<actor_runtime> rt_;

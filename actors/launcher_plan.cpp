@@ -111,7 +111,7 @@ std::optional<launcher_decision> launcher::await_plan() {
     if (!hosts_service() && now - heard > o_.coordinator_wait)
       return coordinator_gone(svc_.host + ":" + std::to_string(svc_.port),
                               std::chrono::duration_cast<std::chrono::milliseconds>(now - heard).count(),
-                              o_.checkpoint_dir.empty() ? 0 : checkpoint_store(o_.checkpoint_dir).newest_valid_step(),
+                              o_.checkpoint_dir.empty() ? 0 : local_store().newest_valid_step(),
                               o_.restart_code, "", node_.level_problem);
     if (now - t0 > o_.join_timeout)
       return launcher_decision{false, true, exit_code::no_progress,

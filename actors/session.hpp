@@ -104,6 +104,11 @@ struct options {
   /// secret (else refused; GRACE_INSECURE=1 too): resolve_member_secret.
   std::string token_file;
   bool insecure = false;
+  /// Signed checkpoints (runtime/checkpoint/signing.hpp): a long-lived key
+  /// file (else GRACE_CHECKPOINT_KEY_FILE) and the mode, "auto", "job" or
+  /// "off" (empty: GRACE_CHECKPOINT_SIGNING, else auto).
+  std::string checkpoint_key_file;
+  std::string checkpoint_signing;
   std::shared_ptr<spdlog::logger> log;
 };
 

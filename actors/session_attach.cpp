@@ -84,6 +84,7 @@ std::shared_ptr<checkpoint_store> session::impl::mirror_store() const {
   }
   auto store = std::make_shared<checkpoint_store>(cluster.memory_dir, 0);
   store->set_direct_io(false);  // tmpfs has no O_DIRECT, and needs none
+  store->set_signing_key(ckpt_key);
   return store;
 }
 
@@ -105,6 +106,7 @@ result<uint64_t> session::attach() {
     d.log->warn("grace: INSECURE: {} spans hosts and this job has no secret (--insecure / GRACE_INSECURE=1): "
                 "anyone who reaches {}:{} can join it", d.cluster.source, d.cluster.coordinator_host,
                 d.cluster.coordinator_port);
+  if (auto st = d.choose_key(*secret); !st) return st.err();
   set_event_identity(d.cluster.rank, d.cluster.incarnation);
   d.wire.tls = tls_files_from({}, [](const char* v) { return std::getenv(v); });
   if (auto st = check_tls_files(d.wire.tls, "GRACE_TLS_"); !st) return st.err();
@@ -166,11 +168,31 @@ result<restored_checkpoint> session::impl::restore_newest() {
   return saves.store->restore_latest(reg.tensors, saves.buffers->regions());
 }
 
+/// The checkpoint key from the options or the launcher's environment. A
+/// --workers/TF_CONFIG member in "auto" mode signs when its secret was given.
+status session::impl::choose_key(secret_mode secret) {
+  auto env = [](const char* v) -> std::string {
+    const char* s = std::getenv(v);
+    return s ? s : "";
+  };
+  const std::string file = !opts.checkpoint_key_file.empty() ? opts.checkpoint_key_file : env("GRACE_CHECKPOINT_KEY_FILE");
+  std::string mode_text = !opts.checkpoint_signing.empty() ? opts.checkpoint_signing : env("GRACE_CHECKPOINT_SIGNING");
+  auto mode = parse_signing_mode(mode_text.empty() ? "auto" : mode_text, "GRACE_CHECKPOINT_SIGNING");
+  if (!mode) return mode.err();
+  auto key = choose_checkpoint_key(file, *mode, cluster.token, secret == secret_mode::given);
+  if (!key) return key.err();
+  ckpt_key = std::move(*key);
+  if (ckpt_key) log->info("grace: checkpoints signed with key {} ({})", ckpt_key->id, ckpt_key->origin);
+  return {};
+}
+
 status session::impl::restore() {
   saves.store = std::make_unique<checkpoint_store>(opts.checkpoint_dir, opts.keep_last);
+  saves.store->set_signing_key(ckpt_key);
   if (!opts.fallback_checkpoint_dir.empty()) {
     saves.fallback_store = std::make_unique<checkpoint_store>(opts.fallback_checkpoint_dir, opts.keep_last);
     saves.fallback_store->set_restoring_rank(cluster.rank, static_cast<int>(cluster.world_size));
+    saves.fallback_store->set_signing_key(ckpt_key);
   }
   saves.store->set_aside_damaged_on_restore(true);
   saves.store->set_restoring_rank(cluster.rank, static_cast<int>(cluster.world_size));

@@ -177,6 +177,9 @@ struct session_saves {
 struct session::impl {
   options opts;
   cluster_config cluster;
+  /// What this job's checkpoints are signed with (none: unsigned), every
+  /// store of the session reads and writes with it (choose_key).
+  std::optional<checkpoint_key> ckpt_key;
   std::shared_ptr<spdlog::logger> log;
   session_registry reg;
   session_wiring wire;
@@ -282,6 +285,7 @@ struct session::impl {
   error leave_failed_attach(error e);
 
   step_result stop(int c, std::string why, bool may_throw = true);
+  status choose_key(secret_mode secret);
 
   status restore();
   result<restored_checkpoint> restore_newest();

@@ -1,7 +1,11 @@
 /// grace-ckpt: inspect and verify Grace checkpoint directories.
 ///
 ///   grace-ckpt list DIR [--json]            every checkpoint with a quick validity check
-///   grace-ckpt verify DIR [--step N]        re-check every checksum (exit 0 ok, 1 invalid, 2 usage)
+///   grace-ckpt verify DIR [--step N] [--key-file F | --token-file F]
+///                                           re-check every checksum, and the signature with a key
+///                                           (exit 0 ok, 1 invalid, 2 usage)
+///   grace-ckpt sign DIR --key-file F | --token-file F [--step N] [--force]
+///                                           sign verified steps written unsigned
 ///   grace-ckpt show DIR [--step N] [--json] manifest and tensor table
 ///
 /// DIR is the checkpoint directory (holding step-* dirs); `verify` and `show`
@@ -24,6 +28,8 @@
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/checkpoint/manifest.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
+#include "runtime/checkpoint/signing.hpp"
+#include "runtime/net/job_token.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -130,14 +136,46 @@ std::string elsewhere_note(const checkpoint_store& store, const fs::path& step_d
   return out.empty() ? "" : " (node-local: parts held elsewhere not checked here: " + out + ")";
 }
 
-int cmd_verify(const fs::path& dir, std::optional<uint64_t> step) {
+/// --key-file (a long-lived checkpoint key) or --token-file (the job's
+/// secret, from which the job's key is derived); neither: none.
+struct key_args {
+  std::string key_file, token_file;
+};
+
+result<std::optional<checkpoint_key>> key_from(const key_args& a) {
+  using key = std::optional<checkpoint_key>;
+  if (!a.key_file.empty() && !a.token_file.empty()) return invalid_input("give --key-file or --token-file, not both");
+  if (!a.key_file.empty()) {
+    auto k = read_checkpoint_key_file(a.key_file);
+    if (!k) return k.err();
+    return key(std::move(*k));
+  }
+  if (a.token_file.empty()) return key();
+  auto t = read_token_file(a.token_file);
+  if (!t) return t.err();
+  return key(checkpoint_key_from_job_secret(*t));
+}
+
+/// What a verified step's signature says: checked with the key given, or
+/// only named without one.
+std::string signature_note(const fs::path& step_dir, const checkpoint_store& store) {
+  if (auto* k = store.signing_key()) return " (signed with key " + k->id + ")";
+  auto j = read_json(step_dir / manifest_file_name);
+  const std::string id = j ? manifest_key_id(*j) : "";
+  return id.empty() ? " (unsigned)" : " (signed with key " + id + ", not checked: give --key-file or --token-file)";
+}
+
+int cmd_verify(const fs::path& dir, std::optional<uint64_t> step, const key_args& keys) {
   if (auto e = check_dir(dir)) return fail(exit_usage, *e);
   checkpoint_store store(dir);
+  auto key = key_from(keys);
+  if (!key) return fail(exit_usage, key.err().message);
+  store.set_signing_key(*key);
   if (!step && is_step_dir(dir)) {
     // A single step directory.
     auto v = store.verify(dir);
     if (v)
-      std::cout << dir.string() << ": OK" << elsewhere_note(store, dir) << "\n";
+      std::cout << dir.string() << ": OK" << signature_note(dir, store) << elsewhere_note(store, dir) << "\n";
     else
       std::cout << dir.string() << ": INVALID: " << v.err().message << "\n";
     return v ? exit_ok : exit_invalid;
@@ -147,7 +185,7 @@ int cmd_verify(const fs::path& dir, std::optional<uint64_t> step) {
     if (!fs::exists(p)) return fail(exit_invalid, p.string() + ": no checkpoint for step " + std::to_string(*step));
     auto v = store.verify(p);
     if (v)
-      std::cout << "step " << *step << ": OK" << elsewhere_note(store, p) << "\n";
+      std::cout << "step " << *step << ": OK" << signature_note(p, store) << elsewhere_note(store, p) << "\n";
     else
       std::cout << "step " << *step << ": INVALID: " << v.err().message << "\n";
     return v ? exit_ok : exit_invalid;
@@ -168,7 +206,8 @@ int cmd_verify(const fs::path& dir, std::optional<uint64_t> step) {
     ++checked;
     auto v = store.verify(c.path);
     if (v) {
-      std::cout << "step " << c.step << ": OK" << elsewhere_note(store, c.path) << "\n";
+      std::cout << "step " << c.step << ": OK" << signature_note(c.path, store) << elsewhere_note(store, c.path)
+                << "\n";
     } else {
       ++bad;
       std::cout << "step " << c.step << ": INVALID: " << v.err().message << "\n";
@@ -374,6 +413,55 @@ int cmd_show(const fs::path& dir, std::optional<uint64_t> step, bool as_json) {
   return as_json ? show_json(s) : show_text(s);
 }
 
+/// Signs one verified step; `force` re-signs a step signed with another key.
+bool sign_one(const checkpoint_store& plain, const fs::path& p, uint64_t step, const checkpoint_key& key, bool force) {
+  auto say = [step](const std::string& what) { std::cout << "step " << step << ": " << what << "\n"; };
+  if (auto v = plain.verify(p); !v) {
+    say("NOT SIGNED: " + v.err().message);
+    return false;
+  }
+  auto j = read_json(p / manifest_file_name);
+  const std::string id = j ? manifest_key_id(*j) : "";
+  if (id == key.id && manifest_signature_problem(*j, key).empty()) {
+    say("already signed with key " + key.id);
+    return true;
+  }
+  if (!id.empty() && !force) {
+    say(id == key.id ? "NOT SIGNED: signed with this key but changed since; --force re-signs it"
+                     : "NOT SIGNED: signed with another key (" + id + "); --force re-signs it with " + key.id);
+    return false;
+  }
+  if (auto st = sign_step_manifest(p, key); !st) {
+    say("NOT SIGNED: " + st.err().message);
+    return false;
+  }
+  say("signed with key " + key.id + (id.empty() ? "" : " (was " + id + ")"));
+  return true;
+}
+
+int cmd_sign(const fs::path& dir, std::optional<uint64_t> step, const key_args& keys, bool force) {
+  if (auto e = check_dir(dir)) return fail(exit_usage, *e);
+  auto key = key_from(keys);
+  if (!key) return fail(exit_usage, key.err().message);
+  if (!*key) return fail(exit_usage, "sign needs --key-file or --token-file");
+  checkpoint_store plain(dir);  // checks checksums only: the steps are not signed yet
+  if (step) {
+    auto p = plain.step_path(*step);
+    if (!fs::exists(p)) return fail(exit_invalid, p.string() + ": no checkpoint for step " + std::to_string(*step));
+    return sign_one(plain, p, *step, **key, force) ? exit_ok : exit_invalid;
+  }
+  auto all = plain.try_list();
+  if (!all) return fail(exit_usage, all.err().message);
+  int done = 0, refused = 0;
+  for (auto& c : *all) {
+    if (c.temporary || c.set_aside) continue;
+    (sign_one(plain, c.path, c.step, **key, force) ? done : refused)++;
+  }
+  if (done + refused == 0) return fail(exit_invalid, "no checkpoints in " + dir.string());
+  std::cout << done << " signed, " << refused << " not signed\n";
+  return refused ? exit_invalid : exit_ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -392,6 +480,18 @@ int main(int argc, char** argv) {
   auto* verify = app.add_subcommand("verify", "Re-check every checksum (exit 0: all valid, 1: any invalid)");
   verify->add_option("DIR", dir, "checkpoint directory or one step directory")->required();
   auto* verify_step = verify->add_option("--step", step, "only this step");
+  key_args keys;
+  verify->add_option("--key-file", keys.key_file, "check signatures with this checkpoint key (mode 600)");
+  verify->add_option("--token-file", keys.token_file, "check signatures with the key of this job secret (mode 600)");
+
+  bool force = false;
+  auto* sign = app.add_subcommand("sign", "Sign steps whose checksums verify with a checkpoint key (adopt "
+                                           "checkpoints written unsigned); exit 0: all signed");
+  sign->add_option("DIR", dir, "checkpoint directory")->required();
+  auto* sign_step = sign->add_option("--step", step, "only this step");
+  sign->add_option("--key-file", keys.key_file, "the checkpoint key (mode 600)");
+  sign->add_option("--token-file", keys.token_file, "the job secret whose derived key signs (mode 600)");
+  sign->add_flag("--force", force, "re-sign steps signed with another key");
 
   auto* show = app.add_subcommand("show", "Show a checkpoint's manifest and tensors (default: newest)");
   show->add_option("DIR", dir, "checkpoint directory or one step directory")->required();
@@ -417,7 +517,8 @@ int main(int argc, char** argv) {
   }
 
   if (*list) return cmd_list(dir, as_json);
-  if (*verify) return cmd_verify(dir, verify_step->count() ? std::optional<uint64_t>(step) : std::nullopt);
+  if (*verify) return cmd_verify(dir, verify_step->count() ? std::optional<uint64_t>(step) : std::nullopt, keys);
+  if (*sign) return cmd_sign(dir, sign_step->count() ? std::optional<uint64_t>(step) : std::nullopt, keys, force);
   if (*exp) return cmd_export(dir, exp_step->count() ? std::optional<uint64_t>(step) : std::nullopt, out_file);
   if (*show) return cmd_show(dir, show_step->count() ? std::optional<uint64_t>(step) : std::nullopt, as_json);
   return exit_usage;

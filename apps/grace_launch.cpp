@@ -81,6 +81,14 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", o.token_file,
                  "the job's secret, the same file content on every node (mode 600; default: GRACE_TOKEN, or "
                  "a random secret on one node)");
+  app.add_option("--checkpoint-key-file", o.checkpoint_key_file,
+                 "sign every checkpoint with this long-lived key (mode 600, at least 32 characters, e.g. "
+                 "`openssl rand -hex 32`) and restore only steps it signed");
+  app.add_option("--checkpoint-signing", o.checkpoint_signing,
+                 "auto: sign with --checkpoint-key-file, else with a key derived from the job's secret when one "
+                 "was given (--token-file, GRACE_TOKEN), else unsigned; job: with the job's secret even when it is "
+                 "random (restorable within this run only); off: unsigned, nothing checked")
+      ->check(CLI::IsMember({"auto", "job", "off"}));
   app.add_option("--tls-cert", o.tls.cert,
                  "PEM certificate (chain) this node presents; with --tls-key and --tls-ca every connection to the "
                  "coordination service is mutual TLS (default: GRACE_TLS_CERT)");

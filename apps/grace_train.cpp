@@ -155,7 +155,7 @@ struct train_args {
   uint64_t steps = 200;
   std::string checkpoint_dir =
       std::getenv("GRACE_CHECKPOINT_DIR") ? std::getenv("GRACE_CHECKPOINT_DIR") : "grace-checkpoints";
-  std::string workers, output, device = "auto", notice_file, notice_command, fallback_dir, token_file;
+  std::string workers, output, device = "auto", notice_file, notice_command, fallback_dir, token_file, checkpoint_key_file;
   int index = -1, keep = 3, restart_code = 42, step_delay_ms = 0, grace_ms = 0, commit_delay_ms = 0;
   uint64_t save_every = 0, fail_at = 0, commit_delay_step = 0;
   int fail_rank = 0;
@@ -240,6 +240,9 @@ void add_grace_options(CLI::App& app, train_args& a) {
   app.add_option("--index", a.index, "this worker's index in --workers");
   app.add_option("--token-file", a.token_file,
                  "the job's secret (mode 600; else GRACE_TOKEN): required with --workers across hosts");
+  app.add_option("--checkpoint-key-file", a.checkpoint_key_file,
+                 "sign checkpoints with this key (mode 600) and restore only steps it signed (default: "
+                 "GRACE_CHECKPOINT_KEY_FILE, which grace-launch sets)");
   app.add_flag("--insecure", a.insecure, "let a --workers job across hosts run without a secret (anyone may join)");
 }
 
@@ -314,6 +317,7 @@ grace::result<grace::options> make_options(const train_args& a) {
   opts.grace_period = std::chrono::milliseconds(a.grace_ms);
   opts.token_file = a.token_file;
   opts.insecure = a.insecure;
+  opts.checkpoint_key_file = a.checkpoint_key_file;
   if (!a.workers.empty()) {
     auto c = grace::cluster_from_workers(a.workers, a.index);
     if (!c) return c.err();

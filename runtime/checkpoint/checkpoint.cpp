@@ -288,7 +288,7 @@ namespace ckpt_io {
 /// Writes the index, then the manifest (last: its presence means every
 /// file before it is complete), and fsyncs the directory.
 status write_index_and_manifest(const fs::path& tmp, const json& index, const checkpoint_meta& meta,
-                                save_stats& stats) {
+                                const checkpoint_key* key, save_stats& stats) {
   auto idx = write_small(tmp / index_file_name, index.dump(2) + "\n", stats);
   if (!idx) return idx.err();
   stats.files.push_back(*idx);
@@ -304,7 +304,9 @@ status write_index_and_manifest(const fs::path& tmp, const json& index, const ch
   m.metadata = meta.metadata;
   m.files = stats.files;
   m.format_version = m.node_local() ? 3 : m.rank_files.empty() ? 1 : 2;
-  auto man = write_small(tmp / manifest_file_name, manifest_to_json(m).dump(2) + "\n", stats);
+  json mj = manifest_to_json(m);
+  if (key) sign_manifest(mj, *key);
+  auto man = write_small(tmp / manifest_file_name, mj.dump(2) + "\n", stats);
   if (!man) return man.err();
   if (auto st = timed(stats.fsync_seconds, [&] { return fsync_dir(tmp); }); !st) return st;
   for (auto& f : stats.files) stats.total_bytes += f.size;
@@ -387,7 +389,7 @@ result<save_stats> checkpoint_store::save(const std::vector<snapshot_tensor>& te
   if (st) {
     auto whole = meta;
     whole.rank_files.clear();  // a commit of parts names them; a whole-state save has none
-    st = write_index_and_manifest(tmp.path(), index_for(*plan, tensors), whole, stats);
+    st = write_index_and_manifest(tmp.path(), index_for(*plan, tensors), whole, key_.get(), stats);
   }
   if (st && gate) st = gate();
   if (st) st = commit(*this, tmp, meta.step, stats);
@@ -569,6 +571,8 @@ result<checkpoint_manifest> checkpoint_store::read_manifest(const fs::path& step
       return invalid_file(p, "missing (checkpoint incomplete, or not a Grace checkpoint)");
     return j.err();
   }
+  if (key_)
+    if (auto why = manifest_signature_problem(*j, *key_); !why.empty()) return invalid_file(p, why);
   return manifest_from_json(p, *j);
 }
 

@@ -28,6 +28,7 @@
 #include "runtime/checkpoint/checkpoint_kind.hpp"
 #include "runtime/base/error.hpp"
 #include "runtime/checkpoint/snapshot.hpp"
+#include "runtime/checkpoint/signing.hpp"
 #include "runtime/base/tensor.hpp"
 
 namespace grace {
@@ -212,6 +213,15 @@ public:
   /// whose file is read and verified with the tensors (a damaged one makes
   /// the step corrupt, as a damaged part does).
   void set_restoring_rank(uint32_t rank, int world) noexcept { restoring_ = std::make_pair(rank, world); }
+  /// Signed checkpoints (runtime/checkpoint/signing.hpp): with a key, every
+  /// manifest this store writes is signed with it, and every manifest it
+  /// reads (listing, verifying, restoring) must carry its signature: an
+  /// unsigned step, or one signed with another key, is invalid here and
+  /// says so. Without one, nothing is signed or checked.
+  void set_signing_key(std::optional<checkpoint_key> key) {
+    key_ = key ? std::make_shared<const checkpoint_key>(std::move(*key)) : nullptr;
+  }
+  const checkpoint_key* signing_key() const noexcept { return key_.get(); }
 
   /// Faults in this store's O_DIRECT staging pair (two 64 MiB buffers kept
   /// for the life of the store, shared by its saves and restores) as far as
@@ -380,6 +390,7 @@ private:
   bool set_aside_damaged_ = false;
   std::optional<std::pair<uint32_t, int>> restoring_;  ///< set_restoring_rank
   std::shared_ptr<io_staging> staging_;  ///< O_DIRECT staging for saves and restores
+  std::shared_ptr<const checkpoint_key> key_;  ///< set_signing_key
 };
 
 }  // namespace grace

@@ -95,8 +95,10 @@ result<int> request(const std::string& ep, const std::string& token, const std::
 result<std::unique_ptr<checkpoint_server>> checkpoint_server::start(fs::path dir, std::string address,
                                                                     std::string token,
                                                                     std::chrono::milliseconds io_timeout,
-                                                                    fs::path memory_dir) {
+                                                                    fs::path memory_dir,
+                                                                    std::optional<checkpoint_key> key) {
   std::unique_ptr<checkpoint_server> s(new checkpoint_server());
+  s->key_ = std::move(key);
   s->dir_ = std::move(dir);
   s->memory_dir_ = std::move(memory_dir);
   bulk_config c;
@@ -117,6 +119,7 @@ void checkpoint_server::answer(int fd) {
   auto err = [&](const std::string& m) { send_str(fd, "ERR " + m + "\n"); };
   if (w.empty()) return err("not a checkpoint request");
   checkpoint_store store(dir_);
+  store.set_signing_key(key_);
   if (w[0] == "LIST" && w.size() == 1) {
     std::string body;
     size_t n = 0;
@@ -308,7 +311,7 @@ result<uint64_t> get_file(const std::string& ep, const std::string& token, uint6
   return *size;
 }
 
-void fsync_dir(const fs::path& d) {
+void sync_dir_best_effort(const fs::path& d) {
   fd_guard f(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (f.fd >= 0) ::fsync(f.fd);
 }
@@ -345,15 +348,16 @@ result<uint64_t> copy_step(const std::string& ep, const std::string& token, uint
     if (!r) return r.err();
     total += *r;
   }
-  fsync_dir(tmp);
+  sync_dir_best_effort(tmp);
   return total;
 }
 
 }  // namespace
 
 result<uint64_t> fetch_remote(const std::string& ep, const std::string& token, uint64_t step, const fs::path& dir,
-                              std::chrono::milliseconds timeout, bool with_parts) {
+                              std::chrono::milliseconds timeout, bool with_parts, const checkpoint_key* key) {
   checkpoint_store store(dir);
+  if (key) store.set_signing_key(*key);
   auto target = store.step_path(step);
   std::error_code ec;
   if (fs::exists(target, ec) && store.verify(target)) return uint64_t{0};
@@ -377,7 +381,7 @@ result<uint64_t> fetch_remote(const std::string& ep, const std::string& token, u
     fs::remove_all(tmp, ec);
     return failed("cannot commit fetched " + target.string() + ": " + ec.message());
   }
-  fsync_dir(dir);
+  sync_dir_best_effort(dir);
   return *bytes;
 }
 

@@ -27,6 +27,7 @@
 ///   the step directory (no '/', no "..").
 
 #include "runtime/base/error.hpp"
+#include "runtime/checkpoint/signing.hpp"
 #include "runtime/net/bulk_channel.hpp"
 
 #include <atomic>
@@ -46,10 +47,12 @@ namespace grace {
 class checkpoint_server {
 public:
   /// `memory_dir`: the node's memory directory, whose mirrored parts
-  /// MIRRORED lists (empty: none).
+  /// MIRRORED lists (empty: none). `key`: the job's checkpoint key (LIST
+  /// then names only steps signed with it).
   static result<std::unique_ptr<checkpoint_server>> start(
       std::filesystem::path dir, std::string address, std::string token,
-      std::chrono::milliseconds io_timeout = std::chrono::seconds(10), std::filesystem::path memory_dir = {});
+      std::chrono::milliseconds io_timeout = std::chrono::seconds(10), std::filesystem::path memory_dir = {},
+      std::optional<checkpoint_key> key = {});
   ~checkpoint_server() = default;
   checkpoint_server(const checkpoint_server&) = delete;
   checkpoint_server& operator=(const checkpoint_server&) = delete;
@@ -62,6 +65,7 @@ private:
   void answer(int fd);
   std::filesystem::path dir_;
   std::filesystem::path memory_dir_;
+  std::optional<checkpoint_key> key_;
   std::unique_ptr<bulk_server> server_;  ///< the bulk channel (runtime/net/bulk_channel.hpp); last: stops first
 };
 
@@ -128,7 +132,7 @@ result<std::vector<std::string>> list_parts_remote(const std::string& endpoint, 
 /// filled in by fetch_part or checkpoint_store::adopt_part).
 result<uint64_t> fetch_remote(const std::string& endpoint, const std::string& token, uint64_t step,
                               const std::filesystem::path& dir, std::chrono::milliseconds timeout,
-                              bool with_parts = true);
+                              bool with_parts = true, const checkpoint_key* key = nullptr);
 
 /// Copies one part that node-local step `step` in `dir` lacks from the
 /// peer, checks it against the local manifest and adds it to the step

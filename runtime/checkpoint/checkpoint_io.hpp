@@ -43,9 +43,9 @@ status check_files(const std::filesystem::path& step_dir, const checkpoint_manif
 /// Writes a small in-memory file with checksum and fsync.
 result<checkpoint_file> write_small(const std::filesystem::path& p, const std::string& text, save_stats& stats);
 /// Writes the index, then the manifest (listing stats.files and both), and
-/// fsyncs the directory.
+/// fsyncs the directory. `key`: signs the manifest (none: unsigned).
 status write_index_and_manifest(const std::filesystem::path& tmp, const nlohmann::json& index,
-                                const checkpoint_meta& meta, save_stats& stats);
+                                const checkpoint_meta& meta, const checkpoint_key* key, save_stats& stats);
 /// Renames an invalid step directory to `step-N.corrupt-<unix time>` (kept
 /// for inspection, never restored). A directory already gone (another
 /// rank moved it first) is not an error.

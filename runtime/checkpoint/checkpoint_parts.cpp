@@ -288,7 +288,7 @@ result<save_stats> checkpoint_store::commit_parts(const checkpoint_meta& meta, c
   auto m = meta;
   m.metadata["grace.format"] = "sharded";
   if (auto st = write_rank_states(dir, parts, m, stats); !st) return st.err();
-  if (auto st = write_index_and_manifest(dir, *index, m, stats); !st) return st.err();
+  if (auto st = write_index_and_manifest(dir, *index, m, key_.get(), stats); !st) return st.err();
   // Checked as a reader will (every part's header, the parts tiling every
   // tensor) before it becomes a step.
   if (auto c = check_structure(*this, dir, *staging_); !c)
@@ -447,7 +447,7 @@ result<save_stats> checkpoint_store::commit_node_parts(const checkpoint_meta& me
   auto m = meta;
   m.metadata["grace.format"] = "sharded";
   if (auto st = write_rank_states(dir, *parts, m, stats); !st) return st.err();
-  if (auto st = write_index_and_manifest(dir, *index, m, stats); !st) return st.err();
+  if (auto st = write_index_and_manifest(dir, *index, m, key_.get(), stats); !st) return st.err();
   if (auto c = check_structure(*this, dir, *staging_); !c)
     return error{errc::invalid_input, "the parts of step " + std::to_string(meta.step) + " on node " +
                                           std::to_string(node) + " do not form a checkpoint: " + c.err().message};

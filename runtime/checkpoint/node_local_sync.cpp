@@ -80,6 +80,7 @@ struct views {
 
 views gather(const level_config& c) {
   views v{checkpoint_store(c.dir, 0), {}, {}, {}, {}};
+  v.store.set_signing_key(c.key);
   for (auto& i : v.store.list())
     if (i.valid && !i.temporary && !i.set_aside) v.steps.insert(i.step);
   for (auto& p : v.store.prepared_parts()) v.prepared[p.step].insert(p.file);
@@ -109,6 +110,7 @@ std::optional<checkpoint_manifest> manifest_of(const level_config& c, views& v, 
     if (!text) continue;
     auto j = json::parse(*text, nullptr, false);
     if (j.is_discarded()) continue;
+    if (c.key && !manifest_signature_problem(j, *c.key).empty()) continue;  // not this job's: never adopted
     if (auto m = manifest_from_json(p.ep + ": " + manifest_file_name, j)) return *m;
   }
   return std::nullopt;
@@ -259,7 +261,8 @@ status ensure_step(const level_config& c, views& v, uint64_t s, bool node_local,
     status got = error{errc::failed, "no peer has step " + std::to_string(s)};
     for (auto& p : v.peers)
       if (p.steps.count(s)) {
-        auto r = fetch_remote(p.ep, c.token, s, c.dir, c.io_timeout, /*with_parts=*/!node_local);
+        auto r = fetch_remote(p.ep, c.token, s, c.dir, c.io_timeout, /*with_parts=*/!node_local,
+                              c.key ? &*c.key : nullptr);
         got = r ? status{} : status{r.err()};
         if (r) break;
       }

@@ -72,6 +72,9 @@ struct level_config {
   /// This node's memory directory, where replica holders mirror their
   /// sources' parts (empty: none).
   std::filesystem::path memory_dir;
+  /// The job's checkpoint key: steps (ours and the peers') must be signed
+  /// with it, and what leveling commits is (none: unsigned checkpoints).
+  std::optional<checkpoint_key> key;
 };
 
 /// What a leveling found.

@@ -40,19 +40,26 @@ status check_token(const std::string& token, const std::string& origin) {
   return {};
 }
 
-result<std::string> read_token_file(const std::string& path) {
+result<std::string> read_private_file(const std::string& path, const std::string& flag) {
   struct stat sb {};
-  if (::stat(path.c_str(), &sb) != 0) return invalid_input("--token-file " + path + ": " + std::strerror(errno));
-  if (!S_ISREG(sb.st_mode)) return invalid_input("--token-file " + path + " is not a regular file");
+  if (::stat(path.c_str(), &sb) != 0) return invalid_input(flag + " " + path + ": " + std::strerror(errno));
+  if (!S_ISREG(sb.st_mode)) return invalid_input(flag + " " + path + " is not a regular file");
   if (sb.st_mode & (S_IRWXG | S_IRWXO))
-    return invalid_input("--token-file " + path + " can be read or written by group or others (chmod 600 " + path + ")");
+    return invalid_input(flag + " " + path + " can be read or written by group or others (chmod 600 " + path + ")");
+  if (sb.st_size > 64 * 1024) return invalid_input(flag + " " + path + " is larger than 64 KiB: not a secret");
   std::ifstream f(path);
-  if (!f) return invalid_input("--token-file " + path + ": cannot open it");
+  if (!f) return invalid_input(flag + " " + path + ": cannot open it");
   std::stringstream ss;
   ss << f.rdbuf();
   std::string t = ss.str();
   while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
-  if (auto st = check_token(t, "the secret in --token-file " + path); !st) return st.err();
+  return t;
+}
+
+result<std::string> read_token_file(const std::string& path) {
+  auto t = read_private_file(path, "--token-file");
+  if (!t) return t.err();
+  if (auto st = check_token(*t, "the secret in --token-file " + path); !st) return st.err();
   return t;
 }
 

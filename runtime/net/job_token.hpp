@@ -26,6 +26,11 @@ inline result<std::string> random_token() { return random_hex(16); }
 /// in a text line); `origin` names where it came from in the error.
 status check_token(const std::string& token, const std::string& origin);
 
+/// The content of a secret's file (trailing newline removed): refused when
+/// group or others may read or write it, when it is not a regular file or
+/// is over 64 KiB. `flag` names the file's option in errors.
+result<std::string> read_private_file(const std::string& path, const std::string& flag);
+
 /// Reads a token file: refused when group or others may read or write it,
 /// when it is not a regular file, or when its content (trailing newline
 /// removed) fails check_token.
