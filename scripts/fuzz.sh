@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 source scripts/sanitizers/asan_build.sh
 SECONDS_EACH=${FUZZ_SECONDS:-30}
 HARNESSES=("$@")
-[ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(messages safetensors manifest config checkpoint coordinator)
+[ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(messages safetensors manifest config checkpoint coordinator gate)
 dir=$ASAN_DIR
 asan_configure
 targets=()

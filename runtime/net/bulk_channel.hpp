@@ -5,30 +5,44 @@
 /// runtime/checkpoint/replica.hpp; a donor's state in a recovery in place,
 /// runtime/checkpoint/state_transfer.hpp).
 ///
-/// A server listens on one address and serves connections one at a time
-/// from its own thread until it is destroyed. Every connection opens with a
-/// hello that names the channel's kind and proves the job's secret:
+/// A server listens on one address and serves connections from its own
+/// thread until it is destroyed. Every connection first passes the gate: a
+/// mutual challenge-response over the job's secret, so the secret never
+/// crosses the wire and a recorded handshake is worth nothing:
 ///
-///   client -> "GRBK" u8 version u8 kind u16 token_len token
+///   client -> "GRBK" u8 version u8 kind  nonce_c[16]
+///   server -> "GRBK" u8 version u8 kind  nonce_s[16]  proof_s[32]
+///          |  "ERR <why>\n" and the connection closes
+///   client -> proof_c[32]             (after checking proof_s)
 ///   server -> "OK\n"  (then the kind's own requests, framed by its handler)
 ///          |  "ERR <why>\n" and the connection closes
 ///
-/// before a byte reaches the kind's handler. A hello that is malformed,
-/// too long, for another kind or late (the I/O timeout) is refused the same
-/// way. The handler gets the connection with the I/O timeout set and the
-/// server's stop descriptor (readable once the server stops), so that a
-/// handler waiting on a slow peer ends with it.
-
+///   K       = HMAC-SHA256(secret, "grace bulk channel v2")
+///   proof_s = HMAC-SHA256(K, "server" kind nonce_c nonce_s)
+///   proof_c = HMAC-SHA256(K, "client" kind nonce_c nonce_s)
+///
+/// nonce_s is fresh per connection (getrandom), so a replayed client
+/// proof fails; the labels differ, so a server's proof is never a client's.
+/// A client that cannot check proof_s talks to something that is not this
+/// job's server and stops there. The gate holds many handshakes at once
+/// (non-blocking, each with a deadline), bounded in total and per peer
+/// address: garbage, oversized, silent, slow and half-open connections die
+/// there without delaying a member's, before a byte reaches a handler. A
+/// connection that passed gets the I/O timeout and the server's stop
+/// descriptor (readable once the server stops), so that a handler waiting
+/// on a slow peer ends with it; handlers run one at a time.
 #include "runtime/base/error.hpp"
 #include "runtime/base/posix_file.hpp"
 #include "runtime/base/wake_pipe.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace grace {
 
@@ -43,9 +57,43 @@ struct bulk_config {
   std::string token;    ///< the job's secret every hello must carry
   std::chrono::milliseconds io_timeout{10000};
   int backlog = 16;
+  /// Longest time from accept to a passed handshake.
+  std::chrono::milliseconds handshake_timeout{3000};
+  /// Handshakes in progress at once, in total and from one peer address;
+  /// a connection past a bound is refused at once.
+  size_t max_pending = 64;
+  size_t max_pending_per_peer = 8;
   /// Told why a hello was refused (for the log), on the server's thread.
   std::function<void(const std::string& why)> on_refused;
 };
+
+/// The server's side of one connection's handshake, fed the bytes as they
+/// arrive: pure (no I/O), so that tests and the fuzzer drive it directly.
+class bulk_handshake {
+public:
+  enum class state { reading, passed, refused };
+  /// `key`: bulk_channel_key(secret); `server_nonce`: 16 fresh bytes.
+  bulk_handshake(bulk_kind kind, std::string key, std::string server_nonce);
+  /// Consumes `n` bytes; appends what to send to `out` (the server's
+  /// hello, or "ERR <why>\n"). A peer that sends more than the handshake
+  /// before its answer is refused.
+  state feed(const char* p, size_t n, std::string& out);
+  state current() const noexcept { return state_; }
+  /// Whether the server's hello (and proof) went out.
+  bool hello_done() const noexcept { return hello_done_; }
+  const std::string& why() const noexcept { return why_; }
+
+private:
+  state refuse(std::string why, std::string& out);
+  bulk_kind kind_;
+  std::string key_, nonce_s_, nonce_c_, buf_;
+  state state_ = state::reading;
+  bool hello_done_ = false;
+  std::string why_;
+};
+
+/// K of the handshake above, derived from the job's secret.
+std::string bulk_channel_key(const std::string& secret);
 
 class bulk_server {
 public:
@@ -61,14 +109,22 @@ public:
   /// "address:port"
   std::string endpoint() const { return cfg_.address + ":" + std::to_string(port_); }
 
+  /// Connections refused by the gate so far (any reason).
+  uint64_t refusals() const noexcept { return refusals_.load(); }
+
 private:
+  struct pending;
   bulk_server() = default;
   void serve();
+  void accept_one(std::vector<pending>& open);
+  void refused(const std::string& why);
+  void pass(int fd);
   bulk_config cfg_;
   handler handle_;
   fd_guard listen_;
   uint16_t port_ = 0;
   wake_pipe stop_;
+  std::atomic<uint64_t> refusals_{0};
   std::thread thread_;
 };
 
@@ -78,8 +134,11 @@ private:
 result<fd_guard> bulk_connect(const std::string& endpoint, bulk_kind k, const std::string& token,
                               std::chrono::milliseconds timeout);
 
-/// The hello a client sends (exposed for tests that speak the channel
-/// byte by byte).
-std::string bulk_hello(bulk_kind k, const std::string& token);
+/// The first message a client sends, with its 16-byte nonce (exposed for
+/// tests that speak the channel byte by byte).
+std::string bulk_client_hello(bulk_kind k, const std::string& nonce_c);
+/// A side's proof over both nonces ("server" or "client").
+std::string bulk_proof(const std::string& key, const char* side, bulk_kind k, const std::string& nonce_c,
+                       const std::string& nonce_s);
 
 }  // namespace grace

@@ -26,4 +26,22 @@ printf '\x02127.0.0.1:5000,127.0.0.1:5001' > "$C/config/workers"
 printf '\x03gpu[01-04,07],cpu9' > "$C/config/nodelist"
 printf '\x04MASTER_ADDR=10.1.1.1\nMASTER_PORT=29500\nWORLD_SIZE=8\nSLURM_JOB_NODELIST=n[1-2]\nSLURM_NNODES=2\nSLURM_NODEID=1' > "$C/config/env"
 printf '\x05step-0000000042' > "$C/config/names"
+# gate: the first byte picks the target (fuzz_gate.cpp); a passing handshake
+# for the harness's fixed secret and nonces, garbage, a signed manifest.
+mkdir -p "$C/gate"
+python3 - "$C/gate" <<'PYEOF'
+import hashlib, hmac, json, sys
+out = sys.argv[1]
+K = hmac.new(b"fuzz-job-secret-0123", b"grace bulk channel v2", hashlib.sha256).digest()
+nc, ns, kind = b"c" * 16, b"s" * 16, 2
+proof = hmac.new(K, b"client\0" + bytes([kind]) + nc + ns, hashlib.sha256).digest()
+open(out + "/handshake_pass", "wb").write(bytes([0x0e]) + b"GRBK" + bytes([2, kind]) + nc + proof)
+open(out + "/handshake_garbage", "wb").write(b"\x00GET / HTTP/1.0\r\n\r\n")
+m = {"format": "grace-checkpoint", "step": 3, "files": [{"name": "model.safetensors", "size": 10, "xxh3": "00"}]}
+key = b"f" * 32
+mac = hmac.new(key, json.dumps(m, separators=(",", ":"), sort_keys=True).encode(), hashlib.sha256).hexdigest()
+m["signature"] = {"algorithm": "HMAC-SHA256", "key_id": hashlib.sha256(b"grace checkpoint key id\n" + key).hexdigest()[:16],
+                  "mac": mac}
+open(out + "/signed_manifest", "wb").write(b"\x01" + json.dumps(m, indent=2).encode())
+PYEOF
 echo "corpus written to $C: $(find "$C" -type f | wc -l) files"

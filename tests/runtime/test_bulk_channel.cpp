@@ -70,6 +70,7 @@ std::string echo(int fd, const std::string& s) {
 TEST_CASE("bulk channel: a hello with the job's secret reaches the handler", "[bulk]") {
   echo_server e(bulk_kind::checkpoint);
   auto c = bulk_connect(e.server->endpoint(), bulk_kind::checkpoint, "job-secret-0123456789", 2000ms);
+  INFO((c ? std::string() : c.err().message));
   REQUIRE(c);
   CHECK(echo(c->fd, "LIST\n") == "LIST\n");
   c->reset();
@@ -84,37 +85,141 @@ TEST_CASE("bulk channel: a wrong secret or another kind is refused before the ha
   echo_server e(bulk_kind::replica);
   auto wrong = bulk_connect(e.server->endpoint(), bulk_kind::replica, "another-job", 2000ms);
   REQUIRE_FALSE(wrong);
-  CHECK(wrong.err().message.find("wrong job token") != std::string::npos);
+  CHECK(wrong.err().message.find("wrong job token: the server could not prove") != std::string::npos);
   CHECK(wrong.err().message.find(e.server->endpoint()) != std::string::npos);
   auto kind = bulk_connect(e.server->endpoint(), bulk_kind::checkpoint, "job-secret-0123456789", 2000ms);
   REQUIRE_FALSE(kind);
   CHECK(kind.err().message.find("this is the replica channel") != std::string::npos);
   auto why = e.refusals(2);
-  CHECK(why == std::vector<std::string>{"wrong job token", "this is the replica channel, not kind 1"});
+  CHECK(why == std::vector<std::string>{"closed after the server's proof (a client with another job's secret?)",
+                                        "this is the replica channel, not kind 1"});
+  CHECK(e.server->refusals() == 2);
   std::lock_guard<std::mutex> g(e.m);
   CHECK(e.served.empty());
 }
 
-TEST_CASE("bulk channel: garbage, an oversized token and a silent peer die at the hello", "[bulk]") {
+namespace {
+
+/// A raw connection to `ep` and the bytes the server sends until it closes
+/// or `n` bytes arrived.
+struct raw_peer {
+  fd_guard fd;
+  explicit raw_peer(const std::string& ep) {
+    auto c = tcp::connect_to(ep, 2000ms);
+    REQUIRE(c);
+    fd.reset(*c);
+  }
+  std::string read(size_t n) {
+    std::string s(n, '\0');
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = ::recv(fd.fd, s.data() + got, n - got, 0);
+      if (r <= 0) break;
+      got += static_cast<size_t>(r);
+    }
+    s.resize(got);
+    return s;
+  }
+};
+
+const std::string test_secret = "job-secret-0123456789";
+
+}  // namespace
+
+TEST_CASE("bulk channel: garbage, an old version and a silent peer die at the gate", "[bulk]") {
   echo_server e(bulk_kind::checkpoint, 300ms);
   const auto ep = e.server->endpoint();
   auto raw = [&](const std::string& bytes) {
-    auto fd = tcp::connect_to(ep, 2000ms);
-    REQUIRE(fd);
-    fd_guard g(*fd);
-    if (!bytes.empty()) REQUIRE(tcp::send_all(*fd, bytes));
-    auto reply = tcp::read_to_end(*fd, 256);  // the server closes after its answer
+    raw_peer p(ep);
+    if (!bytes.empty()) REQUIRE(tcp::send_all(p.fd.fd, bytes));
+    auto reply = tcp::read_to_end(p.fd.fd, 256);  // the server closes after its answer
     return reply ? *reply : std::string("(read failed)");
   };
   CHECK(raw("GET / HTTP/1.0\r\n\r\n") == "ERR not a Grace bulk channel hello\n");
-  // A token length of 65535 is refused from the header alone.
-  CHECK(raw(std::string("GRBK\x01\x01\xff\xff", 8)) == "ERR job token too long\n");
-  // Nothing at all: dropped after the I/O timeout, and served again after.
+  CHECK(raw(std::string("GRBK\x01\x01\xff\xff", 8)) == "ERR bulk channel version 1, expected 2\n");
+  // Nothing at all: dropped after the deadline, and served again after.
   CHECK(raw("") == "ERR no hello\n");
-  auto ok = bulk_connect(ep, bulk_kind::checkpoint, "job-secret-0123456789", 2000ms);
+  auto ok = bulk_connect(ep, bulk_kind::checkpoint, test_secret, 2000ms);
   REQUIRE(ok);
   CHECK(echo(ok->fd, "y") == "y");
   CHECK(e.refusals(3).size() == 3);
+}
+
+TEST_CASE("bulk channel: the secret never travels, and a recorded handshake replayed is refused", "[bulk]") {
+  echo_server e(bulk_kind::state);
+  const auto ep = e.server->endpoint();
+  const std::string key = bulk_channel_key(test_secret);
+  const std::string nonce_c(16, 'n');
+  std::string recorded = bulk_client_hello(bulk_kind::state, nonce_c);
+  {
+    raw_peer p(ep);
+    REQUIRE(tcp::send_all(p.fd.fd, recorded));
+    const std::string hello = p.read(6 + 16 + 32);
+    REQUIRE(hello.size() == 54);
+    const std::string nonce_s = hello.substr(6, 16);
+    CHECK(hello.substr(22) == bulk_proof(key, "server", bulk_kind::state, nonce_c, nonce_s));
+    const std::string proof = bulk_proof(key, "client", bulk_kind::state, nonce_c, nonce_s);
+    recorded += proof;
+    REQUIRE(tcp::send_all(p.fd.fd, proof));
+    CHECK(p.read(3) == "OK\n");
+    CHECK(recorded.find(test_secret) == std::string::npos);
+    CHECK(recorded.find(key) == std::string::npos);
+  }
+  raw_peer replay(ep);
+  REQUIRE(tcp::send_all(replay.fd.fd, recorded));
+  const std::string answer = replay.read(54 + 24);
+  CHECK(answer.substr(54) == "ERR wrong job token\n");
+  CHECK(e.refusals(1) == std::vector<std::string>{"wrong job token"});
+}
+
+TEST_CASE("bulk channel: silent connections neither block a member nor exceed their bounds", "[bulk]") {
+  bulk_config c;
+  c.kind = bulk_kind::replica;
+  c.address = "127.0.0.1";
+  c.token = test_secret;
+  c.io_timeout = 60000ms;
+  c.handshake_timeout = 60000ms;  // the silent ones stay for the whole test
+  c.max_pending = 40;
+  c.max_pending_per_peer = 40;
+  std::atomic<int> served{0};
+  auto s = bulk_server::start(c, [&](int, int) { ++served; });
+  REQUIRE(s);
+  const auto ep = (*s)->endpoint();
+  std::vector<std::unique_ptr<raw_peer>> silent;
+  for (int i = 0; i < 39; ++i) {
+    silent.push_back(std::make_unique<raw_peer>(ep));
+    if (i % 2) REQUIRE(tcp::send_all(silent.back()->fd.fd, std::string("GRB", 3)));  // half a hello
+  }
+  // A member gets through while 39 handshakes hang (the 40th slot).
+  auto member = bulk_connect(ep, bulk_kind::replica, test_secret, 5000ms);
+  REQUIRE(member);
+  member->reset();
+  // Past the bound: refused at once, with the reason.
+  raw_peer one_more(ep);
+  raw_peer past(ep);
+  auto reply = tcp::read_to_end(past.fd.fd, 256);
+  REQUIRE(reply);
+  CHECK(reply->rfind("ERR too many handshakes in progress", 0) == 0);
+  CHECK((*s)->refusals() >= 1);
+  s->reset();
+  CHECK(served == 1);
+}
+
+TEST_CASE("bulk channel: the handshake takes its bytes in any pieces", "[bulk]") {
+  const std::string key = bulk_channel_key(test_secret);
+  const std::string nonce_c(16, 'c'), nonce_s(16, 's');
+  bulk_handshake hs(bulk_kind::checkpoint, key, nonce_s);
+  const std::string in = bulk_client_hello(bulk_kind::checkpoint, nonce_c) +
+                         bulk_proof(key, "client", bulk_kind::checkpoint, nonce_c, nonce_s);
+  std::string out;
+  for (size_t i = 0; i + 1 < in.size(); ++i)
+    REQUIRE(hs.feed(&in[i], 1, out) == bulk_handshake::state::reading);
+  CHECK(hs.feed(&in.back(), 1, out) == bulk_handshake::state::passed);
+  CHECK(out.size() == 54);
+  bulk_handshake greedy(bulk_kind::checkpoint, key, nonce_s);
+  std::string out2;
+  CHECK(greedy.feed((in + "LIST\n").data(), in.size() + 5, out2) == bulk_handshake::state::refused);
+  CHECK(greedy.why() == "bytes past the handshake before its answer");
 }
 
 TEST_CASE("bulk channel: stopping the server ends a handler waiting on a peer", "[bulk]") {
