@@ -118,6 +118,7 @@ status session::impl::failed_save(uint64_t step, checkpoint_kind kind, uint64_t 
 void session::impl::absorb(const save_outcome& o) {
   saves.last_save = o;
   if (o.ok && member.policy) member.policy->save_time(o.save_ns);
+  if (!o.ok && member.policy) member.policy->save_failed(o.step);
   if (o.kind == checkpoint_kind::periodic) periodic_result(o);
 }
 

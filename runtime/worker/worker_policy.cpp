@@ -34,7 +34,7 @@ const char* to_string(worker_decision::type t) noexcept {
 using ty = worker_decision::type;
 
 worker_policy::worker_policy(worker_policy_config cfg, uint64_t restored_step)
-    : cfg_(cfg), restored_(restored_step), last_saved_(restored_step), replacement_(cfg.replacement) {}
+    : cfg_(cfg), restored_(restored_step), last_saved_(restored_step), prior_saved_(restored_step), replacement_(cfg.replacement) {}
 
 void worker_policy::step_time(int64_t ns) {
   // The first step after a start pays for warm-up (first touches, a fresh

@@ -50,6 +50,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace grace {
@@ -138,7 +139,15 @@ public:
   void acked(uint64_t id) { acked_ = id; }
   void reached(uint64_t id) { reached_ = id; }
   /// A save of `step` was written or handed to the writer.
-  void saved(uint64_t step) { last_saved_ = std::max(last_saved_, step); }
+  void saved(uint64_t step) {
+    if (step > last_saved_) prior_saved_ = std::exchange(last_saved_, step);
+  }
+  /// That save failed (its commit fenced, the disk full): its step is not
+  /// saved after all, so a chief that then loses the coordination service
+  /// saves it on its own.
+  void save_failed(uint64_t step) {
+    if (step == last_saved_) last_saved_ = prior_saved_;
+  }
   void proposed_final() { final_proposed_ = true; }
   void grace_continues() { final_proposed_ = false; }
   /// Recovery in place `id` carried out: this worker holds the group's state.
@@ -156,7 +165,7 @@ public:
   /// timings): the protocol model's de-duplication key.
   template <class Put>
   void visit_state(Put&& put) const {
-    put(last_saved_), put(acked_), put(reached_), put(final_proposed_), put(waiting_), put(wait_reason_), put(replacement_);
+    put(last_saved_), put(prior_saved_), put(acked_), put(reached_), put(final_proposed_), put(waiting_), put(wait_reason_), put(replacement_);
   }
 
 private:
@@ -172,6 +181,7 @@ private:
   worker_policy_config cfg_;
   uint64_t restored_;
   uint64_t last_saved_;
+  uint64_t prior_saved_;  ///< last_saved_ before the newest save (save_failed)
   uint64_t acked_ = 0;
   uint64_t reached_ = 0;
   bool final_proposed_ = false;

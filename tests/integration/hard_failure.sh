@@ -91,3 +91,29 @@ restored=$(events "$D/events.jsonl" "e['event']=='restored'" | "$PY" -c 'import 
 [ "$(json "$D/out.json" weights_checksum)" = "$BREF" ] || fail "weights differ after a kill during a save"
 [ -z "$(find "$D/ck" -maxdepth 1 -name '.tmp-*')" ] || fail "the killed writer's temporary was not cleaned"
 pass "kill during the save of step 20 (try $landed): restored step 10, temporary cleaned, weights identical"
+
+# SIGKILL of the launcher, which hosts the coordination service, during a
+# step that ends with a periodic save: the chief's commit of that save is
+# fenced (no service to ask), so the chief saves the step alone before it
+# exits; a new launcher restores it and the run ends identical. Aimed at
+# the middle of the step before the save at 20 (300 ms steps); wherever
+# the kill lands, at most one step may be lost.
+D="$WORK/launcher"
+LARGS=(--device cpu --steps 40 --step-delay-ms 300 --save-every 10)
+LREF=$(reference 2 "${LARGS[@]}")
+start_job "$D" 2 -- "${LARGS[@]}"
+wait_for_training "$D" 2
+wait_for_event "$D" "e['event']=='snapshot_done' and e['step']==10"
+W=$(workers_of "$JOB_PID")
+t10=$(events "$D/events.jsonl" "e['event']=='snapshot_done' and e['step']==10" | "$PY" -c 'import json,sys; print(json.loads(sys.stdin.readline())["t_ns"])')
+"$PY" -c "import time; time.sleep(max(0, ($t10 + 2_850_000_000 - time.time_ns()) / 1e9))"  # 9.5 steps after it
+kill -KILL "$JOB_PID"
+wait_job
+for w in $W; do timeout 60 tail --pid="$w" -f /dev/null || fail "worker $w did not exit after the service was lost"; done
+reached=$(events "$D/events.jsonl" "e['event']=='exit' and e.get('rank')==0" | "$PY" -c 'import json,sys; print(json.loads(sys.stdin.readline())["step"])')
+start_job "$D" 2 -- "${LARGS[@]}"
+wait_job
+check_finished "$D" 40 "$LREF"
+restored=$(events "$D/events.jsonl" "e['event']=='restored'" | "$PY" -c 'import json,sys; print(json.loads(sys.stdin.readline())["step"])')
+[ "$restored" -ge $((reached - 1)) ] || fail "launcher killed at step $reached: restored $restored (more than one step lost)"
+pass "launcher SIGKILLed at step $reached: the chief saved alone, restored $restored, weights identical"

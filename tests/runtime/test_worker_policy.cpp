@@ -248,6 +248,25 @@ TEST_CASE("worker_policy: the coordinator lost: the chief saves a newer step the
   CHECK(other.next(s, at(14)).what == ty::stop);
 }
 
+TEST_CASE("worker_policy: a periodic save that failed (its commit fenced) is saved alone once the service is lost", "[policy]") {
+  control_state s;
+  s.coordinator_gone = true;
+  worker_policy chief(cfg(0, true), 40);
+  chief.saved(60);  // the periodic save of step 60, handed to the writer
+  CHECK(chief.next(s, at(60)).what == ty::stop);
+  chief.save_failed(60);  // its commit was fenced: the service is gone
+  auto d = chief.next(s, at(60));
+  REQUIRE(d.what == ty::save_own);
+  CHECK(d.step == 60);
+  chief.saved(60);
+  CHECK(chief.next(s, at(60)).what == ty::stop);
+  // A failure of an older save changes nothing.
+  worker_policy later(cfg(0, true), 40);
+  later.saved(60);
+  later.save_failed(50);
+  CHECK(later.next(s, at(60)).what == ty::stop);
+}
+
 TEST_CASE("worker_policy: the coordinator lost during a just-in-time round: the saver's save comes first", "[policy]") {
   control_state s;
   s.order = order(5, 14, checkpoint_kind::jit, true, 0, true);
