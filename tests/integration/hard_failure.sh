@@ -99,7 +99,7 @@ pass "kill during the save of step 20 (try $landed): restored step 10, temporary
 # the middle of the step before the save at 20 (300 ms steps); wherever
 # the kill lands, at most one step may be lost.
 D="$WORK/launcher"
-LARGS=(--device cpu --steps 40 --step-delay-ms 300 --save-every 10)
+LARGS=(--device cpu --steps 30 --step-delay-ms 300 --save-every 10)
 LREF=$(reference 2 "${LARGS[@]}")
 start_job "$D" 2 -- "${LARGS[@]}"
 wait_for_training "$D" 2
@@ -113,7 +113,7 @@ for w in $W; do timeout 60 tail --pid="$w" -f /dev/null || fail "worker $w did n
 reached=$(events "$D/events.jsonl" "e['event']=='exit' and e.get('rank')==0" | "$PY" -c 'import json,sys; print(json.loads(sys.stdin.readline())["step"])')
 start_job "$D" 2 -- "${LARGS[@]}"
 wait_job
-check_finished "$D" 40 "$LREF"
+check_finished "$D" 30 "$LREF"
 restored=$(events "$D/events.jsonl" "e['event']=='restored'" | "$PY" -c 'import json,sys; print(json.loads(sys.stdin.readline())["step"])')
 [ "$restored" -ge $((reached - 1)) ] || fail "launcher killed at step $reached: restored $restored (more than one step lost)"
 pass "launcher SIGKILLed at step $reached: the chief saved alone, restored $restored, weights identical"

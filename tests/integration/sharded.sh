@@ -152,9 +152,11 @@ resize_run() { # resize_run DIR [fault]
   start_job "$d" 4 -- --steps 40 --step-delay-ms 8 --save-every 10 --shard-optimizer
   wait_job
   [ "$JOB_RC" -eq 0 ] || fail "$d: 4-worker phase exit $JOB_RC"
-  start_job "$d" 2 -- --steps 80 --step-delay-ms 8 --save-every 10 --shard-optimizer
+  # Slower steps here: the SIGTERM must land before this phase ends, also
+  # on a loaded machine (30 steps of 20 ms after the save it waits for).
+  start_job "$d" 2 -- --steps 80 --step-delay-ms 20 --save-every 10 --shard-optimizer
   if [ -n "$fault" ]; then
-    wait_for_save "$d" 60
+    wait_for_save "$d" 50
     kill -TERM "$(workers_of "$JOB_PID" | sort | tail -1)"
   fi
   wait_job
