@@ -9,6 +9,7 @@
 //   grace-bench snapshot --bytes B --reps 7        snapshot capture vs memcpy
 //   grace-bench odirect --bytes B --dir D          prototype O_DIRECT writer (proposed fix)
 //   grace-bench allreduce --rank R --size 2 --store DIR --floats a,b --reps 10
+//   grace-bench gate --reps 2000                  bulk channel connection setup: gate vs plain TCP
 //
 // Linked against grace_core only (no CAF): see grace_bench_actors.cpp for
 // the parts that need the actor system.
@@ -16,6 +17,8 @@
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/train/gloo_comm.hpp"
 #include "runtime/checkpoint/snapshot.hpp"
+#include "runtime/net/bulk_channel.hpp"
+#include "runtime/net/tcp.hpp"
 
 #include <gloo/rendezvous/file_store.h>
 #include <spdlog/spdlog.h>
@@ -528,11 +531,67 @@ int mode_parts(const std::map<std::string, std::string>& a) {
   return 0;
 }
 
+/// One byte there and back on a connection just set up, then closed.
+void ping_and_close(int fd) {
+  char c = 'x';
+  if (!grace::tcp::send_all(fd, &c, 1) || !grace::tcp::recv_all(fd, &c, 1)) die("gate: the echo failed");
+  ::close(fd);
+}
+
+/// Connection setup through the bulk channel's gate (the challenge-response)
+/// against a plain TCP connect to a plain listener, interleaved, each with
+/// one echoed byte: the gate's cost per connection.
+int mode_gate(const std::map<std::string, std::string>& a) {
+  using namespace std::chrono_literals;
+  const uint64_t reps = get_u(a, "reps", 2000);
+  auto l = grace::tcp::listen_on("127.0.0.1", 64);
+  if (!l) die("gate: listen failed");
+  const std::string plain_ep = "127.0.0.1:" + std::to_string(l->second);
+  std::thread plain([fd = l->first, reps] {
+    for (uint64_t i = 0; i < reps; ++i) {
+      int c = ::accept(fd, nullptr, nullptr);
+      if (c < 0) continue;
+      char b;
+      if (::recv(c, &b, 1, 0) == 1) (void)::send(c, &b, 1, MSG_NOSIGNAL);
+      ::close(c);
+    }
+  });
+  grace::bulk_config c;
+  c.kind = grace::bulk_kind::state;
+  c.address = "127.0.0.1";
+  c.token = "bench-job-secret-0123456789";
+  auto server = grace::bulk_server::start(c, [](int fd, int) {
+    char b;
+    if (::recv(fd, &b, 1, 0) == 1) (void)::send(fd, &b, 1, MSG_NOSIGNAL);
+  });
+  if (!server) die("gate: " + server.err().message);
+  std::vector<double> plain_us, gate_us;
+  for (uint64_t i = 0; i < reps; ++i) {
+    auto t0 = clk::now();
+    auto fd = grace::tcp::connect_to(plain_ep, 2000ms);
+    if (!fd) die("gate: plain connect: " + fd.err().message);
+    ping_and_close(*fd);
+    auto t1 = clk::now();
+    auto g = grace::bulk_connect((*server)->endpoint(), c.kind, c.token, 2000ms);
+    if (!g) die("gate: " + g.err().message);
+    ping_and_close(g->release());
+    auto t2 = clk::now();
+    plain_us.push_back(secs(t0, t1) * 1e6);
+    gate_us.push_back(secs(t1, t2) * 1e6);
+  }
+  plain.join();
+  ::close(l->first);
+  const double p = median(plain_us), g = median(gate_us);
+  std::printf("{\"row\":\"gate\",\"reps\":%llu,\"plain_us\":%.2f,\"gate_us\":%.2f,\"added_us\":%.2f}\n",
+              (unsigned long long)reps, p, g, g - p);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
-  if (argc < 2) die("usage: grace-bench rtt|agreement|ckpt|snapshot|syncsave|odirect|allreduce|parts [--options]");
+  if (argc < 2) die("usage: grace-bench rtt|agreement|ckpt|snapshot|syncsave|odirect|allreduce|parts|gate [--options]");
   std::string mode = argv[1];
   auto a = parse(argc, argv, 2);
   if (mode == "rtt") return mode_rtt(a);
@@ -543,5 +602,6 @@ int main(int argc, char** argv) {
   if (mode == "odirect") return mode_odirect(a);
   if (mode == "allreduce") return mode_allreduce(a);
   if (mode == "parts") return mode_parts(a);
+  if (mode == "gate") return mode_gate(a);
   die("unknown mode '" + mode + "'");
 }

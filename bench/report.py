@@ -66,6 +66,11 @@ rtt_busy = med("rtt", "median_us", busy=1)
 rtt_txt = "RTT %s idle / %s busy" % (fmt(rtt_idle, "us", 1), fmt(rtt_busy, "us", 1))
 if rtt_idle is not None:  # absent in a BENCH_PYTHON_ONLY run, as every C++ row below
     add("1 loopback TCP round trip (baseline)", fmt(rtt_idle, "us idle", 1), fmt(rtt_busy, "us busy", 1), "-", "-", "-")
+gate_added = med("gate", "added_us")
+if gate_added is not None:
+    add("1g bulk channel connection through the gate (challenge-response)", fmt(med("gate", "gate_us"), "us", 1),
+        "plain TCP connect %s" % fmt(med("gate", "plain_us"), "us", 1), "+%s" % fmt(gate_added, "us", 1),
+        "< +50 us", yes(gate_added < 50))
 
 groups = {}
 for r in sel("group"):

@@ -107,12 +107,17 @@ std::string bulk_proof(const std::string& key, const char* side, bulk_kind k, co
   return hmac_sha256(key, std::string(side) + '\0' + static_cast<char>(k) + nonce_c + nonce_s);
 }
 
-std::string bulk_client_hello(bulk_kind k, const std::string& nonce_c) { return header(k) + nonce_c; }
+std::string bulk_client_hello(bulk_kind k, const std::string& key, const std::string& nonce_c,
+                              const std::string& nonce_s) {
+  return header(k) + nonce_c + bulk_proof(key, "client", k, nonce_c, nonce_s);
+}
 
 // ------------------------------------------------------------ the handshake
 
 bulk_handshake::bulk_handshake(bulk_kind kind, std::string key, std::string server_nonce)
     : kind_(kind), key_(std::move(key)), nonce_s_(std::move(server_nonce)) {}
+
+std::string bulk_handshake::server_hello() const { return header(kind_) + nonce_s_; }
 
 bulk_handshake::state bulk_handshake::refuse(std::string why, std::string& out) {
   why_ = std::move(why);
@@ -123,24 +128,20 @@ bulk_handshake::state bulk_handshake::refuse(std::string why, std::string& out) 
 bulk_handshake::state bulk_handshake::feed(const char* p, size_t n, std::string& out) {
   if (state_ != state::reading) return state_;
   buf_.append(p, n);
-  if (!hello_done_) {
-    const size_t have = std::min(buf_.size(), sizeof bulk_magic);
-    if (std::memcmp(buf_.data(), bulk_magic, have) != 0) return refuse("not a Grace bulk channel hello", out);
-    if (buf_.size() > 4 && static_cast<uint8_t>(buf_[4]) != bulk_version)
-      return refuse("bulk channel version " + std::to_string(static_cast<uint8_t>(buf_[4])) + ", expected " +
-                        std::to_string(bulk_version), out);
-    if (buf_.size() > 5 && static_cast<uint8_t>(buf_[5]) != static_cast<uint8_t>(kind_))
-      return refuse(std::string("this is the ") + to_string(kind_) + " channel, not kind " +
-                        std::to_string(static_cast<uint8_t>(buf_[5])), out);
-    if (buf_.size() < hello_bytes) return state_;
-    nonce_c_ = buf_.substr(6, nonce_bytes);
-    buf_.erase(0, hello_bytes);
-    hello_done_ = true;
-    out += header(kind_) + nonce_s_ + bulk_proof(key_, "server", kind_, nonce_c_, nonce_s_);
-  }
-  if (buf_.size() < proof_bytes) return state_;
-  if (buf_.size() > proof_bytes) return refuse("bytes past the handshake before its answer", out);
-  if (!same(buf_, bulk_proof(key_, "client", kind_, nonce_c_, nonce_s_))) return refuse("wrong job token", out);
+  const size_t have = std::min(buf_.size(), sizeof bulk_magic);
+  if (std::memcmp(buf_.data(), bulk_magic, have) != 0) return refuse("not a Grace bulk channel hello", out);
+  if (buf_.size() > 4 && static_cast<uint8_t>(buf_[4]) != bulk_version)
+    return refuse("bulk channel version " + std::to_string(static_cast<uint8_t>(buf_[4])) + ", expected " +
+                      std::to_string(bulk_version), out);
+  if (buf_.size() > 5 && static_cast<uint8_t>(buf_[5]) != static_cast<uint8_t>(kind_))
+    return refuse(std::string("this is the ") + to_string(kind_) + " channel, not kind " +
+                      std::to_string(static_cast<uint8_t>(buf_[5])), out);
+  if (buf_.size() < hello_bytes + proof_bytes) return state_;
+  if (buf_.size() > hello_bytes + proof_bytes) return refuse("bytes past the handshake before its answer", out);
+  const std::string nonce_c = buf_.substr(6, nonce_bytes);
+  if (!same(buf_.substr(hello_bytes), bulk_proof(key_, "client", kind_, nonce_c, nonce_s_)))
+    return refuse("wrong job token", out);
+  out += "OK" + bulk_proof(key_, "server", kind_, nonce_c, nonce_s_);
   return state_ = state::passed;
 }
 
@@ -157,6 +158,7 @@ struct bulk_server::pending {
 result<std::unique_ptr<bulk_server>> bulk_server::start(bulk_config c, handler handle) {
   std::unique_ptr<bulk_server> s(new bulk_server());
   s->cfg_ = std::move(c);
+  s->key_ = bulk_channel_key(s->cfg_.token);
   s->handle_ = std::move(handle);
   auto l = tcp::listen_on(s->cfg_.address, s->cfg_.backlog);
   if (!l) return error{errc::failed, std::string(to_string(s->cfg_.kind)) + " channel: " + l.err().message};
@@ -195,16 +197,18 @@ void bulk_server::accept_one(std::vector<pending>& open) {
     return;
   }
   const auto limit = std::min(cfg_.handshake_timeout, cfg_.io_timeout);
-  open.push_back(pending{std::move(conn), std::move(peer), clock::now() + limit,
-                         bulk_handshake(cfg_.kind, bulk_channel_key(cfg_.token), fresh_nonce())});
+  bulk_handshake hs(cfg_.kind, key_, fresh_nonce());
+  const std::string hello = hs.server_hello();
+  (void)::send(conn.fd, hello.data(), hello.size(), MSG_NOSIGNAL | MSG_DONTWAIT);  // fits a fresh socket's buffer
+  open.push_back(pending{std::move(conn), std::move(peer), clock::now() + limit, std::move(hs)});
 }
 
-/// A connection whose handshake passed: blocking again, bounded by the
-/// I/O timeout, handed to the handler.
+/// A connection whose handshake passed (its "OK" and proof sent):
+/// blocking again, bounded by the I/O timeout, handed to the handler.
 void bulk_server::pass(int fd) {
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   tcp::set_io_timeout(fd, cfg_.io_timeout);
-  if (tcp::send_all(fd, "OK\n")) handle_(fd, stop_.fd());
+  handle_(fd, stop_.fd());
 }
 
 void bulk_server::serve() {
@@ -241,8 +245,7 @@ void bulk_server::serve() {
         drain_and_shut(c.fd.fd);
         refused(c.hs.why());
       } else if (closed) {
-        refused(c.hs.hello_done() ? "closed after the server's proof (a client with another job's secret?)"
-                                  : "closed during the hello");
+        refused("closed during the hello (a client without this job's secret, or not a Grace client?)");
       } else if (now >= c.deadline) {
         const std::string why = "no hello";
         (void)::send(c.fd.fd, ("ERR " + why + "\n").data(), why.size() + 5, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -271,37 +274,44 @@ void bulk_server::serve() {
 
 // ------------------------------------------------------------------ client
 
+namespace {
+
+/// The rest of an "ERR <why>\n" whose first 4 bytes were read.
+error refusal(int fd, const std::string& endpoint) {
+  auto why = read_reply(fd);
+  return error{errc::invalid_input, endpoint + ": " + (why ? *why : why.err().message)};
+}
+
+}  // namespace
+
 result<fd_guard> bulk_connect(const std::string& endpoint, bulk_kind k, const std::string& token,
                               std::chrono::milliseconds timeout) {
   auto fd = tcp::connect_to(endpoint, timeout);
   if (!fd) return fd.err();
   fd_guard conn(*fd);
-  const std::string nonce_c = fresh_nonce();
-  if (!tcp::send_all(conn.fd, bulk_client_hello(k, nonce_c)))
+  std::string hello(hello_bytes, '\0');
+  if (!tcp::recv_all(conn.fd, hello.data(), 4)) return error{errc::disconnected, endpoint + ": closed during the hello"};
+  if (hello.compare(0, 4, "ERR ") == 0) return refusal(conn.fd, endpoint);
+  if (std::memcmp(hello.data(), bulk_magic, 4) != 0 || !tcp::recv_all(conn.fd, hello.data() + 4, hello.size() - 4) ||
+      static_cast<uint8_t>(hello[4]) != bulk_version)
+    return error{errc::invalid_input, endpoint + ": not a Grace bulk channel (version " +
+                                          std::to_string(bulk_version) + ")"};
+  if (static_cast<uint8_t>(hello[5]) != static_cast<uint8_t>(k))
+    return error{errc::invalid_input, endpoint + ": this is the " +
+                                          to_string(static_cast<bulk_kind>(static_cast<uint8_t>(hello[5]))) +
+                                          " channel, not the " + to_string(k) + " channel"};
+  const std::string nonce_s = hello.substr(6), nonce_c = fresh_nonce(), key = bulk_channel_key(token);
+  if (!tcp::send_all(conn.fd, bulk_client_hello(k, key, nonce_c, nonce_s)))
     return error{errc::disconnected, endpoint + ": the hello could not be sent"};
-  std::string head(sizeof bulk_magic, '\0');
-  if (!tcp::recv_all(conn.fd, head.data(), head.size()))
-    return error{errc::disconnected, endpoint + ": closed during the hello"};
-  if (head == "ERR ") {
-    auto why = read_reply(conn.fd);
-    return error{errc::invalid_input, endpoint + ": " + (why ? *why : why.err().message)};
-  }
-  std::string rest(2 + nonce_bytes + proof_bytes, '\0');
-  if (std::memcmp(head.data(), bulk_magic, 4) != 0 || !tcp::recv_all(conn.fd, rest.data(), rest.size()) ||
-      static_cast<uint8_t>(rest[0]) != bulk_version || static_cast<uint8_t>(rest[1]) != static_cast<uint8_t>(k))
-    return error{errc::invalid_input, endpoint + ": not a Grace bulk channel of kind " + to_string(k)};
-  const std::string nonce_s = rest.substr(2, nonce_bytes), proof_s = rest.substr(2 + nonce_bytes);
-  const std::string key = bulk_channel_key(token);
-  if (!same(proof_s, bulk_proof(key, "server", k, nonce_c, nonce_s)))
+  std::string reply(2 + proof_bytes, '\0');
+  if (!tcp::recv_all(conn.fd, reply.data(), 4)) return error{errc::disconnected, endpoint + ": closed during the hello"};
+  if (reply.compare(0, 4, "ERR ") == 0) return refusal(conn.fd, endpoint);
+  if (reply.compare(0, 2, "OK") != 0 || !tcp::recv_all(conn.fd, reply.data() + 4, reply.size() - 4))
+    return error{errc::invalid_input, endpoint + ": not a Grace bulk channel"};
+  if (!same(reply.substr(2), bulk_proof(key, "server", k, nonce_c, nonce_s)))
     return error{errc::invalid_input, endpoint + ": wrong job token: the server could not prove this job's secret "
                                                  "(another job's server, or not a Grace server); nothing sent"};
-  if (!tcp::send_all(conn.fd, bulk_proof(key, "client", k, nonce_c, nonce_s)))
-    return error{errc::disconnected, endpoint + ": the proof could not be sent"};
-  auto reply = read_reply(conn.fd);
-  if (!reply) return error{reply.err().code, endpoint + ": " + reply.err().message};
-  if (*reply == "OK") return conn;
-  if (reply->rfind("ERR ", 0) == 0) return error{errc::invalid_input, endpoint + ": " + reply->substr(4)};
-  return error{errc::invalid_input, endpoint + ": not a Grace bulk channel"};
+  return conn;
 }
 
 }  // namespace grace

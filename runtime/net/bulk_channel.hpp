@@ -10,17 +10,18 @@
 /// mutual challenge-response over the job's secret, so the secret never
 /// crosses the wire and a recorded handshake is worth nothing:
 ///
-///   client -> "GRBK" u8 version u8 kind  nonce_c[16]
-///   server -> "GRBK" u8 version u8 kind  nonce_s[16]  proof_s[32]
-///          |  "ERR <why>\n" and the connection closes
-///   client -> proof_c[32]             (after checking proof_s)
-///   server -> "OK\n"  (then the kind's own requests, framed by its handler)
+///   server -> "GRBK" u8 version u8 kind  nonce_s[16]             (at accept)
+///          |  "ERR <why>\n" (past a bound) and the connection closes
+///   client -> "GRBK" u8 version u8 kind  nonce_c[16]  proof_c[32]
+///   server -> "OK" proof_s[32]  (then the kind's own requests, framed by
+///                               its handler, once the client checked it)
 ///          |  "ERR <why>\n" and the connection closes
 ///
 ///   K       = HMAC-SHA256(secret, "grace bulk channel v2")
-///   proof_s = HMAC-SHA256(K, "server" kind nonce_c nonce_s)
 ///   proof_c = HMAC-SHA256(K, "client" kind nonce_c nonce_s)
+///   proof_s = HMAC-SHA256(K, "server" kind nonce_c nonce_s)
 ///
+/// One round trip more than a plain connection.
 /// nonce_s is fresh per connection (getrandom), so a replayed client
 /// proof fails; the labels differ, so a server's proof is never a client's.
 /// A client that cannot check proof_s talks to something that is not this
@@ -74,21 +75,20 @@ public:
   enum class state { reading, passed, refused };
   /// `key`: bulk_channel_key(secret); `server_nonce`: 16 fresh bytes.
   bulk_handshake(bulk_kind kind, std::string key, std::string server_nonce);
-  /// Consumes `n` bytes; appends what to send to `out` (the server's
-  /// hello, or "ERR <why>\n"). A peer that sends more than the handshake
-  /// before its answer is refused.
+  /// What the server sends at accept, before anything arrives.
+  std::string server_hello() const;
+  /// Consumes `n` bytes; appends what to send to `out` ("OK" and the
+  /// server's proof, or "ERR <why>\n"). A peer that sends more than the
+  /// handshake before its answer is refused.
   state feed(const char* p, size_t n, std::string& out);
   state current() const noexcept { return state_; }
-  /// Whether the server's hello (and proof) went out.
-  bool hello_done() const noexcept { return hello_done_; }
   const std::string& why() const noexcept { return why_; }
 
 private:
   state refuse(std::string why, std::string& out);
   bulk_kind kind_;
-  std::string key_, nonce_s_, nonce_c_, buf_;
+  std::string key_, nonce_s_, buf_;
   state state_ = state::reading;
-  bool hello_done_ = false;
   std::string why_;
 };
 
@@ -120,6 +120,7 @@ private:
   void refused(const std::string& why);
   void pass(int fd);
   bulk_config cfg_;
+  std::string key_;  ///< bulk_channel_key(cfg_.token), derived once
   handler handle_;
   fd_guard listen_;
   uint16_t port_ = 0;
@@ -134,9 +135,10 @@ private:
 result<fd_guard> bulk_connect(const std::string& endpoint, bulk_kind k, const std::string& token,
                               std::chrono::milliseconds timeout);
 
-/// The first message a client sends, with its 16-byte nonce (exposed for
-/// tests that speak the channel byte by byte).
-std::string bulk_client_hello(bulk_kind k, const std::string& nonce_c);
+/// The message a client sends once it has the server's nonce: its hello,
+/// nonce and proof (exposed for tests that speak the channel byte by byte).
+std::string bulk_client_hello(bulk_kind k, const std::string& key, const std::string& nonce_c,
+                              const std::string& nonce_s);
 /// A side's proof over both nonces ("server" or "client").
 std::string bulk_proof(const std::string& key, const char* side, bulk_kind k, const std::string& nonce_c,
                        const std::string& nonce_s);

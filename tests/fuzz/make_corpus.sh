@@ -35,7 +35,7 @@ out = sys.argv[1]
 K = hmac.new(b"fuzz-job-secret-0123", b"grace bulk channel v2", hashlib.sha256).digest()
 nc, ns, kind = b"c" * 16, b"s" * 16, 2
 proof = hmac.new(K, b"client\0" + bytes([kind]) + nc + ns, hashlib.sha256).digest()
-open(out + "/handshake_pass", "wb").write(bytes([0x0e]) + b"GRBK" + bytes([2, kind]) + nc + proof)
+open(out + "/handshake_pass", "wb").write(bytes([0x0e]) + b"GRBK" + bytes([2, kind]) + nc + proof)  # server speaks first
 open(out + "/handshake_garbage", "wb").write(b"\x00GET / HTTP/1.0\r\n\r\n")
 m = {"format": "grace-checkpoint", "step": 3, "files": [{"name": "model.safetensors", "size": 10, "xxh3": "00"}]}
 key = b"f" * 32

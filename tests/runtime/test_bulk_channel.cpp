@@ -85,14 +85,15 @@ TEST_CASE("bulk channel: a wrong secret or another kind is refused before the ha
   echo_server e(bulk_kind::replica);
   auto wrong = bulk_connect(e.server->endpoint(), bulk_kind::replica, "another-job", 2000ms);
   REQUIRE_FALSE(wrong);
-  CHECK(wrong.err().message.find("wrong job token: the server could not prove") != std::string::npos);
+  CHECK(wrong.err().message.find("wrong job token") != std::string::npos);
   CHECK(wrong.err().message.find(e.server->endpoint()) != std::string::npos);
   auto kind = bulk_connect(e.server->endpoint(), bulk_kind::checkpoint, "job-secret-0123456789", 2000ms);
   REQUIRE_FALSE(kind);
-  CHECK(kind.err().message.find("this is the replica channel") != std::string::npos);
+  CHECK(kind.err().message.find("this is the replica channel, not the checkpoint channel") != std::string::npos);
   auto why = e.refusals(2);
-  CHECK(why == std::vector<std::string>{"closed after the server's proof (a client with another job's secret?)",
-                                        "this is the replica channel, not kind 1"});
+  CHECK(why == std::vector<std::string>{
+                   "wrong job token",
+                   "closed during the hello (a client without this job's secret, or not a Grace client?)"});
   CHECK(e.server->refusals() == 2);
   std::lock_guard<std::mutex> g(e.m);
   CHECK(e.served.empty());
@@ -100,15 +101,17 @@ TEST_CASE("bulk channel: a wrong secret or another kind is refused before the ha
 
 namespace {
 
-/// A raw connection to `ep` and the bytes the server sends until it closes
-/// or `n` bytes arrived.
+/// A raw connection to `ep`, past the server's 22-byte hello (kept).
 struct raw_peer {
   fd_guard fd;
+  std::string server_hello;
   explicit raw_peer(const std::string& ep) {
     auto c = tcp::connect_to(ep, 2000ms);
     REQUIRE(c);
     fd.reset(*c);
+    server_hello = read(22);
   }
+  /// Up to `n` bytes, fewer if the server closes.
   std::string read(size_t n) {
     std::string s(n, '\0');
     size_t got = 0;
@@ -120,6 +123,7 @@ struct raw_peer {
     s.resize(got);
     return s;
   }
+  std::string nonce() const { return server_hello.substr(6); }
 };
 
 const std::string test_secret = "job-secret-0123456789";
@@ -131,6 +135,7 @@ TEST_CASE("bulk channel: garbage, an old version and a silent peer die at the ga
   const auto ep = e.server->endpoint();
   auto raw = [&](const std::string& bytes) {
     raw_peer p(ep);
+    CHECK(p.server_hello.substr(0, 6) == std::string("GRBK\x02\x01", 6));
     if (!bytes.empty()) REQUIRE(tcp::send_all(p.fd.fd, bytes));
     auto reply = tcp::read_to_end(p.fd.fd, 256);  // the server closes after its answer
     return reply ? *reply : std::string("(read failed)");
@@ -150,25 +155,22 @@ TEST_CASE("bulk channel: the secret never travels, and a recorded handshake repl
   const auto ep = e.server->endpoint();
   const std::string key = bulk_channel_key(test_secret);
   const std::string nonce_c(16, 'n');
-  std::string recorded = bulk_client_hello(bulk_kind::state, nonce_c);
+  std::string recorded;
   {
     raw_peer p(ep);
+    recorded = bulk_client_hello(bulk_kind::state, key, nonce_c, p.nonce());
     REQUIRE(tcp::send_all(p.fd.fd, recorded));
-    const std::string hello = p.read(6 + 16 + 32);
-    REQUIRE(hello.size() == 54);
-    const std::string nonce_s = hello.substr(6, 16);
-    CHECK(hello.substr(22) == bulk_proof(key, "server", bulk_kind::state, nonce_c, nonce_s));
-    const std::string proof = bulk_proof(key, "client", bulk_kind::state, nonce_c, nonce_s);
-    recorded += proof;
-    REQUIRE(tcp::send_all(p.fd.fd, proof));
-    CHECK(p.read(3) == "OK\n");
+    const std::string ok = p.read(34);
+    REQUIRE(ok.size() == 34);
+    CHECK(ok.substr(0, 2) == "OK");
+    CHECK(ok.substr(2) == bulk_proof(key, "server", bulk_kind::state, nonce_c, p.nonce()));
     CHECK(recorded.find(test_secret) == std::string::npos);
     CHECK(recorded.find(key) == std::string::npos);
   }
   raw_peer replay(ep);
+  CHECK(replay.nonce() != std::string(16, '\0'));
   REQUIRE(tcp::send_all(replay.fd.fd, recorded));
-  const std::string answer = replay.read(54 + 24);
-  CHECK(answer.substr(54) == "ERR wrong job token\n");
+  CHECK(replay.read(64) == "ERR wrong job token\n");
   CHECK(e.refusals(1) == std::vector<std::string>{"wrong job token"});
 }
 
@@ -196,8 +198,10 @@ TEST_CASE("bulk channel: silent connections neither block a member nor exceed th
   member->reset();
   // Past the bound: refused at once, with the reason.
   raw_peer one_more(ep);
-  raw_peer past(ep);
-  auto reply = tcp::read_to_end(past.fd.fd, 256);
+  auto past = tcp::connect_to(ep, 2000ms);
+  REQUIRE(past);
+  fd_guard past_fd(*past);
+  auto reply = tcp::read_to_end(*past, 256);
   REQUIRE(reply);
   CHECK(reply->rfind("ERR too many handshakes in progress", 0) == 0);
   CHECK((*s)->refusals() >= 1);
@@ -209,13 +213,14 @@ TEST_CASE("bulk channel: the handshake takes its bytes in any pieces", "[bulk]")
   const std::string key = bulk_channel_key(test_secret);
   const std::string nonce_c(16, 'c'), nonce_s(16, 's');
   bulk_handshake hs(bulk_kind::checkpoint, key, nonce_s);
-  const std::string in = bulk_client_hello(bulk_kind::checkpoint, nonce_c) +
-                         bulk_proof(key, "client", bulk_kind::checkpoint, nonce_c, nonce_s);
+  CHECK(hs.server_hello() == std::string("GRBK\x02\x01", 6) + nonce_s);
+  const std::string in = bulk_client_hello(bulk_kind::checkpoint, key, nonce_c, nonce_s);
   std::string out;
   for (size_t i = 0; i + 1 < in.size(); ++i)
     REQUIRE(hs.feed(&in[i], 1, out) == bulk_handshake::state::reading);
+  CHECK(out.empty());
   CHECK(hs.feed(&in.back(), 1, out) == bulk_handshake::state::passed);
-  CHECK(out.size() == 54);
+  CHECK(out == "OK" + bulk_proof(key, "server", bulk_kind::checkpoint, nonce_c, nonce_s));
   bulk_handshake greedy(bulk_kind::checkpoint, key, nonce_s);
   std::string out2;
   CHECK(greedy.feed((in + "LIST\n").data(), in.size() + 5, out2) == bulk_handshake::state::refused);
