@@ -116,6 +116,7 @@ void launcher::start_checkpoint_server() {
     return;
   }
   node_.ckpt_server = std::move(s.value());
+  emit_event("checkpoint_server", {{"node", o_.node_rank}, {"endpoint", node_.ckpt_server->endpoint()}});
   checkpoint_peers(rt_->sys(), svc_.coord, o_, node_.ckpt_server->endpoint());
 }
 

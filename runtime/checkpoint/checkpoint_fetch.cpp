@@ -103,6 +103,7 @@ result<std::unique_ptr<checkpoint_server>> checkpoint_server::start(fs::path dir
   s->memory_dir_ = std::move(memory_dir);
   bulk_config c;
   c.kind = bulk_kind::checkpoint;
+  c.on_refused = [](const std::string& why) { spdlog::warn("checkpoint server: a connection was refused: {}", why); };
   c.address = std::move(address);
   c.token = std::move(token);
   c.io_timeout = io_timeout;

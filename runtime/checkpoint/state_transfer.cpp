@@ -4,6 +4,7 @@
 #include "runtime/net/tcp.hpp"
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include <cstdio>
 #include <cstring>
@@ -73,6 +74,7 @@ result<std::unique_ptr<state_server>> state_server::start(const std::string& add
   c.address = address;
   c.token = token;
   c.io_timeout = io_timeout;
+  c.on_refused = [](const std::string& why) { spdlog::warn("state server: a connection was refused: {}", why); };
   auto* raw = s.get();
   auto server = bulk_server::start(c, [raw](int fd, int stop_fd) { raw->handle(fd, stop_fd); });
   if (!server) return error{server.err().code, "state server: " + server.err().message};
