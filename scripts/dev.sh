@@ -20,7 +20,7 @@ if [ ! -f "$dir/CMakeCache.txt" ]; then
     -DGRACE_CUDA=OFF -DGRACE_PYTHON=OFF "${launcher[@]}"
 fi
 targets=(grace_unit_tests grace_actor_tests grace_model_tests)
-for f in messages safetensors manifest config checkpoint coordinator; do targets+=("fuzz_replay_$f"); done
+for f in messages safetensors manifest config checkpoint coordinator gate; do targets+=("fuzz_replay_$f"); done
 t0=$(date +%s)
 echo "==> building ${targets[*]}"
 grace_build "$dir" "$dir.build.log" "${targets[@]}"

@@ -39,7 +39,7 @@ source scripts/build_lib.sh
 # CUDA trainer): each sanitizer build is a full CAF build, the heaviest part.
 # (grace-chaos is not among them: only the chaos tests, left out, run it.)
 targets="grace_unit_tests grace_actor_tests grace-launch grace-train grace-ckpt grace-hostile"
-for f in messages safetensors manifest config checkpoint coordinator; do targets="$targets fuzz_replay_$f"; done
+for f in messages safetensors manifest config checkpoint coordinator gate; do targets="$targets fuzz_replay_$f"; done
 case "$kind" in
   thread)
     # -O1 (ThreadSanitizer's documentation: -O1 or -O2): the CAF-heavy
