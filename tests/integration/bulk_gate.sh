@@ -10,7 +10,7 @@
 # weights identical to the uninterrupted run, and node 0's log must name
 # the refusals.
 source "$(dirname "$0")/lib.sh"
-STEPS=300
+STEPS=400   # the job outlives the attacks (about 5 s) with seconds to spare
 ARGS=(--device cpu --steps $STEPS --step-delay-ms 20 --save-every 20)
 REF=$(reference 4 "${ARGS[@]}")
 PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
