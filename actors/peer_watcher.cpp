@@ -160,13 +160,10 @@ void join_service(watcher_ptr self, msg<proto::Join> m, caf::typed_response_prom
             }
             rp.deliver(std::move(w));
           },
-          [self, rp](caf::error& e) mutable {
-            auto why = "join failed: " + self->system().render(e);
-            rp.deliver(make<proto::Welcome>([&](auto b) {
-              b.setAccepted(false);
-              b.setReason(why);
-            }));
-          });
+          // No answer (a timeout, the service gone) is not a refusal: the
+          // error reaches attach(), which fails as a failed rendezvous (45,
+          // restartable within the launcher's limit), never as bad input.
+          [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
 }
 
 // ------------------------------------------------------------------ failover
