@@ -5,7 +5,7 @@
 # those of an uninterrupted run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-B=${GRACE_BUILD:-build}
+B=$(cd "${GRACE_BUILD:-build}" && pwd)  # absolute: the runs below work inside $OUT
 STEPS=${STEPS:-600}
 NPROC=${NPROC:-4}
 ARGS=(--steps "$STEPS" --hidden 128,128 --input-dim 64 --batch 256 --step-delay-ms 4)
@@ -14,13 +14,13 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 
 echo "==> 1/2 uninterrupted reference run ($NPROC workers, $STEPS steps)"
-(cd "$OUT" && mkdir -p ref && cd ref && ../../$B/grace-launch --quiet --nproc "$NPROC" --checkpoint-dir ck -- \
-   ../../$B/grace-train "${ARGS[@]}" --output out.json >log.txt 2>&1) || { cat "$OUT/ref/log.txt"; exit 1; }
+(cd "$OUT" && mkdir -p ref && cd ref && "$B/grace-launch" --quiet --nproc "$NPROC" --checkpoint-dir ck -- \
+   "$B/grace-train" "${ARGS[@]}" --output out.json >log.txt 2>&1) || { cat "$OUT/ref/log.txt"; exit 1; }
 
 echo "==> 2/2 the same run, with a SIGTERM to one worker part way"
 mkdir -p "$OUT/run"
-(cd "$OUT/run" && GRACE_EVENTS_FILE=$PWD/events.jsonl exec ../../$B/grace-launch --nproc "$NPROC" --checkpoint-dir ck -- \
-   ../../$B/grace-train "${ARGS[@]}" --output out.json >log.txt 2>&1) &
+(cd "$OUT/run" && GRACE_EVENTS_FILE=$PWD/events.jsonl exec "$B/grace-launch" --nproc "$NPROC" --checkpoint-dir ck -- \
+   "$B/grace-train" "${ARGS[@]}" --output out.json >log.txt 2>&1) &
 L=$!
 for _ in $(seq 1 100); do grep -q first_step "$OUT/run/events.jsonl" 2>/dev/null && break; sleep 0.05; done
 sleep 1.5
