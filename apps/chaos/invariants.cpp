@@ -1,5 +1,6 @@
 #include "apps/chaos/invariants.hpp"
 
+#include <cmath>
 #include <algorithm>
 #include <map>
 #include <set>
@@ -382,22 +383,49 @@ std::vector<int64_t> group_bounds(const run_result& res, const run_config& cfg) 
 /// and a periodic save still being written when the disk filled fails too.
 constexpr int64_t full_disk_slack_steps = 3;
 
+/// After a periodic save failed, the trainer retries no sooner than this
+/// (session's save_backoff: 1 s first), passing over the periodic saves due
+/// meanwhile.
+constexpr double first_retry_backoff_s = 1.0;
+
+/// The steps the run makes in first_retry_backoff_s, from the median rate
+/// between consecutive periodic saves of one incarnation (save_every when
+/// the run made fewer than two).
+int64_t backoff_steps(const run_result& res, int save_every) {
+  std::vector<double> rates;
+  std::map<int64_t, std::pair<int64_t, int64_t>> last;  // incarnation -> (step, t_ns) of its last periodic save
+  for (auto& e : res.events) {
+    if (e.name != "committed_local" || e.rank < 0 || e.str("kind") != "periodic") continue;
+    auto it = last.find(e.incarnation);
+    if (it != last.end() && e.step() > it->second.first && e.t_ns > it->second.second)
+      rates.push_back(double(e.step() - it->second.first) / (double(e.t_ns - it->second.second) / 1e9));
+    last[e.incarnation] = {e.step(), e.t_ns};
+  }
+  if (rates.empty()) return save_every;
+  std::sort(rates.begin(), rates.end());
+  return static_cast<int64_t>(std::ceil(rates[rates.size() / 2] * first_retry_backoff_s));
+}
+
 /// A damaged-checkpoint fault after a full disk may fall back further than
 /// one save interval: the restore skips the damaged (newest) checkpoint and
 /// takes the newest periodic save before it, which the full disk may have
 /// swallowed. Bounded by the faults, not by what the run left on disk: an
 /// fs_full whose disk was full at step F stays full for save_every + 3 steps
-/// (less: the harness frees it at the first failed save), so it swallows at
-/// most the periodic saves in [F - slack, F + save_every + 3 + slack]. The
+/// (less: the harness frees it at the first failed save), and the retry
+/// backoff after that failure passes over the saves due within about a
+/// second, so it swallows at most the periodic saves in
+/// [F - slack, F + save_every + 3 + slack + backoff_steps]. The
 /// bound is `reached` minus the newest multiple of save_every below it that
 /// no earlier fs_full can have swallowed (0: start over); -1 when no fs_full
 /// came before `f` or `f` is not a damaged-checkpoint fault.
 int64_t full_disk_bound(const run_result& res, const fault_record& f, int64_t reached, int save_every) {
   if (loss_class_of(f.f.kind) != loss_class::periodic || save_every <= 0) return -1;
+  const int64_t backoff = backoff_steps(res, save_every);
   std::vector<std::pair<int64_t, int64_t>> windows;  // step ranges a full disk may have swallowed saves in
   for (auto& g : res.faults)
     if (injected(g) && g.f.kind == fault_kind::fs_full && g.t_ns < f.t_ns)
-      windows.emplace_back(g.est_step - full_disk_slack_steps, g.est_step + save_every + 3 + full_disk_slack_steps);
+      windows.emplace_back(g.est_step - full_disk_slack_steps,
+                           g.est_step + save_every + 3 + full_disk_slack_steps + backoff);
   if (windows.empty()) return -1;
   auto swallowed = [&](int64_t step) {
     return std::any_of(windows.begin(), windows.end(), [&](auto& w) { return step >= w.first && step <= w.second; });

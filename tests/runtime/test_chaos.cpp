@@ -396,6 +396,21 @@ TEST_CASE("work_lost after a full disk: back past the saves the disk swallowed, 
   CHECK(find(check(cfg, plain), "work_lost").status == verdict_status::fail);
 }
 
+TEST_CASE("work_lost after a full disk: the retry backoff's skipped saves are explained, not more", "[chaos]") {
+  auto cfg = one_host_saving_every_10();
+  // Periodic saves at 10 steps a second (1 s apart): the backoff after the
+  // failed save of step 40 passes over about 10 steps, so the save of 50
+  // may be missing too. Damaged at 58, back to 30: 28 steps, explained.
+  auto out = check(cfg, damaged_after_full_disk(34, 58, 30, {10, 20, 30}));
+  CHECK(find(out, "work_lost").status == verdict_status::pass);
+  CHECK(out.losses.at(1).bound == 28);
+  // Damaged at 75: the save of 70 was due after the backoff; a restore at
+  // 30 (45 steps) is not explained (the bound stays one interval).
+  out = check(cfg, damaged_after_full_disk(34, 75, 30, {10, 20, 30}));
+  CHECK(find(out, "work_lost").status == verdict_status::fail);
+  CHECK(out.losses.at(1).bound == 10);
+}
+
 TEST_CASE("work_lost after a full disk: a loss the full disk does not explain fails", "[chaos]") {
   auto cfg = one_host_saving_every_10();
   // The save of step 30 is missing too (committed before the disk was
