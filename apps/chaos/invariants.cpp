@@ -1,5 +1,6 @@
 #include "apps/chaos/invariants.hpp"
 
+#include <climits>
 #include <cmath>
 #include <algorithm>
 #include <map>
@@ -406,6 +407,18 @@ int64_t backoff_steps(const run_result& res, int save_every) {
   return static_cast<int64_t>(std::ceil(rates[rates.size() / 2] * first_retry_backoff_s));
 }
 
+/// The step of the first save that failed after fault `g` filled the disk
+/// (INT64_MAX: none). On a loaded machine the harness's step at the fill can
+/// be late by more than the slack; a save that failed after the fill is the
+/// full disk's evidence, so the window starts there at the latest.
+int64_t first_failed_save_after(const run_result& res, const fault_record& g) {
+  int64_t first = INT64_MAX;
+  for (auto& e : res.events)
+    if (e.name == "save_failed" && e.rank >= 0 && e.t_ns >= g.t_ns && e.incarnation == g.incarnation)
+      first = std::min(first, e.step());
+  return first;
+}
+
 /// A damaged-checkpoint fault after a full disk may fall back further than
 /// one save interval: the restore skips the damaged (newest) checkpoint and
 /// takes the newest periodic save before it, which the full disk may have
@@ -424,7 +437,7 @@ int64_t full_disk_bound(const run_result& res, const fault_record& f, int64_t re
   std::vector<std::pair<int64_t, int64_t>> windows;  // step ranges a full disk may have swallowed saves in
   for (auto& g : res.faults)
     if (injected(g) && g.f.kind == fault_kind::fs_full && g.t_ns < f.t_ns)
-      windows.emplace_back(g.est_step - full_disk_slack_steps,
+      windows.emplace_back(std::min(g.est_step - full_disk_slack_steps, first_failed_save_after(res, g)),
                            g.est_step + save_every + 3 + full_disk_slack_steps + backoff);
   if (windows.empty()) return -1;
   auto swallowed = [&](int64_t step) {
