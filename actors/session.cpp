@@ -43,8 +43,12 @@ std::optional<step_result> session::impl::boundary(uint64_t k, boundary_mode mod
     take_answers(false);  // saves finished meanwhile: the margin's save times
     auto s = wire.ctl->take_snapshot();
     // Without the service a save in flight may yet fail (its commit is
-    // fenced): know its outcome before deciding whether to save alone.
-    if (s.coordinator_gone && saves.writes_in_flight > 0) take_answers(true);
+    // fenced): a chief that may save alone learns its outcome first. Only
+    // it: a sharded part's commit waits on the service, and no one else
+    // acts on the outcome.
+    if (s.coordinator_gone && saves.writes_in_flight > 0 && member.policy &&
+        member.policy->config().save_alone_without_coordinator && cluster.is_chief())
+      take_answers(true);
     boundary_input in{c, mode, mono_ns(), wall_ns(), error};
     auto d = member.policy->next(s, in);
     switch (d.what) {
