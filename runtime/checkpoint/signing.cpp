@@ -29,13 +29,6 @@ std::string signed_text(const json& manifest) {
   return copy.dump();
 }
 
-bool constant_time_same(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 }  // namespace
 
 checkpoint_key make_checkpoint_key(std::string secret, std::string origin) {
@@ -87,7 +80,7 @@ std::string manifest_signature_problem(const json& manifest, const checkpoint_ke
     return "signed with another key (key id " + (*s)["key_id"].get<std::string>() + "; this job's key is " + key.id +
            ", " + key.origin + ")";
   const std::string want = to_hex(hmac_sha256(key.secret, signed_text(manifest)));
-  if (!constant_time_same(want, (*s)["mac"].get<std::string>()))
+  if (!constant_time_equal(want, (*s)["mac"].get<std::string>()))
     return "signature does not match the manifest (key id " + key.id +
            "): the manifest was changed after it was signed, or the signature is forged";
   return "";

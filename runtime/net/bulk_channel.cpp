@@ -1,6 +1,7 @@
 #include "runtime/net/bulk_channel.hpp"
 
 #include "runtime/net/hmac.hpp"
+#include "runtime/net/job_token.hpp"
 #include "runtime/net/tcp.hpp"
 
 #include <arpa/inet.h>
@@ -39,13 +40,6 @@ std::string fresh_nonce() {
     got += static_cast<size_t>(r);
   }
   return n;
-}
-
-bool same(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return d == 0;
 }
 
 std::string header(bulk_kind k) {
@@ -139,7 +133,7 @@ bulk_handshake::state bulk_handshake::feed(const char* p, size_t n, std::string&
   if (buf_.size() < hello_bytes + proof_bytes) return state_;
   if (buf_.size() > hello_bytes + proof_bytes) return refuse("bytes past the handshake before its answer", out);
   const std::string nonce_c = buf_.substr(6, nonce_bytes);
-  if (!same(buf_.substr(hello_bytes), bulk_proof(key_, "client", kind_, nonce_c, nonce_s_)))
+  if (!constant_time_equal(buf_.substr(hello_bytes), bulk_proof(key_, "client", kind_, nonce_c, nonce_s_)))
     return refuse("wrong job token", out);
   out += "OK" + bulk_proof(key_, "server", kind_, nonce_c, nonce_s_);
   return state_ = state::passed;
@@ -308,7 +302,7 @@ result<fd_guard> bulk_connect(const std::string& endpoint, bulk_kind k, const st
   if (reply.compare(0, 4, "ERR ") == 0) return refusal(conn.fd, endpoint);
   if (reply.compare(0, 2, "OK") != 0 || !tcp::recv_all(conn.fd, reply.data() + 4, reply.size() - 4))
     return error{errc::invalid_input, endpoint + ": not a Grace bulk channel"};
-  if (!same(reply.substr(2), bulk_proof(key, "server", k, nonce_c, nonce_s)))
+  if (!constant_time_equal(reply.substr(2), bulk_proof(key, "server", k, nonce_c, nonce_s)))
     return error{errc::invalid_input, endpoint + ": wrong job token: the server could not prove this job's secret "
                                                  "(another job's server, or not a Grace server); nothing sent"};
   return conn;
